@@ -1,0 +1,1 @@
+//! BGP speaker and route reflector.

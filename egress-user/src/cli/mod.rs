@@ -1,0 +1,46 @@
+//! The `egress` command line: one binary, a subcommand per role and tool.
+
+pub mod agent;
+pub mod inspect;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "egress",
+    version,
+    about = "eBPF egress gateway for Kubernetes with an embedded BGP route reflector"
+)]
+pub struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true, env = "EGRESS_LOG_JSON")]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent: owns this node's BPF programs and maps.
+    Agent(agent::AgentArgs),
+    /// Run the controller: EIP allocation, gateway election, heartbeat monitoring.
+    Controller,
+    /// Run a standalone BGP route reflector.
+    Reflector,
+    /// Decode the pinned maps of this node.
+    Inspect(inspect::InspectArgs),
+}
+
+/// Sets up tracing; RUST_LOG picks the level (default info).
+pub fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,141 @@
+//! Loads the embedded object with every map pinned under one folder.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    programs::{tc::TcAttachType, ProgramError, SchedClassifier},
+    Ebpf, EbpfError, EbpfLoader,
+};
+use egress_common::maps::PINNED_MAPS;
+
+use super::bpffs;
+
+/// Why the datapath could not be loaded, in words an operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("pin folder {path}: {source}")]
+    PinDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("loading the eBPF object failed: {hint} ({source})")]
+    Load {
+        hint: &'static str,
+        source: EbpfError,
+    },
+    #[error("program {program} not found in the eBPF object (was it built by `cargo xtask build-ebpf` from this tree?)")]
+    NoProgram { program: String },
+    #[error("program {program}: {hint} ({source})")]
+    Program {
+        program: String,
+        hint: &'static str,
+        source: ProgramError,
+    },
+}
+
+/// Turns the errno behind a failed bpf() call into the missing capability or feature.
+fn hint_for_errno(errno: Option<i32>) -> &'static str {
+    match errno {
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            "permission denied: the process needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (run as root, or privileged in the chart)"
+        }
+        Some(libc::ENOSYS) => "this kernel has no bpf() system call (CONFIG_BPF_SYSCALL is off)",
+        Some(libc::EINVAL) => "the kernel rejected the object: it needs BTF and TCX (Linux 6.6 or newer)",
+        Some(libc::ENOMEM) => "the kernel is out of memory for BPF maps (check RLIMIT_MEMLOCK / memory cgroup)",
+        Some(libc::ENODEV) => "no such interface",
+        Some(libc::EEXIST) => "a program is already attached there",
+        _ => "see the cause",
+    }
+}
+
+fn errno_in(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(code) = io.raw_os_error() {
+                return Some(code);
+            }
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// The loaded object and where its maps are pinned.
+pub struct Datapath {
+    pub ebpf: Ebpf,
+    pub pin_dir: PathBuf,
+}
+
+impl Datapath {
+    /// Loads `object`, reusing maps already pinned in `pin_dir` (so a restart
+    /// keeps the state the programs use) and pinning the others there.
+    pub fn load(object: &[u8], pin_dir: &Path) -> Result<Self, LoadError> {
+        bpffs::ensure_pin_dir(pin_dir).map_err(|source| LoadError::PinDir {
+            path: pin_dir.to_owned(),
+            source,
+        })?;
+        let paths: Vec<(&str, PathBuf)> =
+            PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(object).map_err(|source| LoadError::Load {
+            hint: hint_for_errno(errno_in(&source)),
+            source,
+        })?;
+        Ok(Self {
+            ebpf,
+            pin_dir: pin_dir.to_owned(),
+        })
+    }
+
+    /// Loads the TC program `program` (once) and attaches it to `iface`.
+    pub fn attach_tc(
+        &mut self,
+        program: &str,
+        iface: &str,
+        direction: TcAttachType,
+    ) -> Result<(), LoadError> {
+        let wrap = |source: ProgramError| LoadError::Program {
+            program: program.to_owned(),
+            hint: hint_for_errno(errno_in(&source)),
+            source,
+        };
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| LoadError::NoProgram {
+                program: program.to_owned(),
+            })?
+            .try_into()
+            .map_err(wrap)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(wrap)?;
+        }
+        prog.attach(iface, direction).map_err(wrap)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permission_errors_name_the_capabilities() {
+        let h = hint_for_errno(Some(libc::EPERM));
+        assert!(h.contains("CAP_BPF") && h.contains("CAP_NET_ADMIN"), "{h}");
+    }
+
+    #[test]
+    fn errno_is_found_through_the_error_chain() {
+        let io = std::io::Error::from_raw_os_error(libc::EPERM);
+        let wrapped = ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_load",
+            io_error: io,
+        });
+        assert_eq!(errno_in(&wrapped), Some(libc::EPERM));
+    }
+}

@@ -1,0 +1,9 @@
+//! The kernel edge: loading the eBPF object, pinning its maps, attaching
+//! programs, reading maps. Decisions about what the maps should hold live
+//! elsewhere; this module only carries them out.
+
+pub mod bpffs;
+pub mod loader;
+pub mod stats;
+
+pub use loader::{Datapath, LoadError};

@@ -1,0 +1,9 @@
+//! Userspace of the egress gateway: the agent, controller and reflector
+//! roles, and the operator tools, behind the one `egress` binary.
+
+pub mod cli;
+pub mod datapath;
+
+/// The eBPF object built by `cargo xtask build-ebpf`, embedded at compile time.
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/egress.bpf.o"));

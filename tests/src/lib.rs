@@ -1,0 +1,41 @@
+//! Network-namespace harness for the end-to-end tests and the demo.
+//!
+//! Every namespace, pin folder and process made here has a name that is
+//! unique to this process and test, and is removed on drop, also when the
+//! test panics. Commands run in a namespace with `nsenter --net`, which
+//! changes only the network namespace: the host's /sys/fs/bpf stays visible,
+//! so maps pinned by an agent in a "node" can be read from outside.
+
+mod netns;
+mod process;
+
+pub use netns::{link_veth, unique_name, Netns, PinDir};
+pub use process::{run, Proc};
+
+/// True when this process can create namespaces and load BPF programs.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Path of the `egress` binary to test: `$EGRESS_BIN`, or the one cargo built
+/// next to this test executable (`cargo build -p egress-user` first; `cargo
+/// xtask test` does).
+pub fn egress_bin() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("EGRESS_BIN") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> -> target/<profile>/egress
+    let candidate = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("egress"))
+        .ok_or_else(|| anyhow::anyhow!("cannot place the egress binary from {}", exe.display()))?;
+    anyhow::ensure!(
+        candidate.exists(),
+        "{} is missing: run `cargo build -p egress-user` (or set EGRESS_BIN)",
+        candidate.display()
+    );
+    Ok(candidate)
+}

@@ -1,0 +1,103 @@
+//! Running commands: to completion with clear errors, or in the background
+//! with a kill on drop and a way to wait for a line of output.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+/// Runs `argv` to completion and returns its stdout; a non-zero exit is an
+/// error that carries the command line and its stderr.
+pub fn run(argv: &[&str]) -> Result<String> {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .with_context(|| format!("starting `{}`", argv.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            argv.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A background process, killed on drop. Its stdout lines arrive on a channel
+/// so a test can wait for an event ("ready") instead of sleeping.
+pub struct Proc {
+    child: Child,
+    what: String,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command, what: String) -> Result<Self> {
+        cmd.stdout(Stdio::piped()).stdin(Stdio::null());
+        let mut child = cmd.spawn().with_context(|| format!("starting `{what}`"))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self { child, what, lines })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until a stdout line contains `needle` and returns that line.
+    /// Fails when the process exits first or `timeout` passes.
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return Ok(line),
+                Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    bail!(
+                        "`{}` printed no line with {needle:?} within {timeout:?}",
+                        self.what
+                    )
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().ok();
+                    bail!(
+                        "`{}` exited ({status:?}) before printing {needle:?}",
+                        self.what
+                    )
+                }
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit (the graceful path).
+    pub fn terminate(mut self) -> Result<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        Ok(self.child.wait()?)
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
