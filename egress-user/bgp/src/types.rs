@@ -96,7 +96,11 @@ impl Prefix {
                 if len > 128 {
                     return Err(PrefixError::TooLong(len));
                 }
-                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                let mask = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - len)
+                };
                 IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
             }
         };
@@ -107,6 +111,8 @@ impl Prefix {
         self.addr
     }
 
+    /// Prefix length in bits (a prefix is not a container, hence no is_empty).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u8 {
         self.len
     }

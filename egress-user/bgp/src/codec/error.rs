@@ -55,26 +55,44 @@ impl DecodeError {
     pub fn notification(&self) -> Notification {
         use DecodeError::*;
         let (code, sub, data) = match self {
-            ConnectionNotSynchronized => (notif::HEADER, notif::HEADER_NOT_SYNCHRONIZED, Bytes::new()),
+            ConnectionNotSynchronized => {
+                (notif::HEADER, notif::HEADER_NOT_SYNCHRONIZED, Bytes::new())
+            }
             BadMessageLength(l) => (
                 notif::HEADER,
                 notif::HEADER_BAD_LENGTH,
                 Bytes::copy_from_slice(&l.to_be_bytes()),
             ),
-            BadMessageType(t) => (notif::HEADER, notif::HEADER_BAD_TYPE, Bytes::copy_from_slice(&[*t])),
+            BadMessageType(t) => (
+                notif::HEADER,
+                notif::HEADER_BAD_TYPE,
+                Bytes::copy_from_slice(&[*t]),
+            ),
             UnsupportedVersion(_) => (
                 notif::OPEN,
                 notif::OPEN_UNSUPPORTED_VERSION,
                 Bytes::from_static(&[0, 4]),
             ),
             BadBgpIdentifier => (notif::OPEN, notif::OPEN_BAD_BGP_ID, Bytes::new()),
-            UnsupportedOptionalParameter(_) => (notif::OPEN, notif::OPEN_UNSUPPORTED_PARAM, Bytes::new()),
+            UnsupportedOptionalParameter(_) => {
+                (notif::OPEN, notif::OPEN_UNSUPPORTED_PARAM, Bytes::new())
+            }
             UnacceptableHoldTime(_) => (notif::OPEN, notif::OPEN_UNACCEPTABLE_HOLD, Bytes::new()),
             // No specific subcode exists for a garbled OPEN body.
             MalformedOpen(_) => (notif::OPEN, 0, Bytes::new()),
-            MalformedAttributeList(_) => (notif::UPDATE, notif::UPDATE_MALFORMED_ATTR_LIST, Bytes::new()),
-            UnrecognizedWellKnown { attr, .. } => (notif::UPDATE, notif::UPDATE_UNRECOGNIZED_WELL_KNOWN, attr.clone()),
-            OptionalAttribute { attr, .. } => (notif::UPDATE, notif::UPDATE_OPTIONAL_ATTR, attr.clone()),
+            MalformedAttributeList(_) => (
+                notif::UPDATE,
+                notif::UPDATE_MALFORMED_ATTR_LIST,
+                Bytes::new(),
+            ),
+            UnrecognizedWellKnown { attr, .. } => (
+                notif::UPDATE,
+                notif::UPDATE_UNRECOGNIZED_WELL_KNOWN,
+                attr.clone(),
+            ),
+            OptionalAttribute { attr, .. } => {
+                (notif::UPDATE, notif::UPDATE_OPTIONAL_ATTR, attr.clone())
+            }
             InvalidNetworkField => (notif::UPDATE, notif::UPDATE_INVALID_NETWORK, Bytes::new()),
             // RFC 4271 has no NOTIFICATION error subcode; closing is enough,
             // but we say why with a header error on the length.

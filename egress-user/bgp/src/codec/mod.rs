@@ -13,8 +13,10 @@ mod update;
 
 pub use error::DecodeError;
 pub use notification::{notif, Notification, RouteRefresh, RouteRefreshSubtype};
-pub use open::{Capability, GracefulRestartCap, GrFamily, LlgrFamily, Open};
-pub use update::{Aggregator, AttrOutcome, MpReach, MpUnreach, PathAttributes, RawAttribute, Update};
+pub use open::{Capability, GrFamily, GracefulRestartCap, LlgrFamily, Open};
+pub use update::{
+    Aggregator, AttrOutcome, MpReach, MpUnreach, PathAttributes, RawAttribute, Update,
+};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -36,10 +38,15 @@ pub struct CodecOptions {
 
 impl Default for CodecOptions {
     fn default() -> Self {
-        CodecOptions { four_octet_as: true }
+        CodecOptions {
+            four_octet_as: true,
+        }
     }
 }
 
+// UPDATE is by far the most common message, so boxing it would only add an
+// allocation per message.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
     Open(Open),

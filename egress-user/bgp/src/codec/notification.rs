@@ -61,7 +61,11 @@ pub struct Notification {
 
 impl Notification {
     pub fn new(code: u8, subcode: u8, data: Bytes) -> Self {
-        Notification { code, subcode, data }
+        Notification {
+            code,
+            subcode,
+            data,
+        }
     }
 
     pub fn cease(subcode: u8) -> Self {
@@ -72,7 +76,11 @@ impl Notification {
         let mut r = Reader::new(body);
         let code = r.u8().ok_or(DecodeError::MalformedNotification)?;
         let subcode = r.u8().ok_or(DecodeError::MalformedNotification)?;
-        Ok(Notification::new(code, subcode, Bytes::copy_from_slice(r.rest())))
+        Ok(Notification::new(
+            code,
+            subcode,
+            Bytes::copy_from_slice(r.rest()),
+        ))
     }
 
     pub(super) fn encode_body(&self, out: &mut BytesMut) {

@@ -180,7 +180,12 @@ pub struct Open {
 
 impl Open {
     /// Builds an OPEN for `asn`, adding the 4-octet AS capability.
-    pub fn new(asn: u32, hold_time: u16, bgp_id: Ipv4Addr, mut capabilities: Vec<Capability>) -> Open {
+    pub fn new(
+        asn: u32,
+        hold_time: u16,
+        bgp_id: Ipv4Addr,
+        mut capabilities: Vec<Capability>,
+    ) -> Open {
         if !capabilities
             .iter()
             .any(|c| matches!(c, Capability::FourOctetAs(_)))
@@ -311,6 +316,17 @@ impl Open {
             params.put_u8(PARAM_CAPABILITIES);
             params.put_u8(one.len() as u8);
             params.put_slice(&one);
+        }
+        if params.len() > 255 {
+            // Too many for one parameter each: share a single parameter.
+            let mut all = BytesMut::new();
+            for c in &self.capabilities {
+                c.encode(&mut all);
+            }
+            params.clear();
+            params.put_u8(PARAM_CAPABILITIES);
+            params.put_u8(all.len().min(255) as u8);
+            params.put_slice(&all[..all.len().min(255)]);
         }
         out.put_u8(params.len().min(255) as u8);
         out.put_slice(&params);

@@ -1,0 +1,790 @@
+//! UPDATE message and path attributes (RFC 4271 4.3, RFC 4760, RFC 6793,
+//! RFC 4456), with RFC 7606 error handling.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::reader::Reader;
+use super::{CodecOptions, DecodeError};
+use crate::types::{AsPath, AsSegment, Family, Origin, Prefix, SegmentKind, AS_TRANS};
+
+pub const ATTR_ORIGIN: u8 = 1;
+pub const ATTR_AS_PATH: u8 = 2;
+pub const ATTR_NEXT_HOP: u8 = 3;
+pub const ATTR_MED: u8 = 4;
+pub const ATTR_LOCAL_PREF: u8 = 5;
+pub const ATTR_ATOMIC_AGGREGATE: u8 = 6;
+pub const ATTR_AGGREGATOR: u8 = 7;
+pub const ATTR_COMMUNITIES: u8 = 8;
+pub const ATTR_ORIGINATOR_ID: u8 = 9;
+pub const ATTR_CLUSTER_LIST: u8 = 10;
+pub const ATTR_MP_REACH: u8 = 14;
+pub const ATTR_MP_UNREACH: u8 = 15;
+pub const ATTR_AS4_PATH: u8 = 17;
+pub const ATTR_AS4_AGGREGATOR: u8 = 18;
+
+const FLAG_OPTIONAL: u8 = 0x80;
+const FLAG_TRANSITIVE: u8 = 0x40;
+const FLAG_PARTIAL: u8 = 0x20;
+const FLAG_EXTENDED: u8 = 0x10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Aggregator {
+    pub asn: u32,
+    pub addr: Ipv4Addr,
+}
+
+/// An optional transitive attribute we do not understand, passed on as is
+/// with the partial bit set (RFC 4271 5).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RawAttribute {
+    pub flags: u8,
+    pub type_code: u8,
+    pub value: Bytes,
+}
+
+/// Path attributes of one UPDATE. AS numbers are always 4-octet here:
+/// AS4_PATH / AS4_AGGREGATOR are folded in on decode and produced on encode.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PathAttributes {
+    pub origin: Option<Origin>,
+    pub as_path: AsPath,
+    pub next_hop: Option<Ipv4Addr>,
+    pub med: Option<u32>,
+    pub local_pref: Option<u32>,
+    pub atomic_aggregate: bool,
+    pub aggregator: Option<Aggregator>,
+    pub communities: Vec<u32>,
+    pub originator_id: Option<Ipv4Addr>,
+    pub cluster_list: Vec<Ipv4Addr>,
+    pub unknown: Vec<RawAttribute>,
+}
+
+/// MP_REACH_NLRI (RFC 4760 3), IPv4 or IPv6 unicast.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpReach {
+    pub family: Family,
+    pub next_hop: IpAddr,
+    /// IPv6 link-local next hop, sent after the global one (RFC 2545 3).
+    pub link_local: Option<Ipv6Addr>,
+    pub nlri: Vec<Prefix>,
+}
+
+/// MP_UNREACH_NLRI (RFC 4760 4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpUnreach {
+    pub family: Family,
+    pub withdrawn: Vec<Prefix>,
+}
+
+/// What RFC 7606 made of a malformed attribute that did not reset the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttrOutcome {
+    /// Every prefix announced in the UPDATE is to be handled as withdrawn.
+    TreatAsWithdraw { type_code: u8, reason: &'static str },
+    /// The attribute was dropped; the routes are used without it.
+    Discarded { type_code: u8, reason: &'static str },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Update {
+    /// IPv4 unicast withdrawals (IPv6 ones are in `mp_unreach`).
+    pub withdrawn: Vec<Prefix>,
+    pub attrs: PathAttributes,
+    /// IPv4 unicast announcements (IPv6 ones are in `mp_reach`).
+    pub nlri: Vec<Prefix>,
+    pub mp_reach: Option<MpReach>,
+    pub mp_unreach: Option<MpUnreach>,
+    /// RFC 7606 outcomes met while decoding; empty for a clean message.
+    pub errors: Vec<AttrOutcome>,
+}
+
+enum Fault {
+    Withdraw(&'static str),
+    Discard(&'static str),
+    Reset(DecodeError),
+}
+
+impl Update {
+    /// The End-of-RIB marker for a family (RFC 4724 2).
+    pub fn end_of_rib(family: Family) -> Update {
+        match family {
+            Family::Ipv4Unicast => Update::default(),
+            f => Update {
+                mp_unreach: Some(MpUnreach {
+                    family: f,
+                    withdrawn: Vec::new(),
+                }),
+                ..Update::default()
+            },
+        }
+    }
+
+    /// Some(family) when this UPDATE is an End-of-RIB marker.
+    pub fn end_of_rib_family(&self) -> Option<Family> {
+        let bare = self.withdrawn.is_empty()
+            && self.nlri.is_empty()
+            && self.mp_reach.is_none()
+            && self.attrs == PathAttributes::default()
+            && self.errors.is_empty();
+        if !bare {
+            return None;
+        }
+        match &self.mp_unreach {
+            None => Some(Family::Ipv4Unicast),
+            Some(u) if u.withdrawn.is_empty() => Some(u.family),
+            Some(_) => None,
+        }
+    }
+
+    pub fn treat_as_withdraw(&self) -> bool {
+        self.errors
+            .iter()
+            .any(|e| matches!(e, AttrOutcome::TreatAsWithdraw { .. }))
+    }
+
+    /// Prefixes announced with usable attributes, both families.
+    pub fn announced(&self) -> Vec<Prefix> {
+        if self.treat_as_withdraw() {
+            return Vec::new();
+        }
+        self.reached()
+    }
+
+    fn reached(&self) -> Vec<Prefix> {
+        let mut v = self.nlri.clone();
+        if let Some(r) = &self.mp_reach {
+            v.extend_from_slice(&r.nlri);
+        }
+        v
+    }
+
+    /// Every prefix to remove: withdrawals, plus the announcements when
+    /// RFC 7606 said treat-as-withdraw.
+    pub fn withdrawals(&self) -> Vec<Prefix> {
+        let mut v = self.withdrawn.clone();
+        if let Some(u) = &self.mp_unreach {
+            v.extend_from_slice(&u.withdrawn);
+        }
+        if self.treat_as_withdraw() {
+            v.extend(self.reached());
+        }
+        v
+    }
+
+    pub(super) fn decode(body: &[u8], opts: CodecOptions) -> Result<Update, DecodeError> {
+        let mut r = Reader::new(body);
+        let list_err = |why| DecodeError::MalformedAttributeList(why);
+        let wlen = r.u16().ok_or(list_err("truncated"))? as usize;
+        let wbuf = r
+            .take(wlen)
+            .ok_or(list_err("withdrawn length overruns message"))?;
+        let alen = r.u16().ok_or(list_err("truncated"))? as usize;
+        let abuf = r
+            .take(alen)
+            .ok_or(list_err("attribute length overruns message"))?;
+        let nbuf = r.rest();
+
+        let withdrawn =
+            decode_prefixes(wbuf, Family::Ipv4Unicast).ok_or(DecodeError::InvalidNetworkField)?;
+        let nlri =
+            decode_prefixes(nbuf, Family::Ipv4Unicast).ok_or(DecodeError::InvalidNetworkField)?;
+
+        let mut u = Update {
+            withdrawn,
+            nlri,
+            ..Update::default()
+        };
+        let mut seen = [false; 256];
+        let mut as4_path: Option<AsPath> = None;
+        let mut as4_aggregator: Option<Aggregator> = None;
+        let mut a = Reader::new(abuf);
+        while !a.is_empty() {
+            let Some((flags, type_code, value)) = next_attribute(&mut a) else {
+                // RFC 7606 4: an attribute overrunning the attribute field.
+                // Treat-as-withdraw needs every NLRI to be known; if none has
+                // been found yet it may hide in the unread part.
+                if u.nlri.is_empty() && u.mp_reach.is_none() && u.mp_unreach.is_none() {
+                    return Err(list_err("attribute overruns the attribute field"));
+                }
+                u.errors.push(AttrOutcome::TreatAsWithdraw {
+                    type_code: 0,
+                    reason: "attribute overruns the attribute field",
+                });
+                break;
+            };
+            if seen[type_code as usize] {
+                if type_code == ATTR_MP_REACH || type_code == ATTR_MP_UNREACH {
+                    return Err(list_err("MP_REACH/MP_UNREACH repeated"));
+                }
+                // RFC 7606 3(g): keep the first, drop the rest.
+                u.errors.push(AttrOutcome::Discarded {
+                    type_code,
+                    reason: "repeated attribute",
+                });
+                continue;
+            }
+            seen[type_code as usize] = true;
+            let res = decode_attribute(
+                flags,
+                type_code,
+                value,
+                opts,
+                &mut u,
+                &mut as4_path,
+                &mut as4_aggregator,
+            );
+            match res {
+                Ok(()) => {}
+                Err(Fault::Withdraw(reason)) => u
+                    .errors
+                    .push(AttrOutcome::TreatAsWithdraw { type_code, reason }),
+                Err(Fault::Discard(reason)) => {
+                    u.errors.push(AttrOutcome::Discarded { type_code, reason })
+                }
+                Err(Fault::Reset(e)) => return Err(e),
+            }
+        }
+
+        if !opts.four_octet_as {
+            merge_as4(&mut u, as4_path, as4_aggregator);
+        }
+
+        // RFC 7606 3(d): a missing well-known mandatory attribute makes the
+        // announcements unusable, but is no reason to reset the session.
+        let has_reach =
+            !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
+        if has_reach {
+            let missing = if !seen[ATTR_ORIGIN as usize] {
+                Some(ATTR_ORIGIN)
+            } else if !seen[ATTR_AS_PATH as usize] {
+                Some(ATTR_AS_PATH)
+            } else if !u.nlri.is_empty() && !seen[ATTR_NEXT_HOP as usize] {
+                Some(ATTR_NEXT_HOP)
+            } else {
+                None
+            };
+            if let Some(type_code) = missing {
+                u.errors.push(AttrOutcome::TreatAsWithdraw {
+                    type_code,
+                    reason: "missing well-known mandatory attribute",
+                });
+            }
+        }
+        Ok(u)
+    }
+
+    pub(super) fn encode_body(&self, opts: CodecOptions, out: &mut BytesMut) {
+        let mut w = BytesMut::new();
+        for p in &self.withdrawn {
+            encode_prefix(p, &mut w);
+        }
+        out.put_u16(w.len() as u16);
+        out.put_slice(&w);
+
+        let mut attrs = BytesMut::new();
+        encode_attributes(self, opts, &mut attrs);
+        out.put_u16(attrs.len() as u16);
+        out.put_slice(&attrs);
+
+        for p in &self.nlri {
+            encode_prefix(p, out);
+        }
+    }
+}
+
+/// Returns (flags, type, value) or None when the attribute overruns.
+fn next_attribute<'a>(a: &mut Reader<'a>) -> Option<(u8, u8, &'a [u8])> {
+    let flags = a.u8()?;
+    let type_code = a.u8()?;
+    let len = if flags & FLAG_EXTENDED != 0 {
+        a.u16()? as usize
+    } else {
+        a.u8()? as usize
+    };
+    Some((flags, type_code, a.take(len)?))
+}
+
+/// Flags an attribute must carry: well-known (transitive, not optional),
+/// optional non-transitive, or optional transitive.
+fn expected_flags(type_code: u8) -> Option<u8> {
+    match type_code {
+        ATTR_ORIGIN | ATTR_AS_PATH | ATTR_NEXT_HOP | ATTR_LOCAL_PREF | ATTR_ATOMIC_AGGREGATE => {
+            Some(FLAG_TRANSITIVE)
+        }
+        ATTR_MED | ATTR_ORIGINATOR_ID | ATTR_CLUSTER_LIST | ATTR_MP_REACH | ATTR_MP_UNREACH => {
+            Some(FLAG_OPTIONAL)
+        }
+        ATTR_AGGREGATOR | ATTR_COMMUNITIES | ATTR_AS4_PATH | ATTR_AS4_AGGREGATOR => {
+            Some(FLAG_OPTIONAL | FLAG_TRANSITIVE)
+        }
+        _ => None,
+    }
+}
+
+/// How RFC 7606 section 7 handles a malformed instance of each attribute.
+fn malformed(type_code: u8, reason: &'static str, value: &[u8]) -> Fault {
+    match type_code {
+        ATTR_ATOMIC_AGGREGATE | ATTR_AGGREGATOR | ATTR_AS4_PATH | ATTR_AS4_AGGREGATOR => {
+            Fault::Discard(reason)
+        }
+        ATTR_MP_REACH | ATTR_MP_UNREACH => Fault::Reset(DecodeError::OptionalAttribute {
+            type_code,
+            reason,
+            attr: Bytes::copy_from_slice(value),
+        }),
+        _ => Fault::Withdraw(reason),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_attribute(
+    flags: u8,
+    type_code: u8,
+    value: &[u8],
+    opts: CodecOptions,
+    u: &mut Update,
+    as4_path: &mut Option<AsPath>,
+    as4_aggregator: &mut Option<Aggregator>,
+) -> Result<(), Fault> {
+    let Some(want) = expected_flags(type_code) else {
+        if flags & FLAG_OPTIONAL == 0 {
+            return Err(Fault::Reset(DecodeError::UnrecognizedWellKnown {
+                type_code,
+                attr: Bytes::copy_from_slice(value),
+            }));
+        }
+        if flags & FLAG_TRANSITIVE != 0 {
+            u.attrs.unknown.push(RawAttribute {
+                flags: (flags | FLAG_PARTIAL) & !FLAG_EXTENDED,
+                type_code,
+                value: Bytes::copy_from_slice(value),
+            });
+        }
+        // Unknown optional non-transitive attributes are quietly ignored.
+        return Ok(());
+    };
+    let partial_allowed = want == FLAG_OPTIONAL | FLAG_TRANSITIVE;
+    if flags & 0xc0 != want || (!partial_allowed && flags & FLAG_PARTIAL != 0) {
+        return Err(malformed(
+            type_code,
+            "attribute flags conflict with the type",
+            value,
+        ));
+    }
+    let bad_len = |why| malformed(type_code, why, value);
+    let mut r = Reader::new(value);
+    match type_code {
+        ATTR_ORIGIN => {
+            let o = match value {
+                [v] => Origin::from_u8(*v).ok_or(Fault::Withdraw("undefined ORIGIN value"))?,
+                _ => return Err(bad_len("ORIGIN length is not 1")),
+            };
+            u.attrs.origin = Some(o);
+        }
+        ATTR_AS_PATH => {
+            let width = if opts.four_octet_as { 4 } else { 2 };
+            u.attrs.as_path =
+                decode_as_path(value, width).ok_or(Fault::Withdraw("malformed AS_PATH"))?;
+        }
+        ATTR_AS4_PATH => {
+            let p = decode_as_path(value, 4).ok_or(Fault::Discard("malformed AS4_PATH"))?;
+            // RFC 6793 4.1: between two 4-octet speakers AS4_PATH is ignored.
+            if !opts.four_octet_as {
+                *as4_path = Some(p);
+            }
+        }
+        ATTR_NEXT_HOP => {
+            let a = match r.u32() {
+                Some(v) if r.is_empty() => Ipv4Addr::from(v),
+                _ => return Err(bad_len("NEXT_HOP length is not 4")),
+            };
+            // RFC 4271 6.3 / RFC 7606 7.3: a semantically wrong next hop
+            // makes the route unusable.
+            if a.is_unspecified() || a.is_broadcast() || a.is_multicast() {
+                return Err(Fault::Withdraw("NEXT_HOP is not a unicast address"));
+            }
+            u.attrs.next_hop = Some(a);
+        }
+        ATTR_MED | ATTR_LOCAL_PREF => {
+            let v = match r.u32() {
+                Some(v) if r.is_empty() => v,
+                _ => return Err(bad_len("length is not 4")),
+            };
+            if type_code == ATTR_MED {
+                u.attrs.med = Some(v);
+            } else {
+                u.attrs.local_pref = Some(v);
+            }
+        }
+        ATTR_ATOMIC_AGGREGATE => {
+            if !value.is_empty() {
+                return Err(bad_len("ATOMIC_AGGREGATE length is not 0"));
+            }
+            u.attrs.atomic_aggregate = true;
+        }
+        ATTR_AGGREGATOR | ATTR_AS4_AGGREGATOR => {
+            let width = if type_code == ATTR_AGGREGATOR && !opts.four_octet_as {
+                2
+            } else {
+                4
+            };
+            if value.len() != width + 4 {
+                return Err(bad_len("AGGREGATOR length"));
+            }
+            let asn = if width == 2 {
+                r.u16().map(u32::from)
+            } else {
+                r.u32()
+            };
+            let agg = Aggregator {
+                asn: asn.unwrap_or_default(),
+                addr: Ipv4Addr::from(r.u32().unwrap_or_default()),
+            };
+            if type_code == ATTR_AGGREGATOR {
+                u.attrs.aggregator = Some(agg);
+            } else if !opts.four_octet_as {
+                *as4_aggregator = Some(agg);
+            }
+        }
+        ATTR_COMMUNITIES => {
+            if value.is_empty() || !value.len().is_multiple_of(4) {
+                return Err(bad_len("COMMUNITIES length is not a multiple of 4"));
+            }
+            while let Some(c) = r.u32() {
+                u.attrs.communities.push(c);
+            }
+        }
+        ATTR_ORIGINATOR_ID => {
+            let a = match r.u32() {
+                Some(v) if r.is_empty() => Ipv4Addr::from(v),
+                _ => return Err(bad_len("ORIGINATOR_ID length is not 4")),
+            };
+            u.attrs.originator_id = Some(a);
+        }
+        ATTR_CLUSTER_LIST => {
+            if value.is_empty() || !value.len().is_multiple_of(4) {
+                return Err(bad_len("CLUSTER_LIST length is not a multiple of 4"));
+            }
+            while let Some(c) = r.u32() {
+                u.attrs.cluster_list.push(Ipv4Addr::from(c));
+            }
+        }
+        ATTR_MP_REACH => {
+            decode_mp_reach(value, u).map_err(|why| malformed(type_code, why, value))?
+        }
+        ATTR_MP_UNREACH => {
+            decode_mp_unreach(value, u).map_err(|why| malformed(type_code, why, value))?
+        }
+        _ => unreachable!("expected_flags covers exactly the known types"),
+    }
+    Ok(())
+}
+
+fn decode_mp_reach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
+    let mut r = Reader::new(value);
+    let afi = r.u16().ok_or("truncated")?;
+    let safi = r.u8().ok_or("truncated")?;
+    let nh_len = r.u8().ok_or("truncated")? as usize;
+    let nh = r.take(nh_len).ok_or("next hop overruns")?;
+    let _reserved = r.u8().ok_or("truncated")?;
+    let Some(family) = Family::from_afi_safi(afi, safi) else {
+        // A family we never offered: nothing here can be used, nothing
+        // depends on it; drop it rather than tear the session down.
+        return Ok(());
+    };
+    let (next_hop, link_local) = match (family, nh.len()) {
+        (Family::Ipv4Unicast, 4) => (
+            IpAddr::from(<[u8; 4]>::try_from(nh).map_err(|_| "next hop")?),
+            None,
+        ),
+        (Family::Ipv6Unicast, 16) => (
+            IpAddr::from(<[u8; 16]>::try_from(nh).map_err(|_| "next hop")?),
+            None,
+        ),
+        (Family::Ipv6Unicast, 32) => {
+            let g = <[u8; 16]>::try_from(&nh[..16]).map_err(|_| "next hop")?;
+            let l = <[u8; 16]>::try_from(&nh[16..]).map_err(|_| "next hop")?;
+            (IpAddr::from(g), Some(Ipv6Addr::from(l)))
+        }
+        _ => return Err("next hop length does not fit the family"),
+    };
+    let nlri = decode_prefixes(r.rest(), family).ok_or("malformed NLRI")?;
+    u.mp_reach = Some(MpReach {
+        family,
+        next_hop,
+        link_local,
+        nlri,
+    });
+    Ok(())
+}
+
+fn decode_mp_unreach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
+    let mut r = Reader::new(value);
+    let afi = r.u16().ok_or("truncated")?;
+    let safi = r.u8().ok_or("truncated")?;
+    let Some(family) = Family::from_afi_safi(afi, safi) else {
+        return Ok(());
+    };
+    let withdrawn = decode_prefixes(r.rest(), family).ok_or("malformed withdrawn routes")?;
+    u.mp_unreach = Some(MpUnreach { family, withdrawn });
+    Ok(())
+}
+
+fn decode_as_path(value: &[u8], width: usize) -> Option<AsPath> {
+    let mut r = Reader::new(value);
+    let mut segments = Vec::new();
+    while !r.is_empty() {
+        let kind = SegmentKind::from_u8(r.u8()?)?;
+        let count = r.u8()? as usize;
+        // RFC 7606 7.2: an empty segment is malformed.
+        if count == 0 {
+            return None;
+        }
+        let mut asns = Vec::with_capacity(count);
+        for _ in 0..count {
+            let asn = if width == 2 {
+                r.u16()? as u32
+            } else {
+                r.u32()?
+            };
+            asns.push(asn);
+        }
+        segments.push(AsSegment { kind, asns });
+    }
+    Some(AsPath { segments })
+}
+
+/// RFC 6793 4.2.3: rebuild the real path from AS_PATH and AS4_PATH sent by
+/// a speaker that only does 2-octet AS numbers (or relayed through one).
+fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Aggregator>) {
+    if let Some(agg4) = as4_aggregator {
+        match u.attrs.aggregator {
+            Some(a) if a.asn == AS_TRANS => u.attrs.aggregator = Some(agg4),
+            // AGGREGATOR from a true 2-octet aggregator: AS4_* are stale.
+            Some(_) => return,
+            None => {}
+        }
+    }
+    let Some(as4) = as4_path else { return };
+    let have = u.attrs.as_path.as_count();
+    let want = as4.as_count();
+    if want > have {
+        return;
+    }
+    let mut keep = have - want;
+    let mut segments = Vec::new();
+    for s in &u.attrs.as_path.segments {
+        if keep == 0 {
+            break;
+        }
+        match s.kind {
+            SegmentKind::Sequence => {
+                let n = keep.min(s.asns.len());
+                segments.push(AsSegment {
+                    kind: s.kind,
+                    asns: s.asns[..n].to_vec(),
+                });
+                keep -= n;
+            }
+            SegmentKind::Set => {
+                segments.push(s.clone());
+                keep -= 1;
+            }
+            _ => segments.push(s.clone()),
+        }
+    }
+    segments.extend(as4.segments);
+    u.attrs.as_path = AsPath { segments };
+}
+
+fn decode_prefixes(mut buf: &[u8], family: Family) -> Option<Vec<Prefix>> {
+    let max = match family {
+        Family::Ipv4Unicast => 32,
+        Family::Ipv6Unicast => 128,
+    };
+    let mut out = Vec::new();
+    while let Some((&len, rest)) = buf.split_first() {
+        if len > max {
+            return None;
+        }
+        let n = (len as usize).div_ceil(8);
+        if rest.len() < n {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at(n);
+        buf = rest;
+        let addr = match family {
+            Family::Ipv4Unicast => {
+                let mut o = [0u8; 4];
+                o[..n].copy_from_slice(bytes);
+                IpAddr::from(o)
+            }
+            Family::Ipv6Unicast => {
+                let mut o = [0u8; 16];
+                o[..n].copy_from_slice(bytes);
+                IpAddr::from(o)
+            }
+        };
+        out.push(Prefix::new(addr, len).ok()?);
+    }
+    Some(out)
+}
+
+pub(crate) fn encode_prefix(p: &Prefix, out: &mut BytesMut) {
+    out.put_u8(p.len());
+    out.put_slice(&p.wire_octets());
+}
+
+fn put_attr(out: &mut BytesMut, flags: u8, type_code: u8, value: &[u8]) {
+    if value.len() > 255 {
+        out.put_u8(flags | FLAG_EXTENDED);
+        out.put_u8(type_code);
+        out.put_u16(value.len() as u16);
+    } else {
+        out.put_u8(flags & !FLAG_EXTENDED);
+        out.put_u8(type_code);
+        out.put_u8(value.len() as u8);
+    }
+    out.put_slice(value);
+}
+
+fn encode_as_path(path: &AsPath, width: usize, skip_confed: bool) -> BytesMut {
+    let mut v = BytesMut::new();
+    for s in &path.segments {
+        let confed = matches!(s.kind, SegmentKind::ConfedSequence | SegmentKind::ConfedSet);
+        if skip_confed && confed {
+            continue;
+        }
+        // A segment holds at most 255 AS numbers.
+        for chunk in s.asns.chunks(255) {
+            v.put_u8(s.kind as u8);
+            v.put_u8(chunk.len() as u8);
+            for &asn in chunk {
+                if width == 2 {
+                    v.put_u16(u16::try_from(asn).unwrap_or(AS_TRANS as u16));
+                } else {
+                    v.put_u32(asn);
+                }
+            }
+        }
+    }
+    v
+}
+
+fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
+    let a = &u.attrs;
+    if let Some(o) = a.origin {
+        put_attr(out, FLAG_TRANSITIVE, ATTR_ORIGIN, &[o as u8]);
+    }
+    // AS_PATH is mandatory with any announcement; an empty one is valid.
+    let announcing = !u.nlri.is_empty() || u.mp_reach.is_some();
+    if announcing || !a.as_path.segments.is_empty() {
+        let width = if opts.four_octet_as { 4 } else { 2 };
+        put_attr(
+            out,
+            FLAG_TRANSITIVE,
+            ATTR_AS_PATH,
+            &encode_as_path(&a.as_path, width, false),
+        );
+    }
+    if let Some(nh) = a.next_hop {
+        put_attr(out, FLAG_TRANSITIVE, ATTR_NEXT_HOP, &nh.octets());
+    }
+    if let Some(m) = a.med {
+        put_attr(out, FLAG_OPTIONAL, ATTR_MED, &m.to_be_bytes());
+    }
+    if let Some(lp) = a.local_pref {
+        put_attr(out, FLAG_TRANSITIVE, ATTR_LOCAL_PREF, &lp.to_be_bytes());
+    }
+    if a.atomic_aggregate {
+        put_attr(out, FLAG_TRANSITIVE, ATTR_ATOMIC_AGGREGATE, &[]);
+    }
+    if let Some(agg) = a.aggregator {
+        let mut v = BytesMut::new();
+        if opts.four_octet_as {
+            v.put_u32(agg.asn);
+        } else {
+            v.put_u16(u16::try_from(agg.asn).unwrap_or(AS_TRANS as u16));
+        }
+        v.put_u32(u32::from(agg.addr));
+        put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AGGREGATOR, &v);
+    }
+    if !a.communities.is_empty() {
+        let mut v = BytesMut::new();
+        for c in &a.communities {
+            v.put_u32(*c);
+        }
+        put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_COMMUNITIES, &v);
+    }
+    if let Some(o) = a.originator_id {
+        put_attr(out, FLAG_OPTIONAL, ATTR_ORIGINATOR_ID, &o.octets());
+    }
+    if !a.cluster_list.is_empty() {
+        let mut v = BytesMut::new();
+        for c in &a.cluster_list {
+            v.put_slice(&c.octets());
+        }
+        put_attr(out, FLAG_OPTIONAL, ATTR_CLUSTER_LIST, &v);
+    }
+    if let Some(r) = &u.mp_reach {
+        let mut v = BytesMut::new();
+        v.put_u16(r.family.afi());
+        v.put_u8(r.family.safi());
+        match (r.next_hop, r.link_local) {
+            (IpAddr::V4(a), _) => {
+                v.put_u8(4);
+                v.put_slice(&a.octets());
+            }
+            (IpAddr::V6(g), None) => {
+                v.put_u8(16);
+                v.put_slice(&g.octets());
+            }
+            (IpAddr::V6(g), Some(l)) => {
+                v.put_u8(32);
+                v.put_slice(&g.octets());
+                v.put_slice(&l.octets());
+            }
+        }
+        v.put_u8(0);
+        for p in &r.nlri {
+            encode_prefix(p, &mut v);
+        }
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &v);
+    }
+    if let Some(w) = &u.mp_unreach {
+        let mut v = BytesMut::new();
+        v.put_u16(w.family.afi());
+        v.put_u8(w.family.safi());
+        for p in &w.withdrawn {
+            encode_prefix(p, &mut v);
+        }
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_UNREACH, &v);
+    }
+    if !opts.four_octet_as {
+        // RFC 6793 4.2.2: carry the real numbers past a 2-octet speaker.
+        if a.as_path.has_4byte_asn() {
+            put_attr(
+                out,
+                FLAG_OPTIONAL | FLAG_TRANSITIVE,
+                ATTR_AS4_PATH,
+                &encode_as_path(&a.as_path, 4, true),
+            );
+        }
+        if let Some(agg) = a.aggregator.filter(|g| g.asn > u16::MAX as u32) {
+            let mut v = BytesMut::new();
+            v.put_u32(agg.asn);
+            v.put_u32(u32::from(agg.addr));
+            put_attr(
+                out,
+                FLAG_OPTIONAL | FLAG_TRANSITIVE,
+                ATTR_AS4_AGGREGATOR,
+                &v,
+            );
+        }
+    }
+    for raw in &a.unknown {
+        put_attr(out, raw.flags, raw.type_code, &raw.value);
+    }
+}
