@@ -5,6 +5,7 @@
 //! process), [`reflect`] (RFC 4456) and [`gr`] (RFC 4724 graceful restart).
 
 pub mod codec;
+pub mod fsm;
 pub mod types;
 
 pub use types::{AsPath, Family, Origin, Prefix};
