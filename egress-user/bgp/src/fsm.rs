@@ -36,6 +36,8 @@ pub enum Timer {
     IdleHold,
 }
 
+// Events carrying an UPDATE dominate; boxing them would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     ManualStart,
@@ -237,7 +239,7 @@ impl Fsm {
     }
 
     /// Back to Idle after an error, with an automatic restart scheduled.
-    fn to_idle(&mut self, out: &mut Vec<Action>) -> State {
+    fn fail_to_idle(&mut self, out: &mut Vec<Action>) -> State {
         self.connect_retry_counter += 1;
         for t in [Timer::ConnectRetry, Timer::Hold, Timer::Keepalive] {
             out.push(Action::StopTimer(t));
@@ -302,13 +304,13 @@ impl Fsm {
                 State::Active
             }
             Event::ManualStart | Event::ManualStartPassive => self.state,
-            _ => self.to_idle(out),
+            _ => self.fail_to_idle(out),
         }
     }
 
     fn notify_and_idle(&mut self, n: Notification, out: &mut Vec<Action>) -> State {
         out.push(Action::Send(Message::Notification(n)));
-        self.to_idle(out)
+        self.fail_to_idle(out)
     }
 
     fn open_sent(&mut self, event: Event, out: &mut Vec<Action>) -> State {
@@ -346,7 +348,7 @@ impl Fsm {
                 }
             },
             Event::MessageError(e) => self.notify_and_idle(e.notification(), out),
-            Event::NotifMsg(_) => self.to_idle(out),
+            Event::NotifMsg(_) => self.fail_to_idle(out),
             Event::OpenCollisionDump => {
                 self.notify_and_idle(Notification::cease(notif::CEASE_COLLISION), out)
             }
@@ -366,7 +368,7 @@ impl Fsm {
                 self.keepalive(out);
                 State::OpenConfirm
             }
-            Event::TcpConnectionFails | Event::NotifMsg(_) => self.to_idle(out),
+            Event::TcpConnectionFails | Event::NotifMsg(_) => self.fail_to_idle(out),
             Event::KeepAliveMsg => {
                 let neg = self
                     .negotiated
@@ -419,11 +421,11 @@ impl Fsm {
             }
             Event::TcpConnectionFails => {
                 down(out, DownReason::TcpFailure);
-                self.to_idle(out)
+                self.fail_to_idle(out)
             }
             Event::NotifMsg(n) => {
                 down(out, DownReason::NotificationReceived(n));
-                self.to_idle(out)
+                self.fail_to_idle(out)
             }
             Event::MessageError(e) => {
                 let n = e.notification();
