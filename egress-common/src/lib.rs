@@ -5,7 +5,14 @@
 //! so `bpftool map dump` prints named fields from the BTF.
 #![no_std]
 
+pub mod addr;
+pub mod config;
 pub mod counters;
+pub mod drops;
 pub mod maps;
+pub mod nat;
+pub mod policy;
+pub mod ports;
+pub mod steering;
 
 pub use counters::TrafficCounter;

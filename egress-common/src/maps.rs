@@ -9,6 +9,54 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/egress";
 
 /// Per-CPU packet/byte counter of the `tc_count` probe program.
 pub const IFACE_STATS: &str = "IFACE_STATS";
+/// LPM trie: pod prefix -> `SrcMatch`.
+pub const POLICY_SRC: &str = "POLICY_SRC";
+/// LPM trie: destination prefix -> `DstMatch`.
+pub const POLICY_DST: &str = "POLICY_DST";
+/// Array: policy slot -> `EgressTarget`.
+pub const POLICY_TARGETS: &str = "POLICY_TARGETS";
+/// Per-CPU hash: policy id -> `PolicyStats`.
+pub const POLICY_STATS: &str = "POLICY_STATS";
+/// LRU hash: forward `NatKey` -> `NatEntry`.
+pub const NAT_FWD: &str = "NAT_FWD";
+/// LRU hash: reverse `NatKey` -> `NatEntry`.
+pub const NAT_REV: &str = "NAT_REV";
+/// Hash: EIP -> `PortBlocks`.
+pub const PORT_BLOCKS: &str = "PORT_BLOCKS";
+/// Hash: `SteerKey` -> `SteerTarget`.
+pub const REPLY_STEERING: &str = "REPLY_STEERING";
+/// Hash: EIP -> `OwnedEip`.
+pub const OWNED_EIPS: &str = "OWNED_EIPS";
+/// Array (one slot): `DatapathConfig`.
+pub const CONFIG: &str = "CONFIG";
+/// Per-CPU array: drop reason -> `TrafficCounter`.
+pub const DROPS: &str = "DROPS";
 
 /// Every map userspace pins, in the order it creates them.
-pub const PINNED_MAPS: &[&str] = &[IFACE_STATS];
+pub const PINNED_MAPS: &[&str] = &[
+    IFACE_STATS,
+    POLICY_SRC,
+    POLICY_DST,
+    POLICY_TARGETS,
+    POLICY_STATS,
+    NAT_FWD,
+    NAT_REV,
+    PORT_BLOCKS,
+    REPLY_STEERING,
+    OWNED_EIPS,
+    CONFIG,
+    DROPS,
+];
+
+/// Programs in the object.
+pub const PROG_WORKER_EGRESS: &str = "worker_egress";
+pub const PROG_TUNNEL_INGRESS: &str = "tunnel_ingress";
+pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
+
+/// Map capacities (also used by userspace to size its diffs).
+pub const POLICY_TRIE_SIZE: u32 = 16384;
+pub const NAT_TABLE_SIZE: u32 = 262144;
+pub const PORT_BLOCKS_SIZE: u32 = 4096;
+pub const STEERING_SIZE: u32 = 65536;
+pub const OWNED_EIPS_SIZE: u32 = 4096;
+pub const POLICY_STATS_SIZE: u32 = 1024;

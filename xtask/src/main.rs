@@ -1,1 +1,87 @@
-fn main() {}
+//! Project tasks: `cargo xtask <setup|build-ebpf|test|demo|e2e|bench>`.
+
+mod build_ebpf;
+mod demo;
+mod setup;
+mod shell;
+mod test;
+
+use std::path::PathBuf;
+
+use clap::{error::ErrorKind, CommandFactory, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test and demo tasks of the egress gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install, idempotently, everything the build and tests need (Debian packages, rust-src, bpf-linker).
+    Setup,
+    /// Build the eBPF object that the userspace embeds.
+    BuildEbpf {
+        /// Build with the release profile (both profiles optimise; release is what CI and the demo use).
+        #[arg(long)]
+        release: bool,
+    },
+    /// The README's test command: setup, build-ebpf, fmt, clippy, all tests, then the privileged tests.
+    Test {
+        /// Skip the tests that need root (namespaces, BPF); for a quick local loop only.
+        #[arg(long)]
+        unprivileged: bool,
+    },
+    /// The README's first command: a local cluster in network namespaces, shown step by step.
+    Demo(demo::DemoArgs),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::InvalidSubcommand
+                    | ErrorKind::MissingSubcommand
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            eprintln!(
+                "{}",
+                e.render()
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("unknown task")
+            );
+            eprintln!();
+            let _ = Cli::command().print_help();
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    };
+    let root = workspace_root();
+    let result = match cli.task {
+        Task::Setup => setup::run(),
+        Task::BuildEbpf { release } => build_ebpf::build(&root, release).map(|_| ()),
+        Task::Test { unprivileged } => test::run(&root, unprivileged),
+        Task::Demo(args) => demo::run(&root, args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest folder.
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}

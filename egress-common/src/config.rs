@@ -1,0 +1,70 @@
+//! Node-wide settings the programs read from a one-slot array.
+
+/// This node is a gateway: it answers ARP/NDP for owned EIPs and forwards
+/// decapsulated traffic.
+pub const CFG_GATEWAY: u32 = 1 << 0;
+/// This node is a worker: it SNATs pod traffic.
+pub const CFG_WORKER: u32 = 1 << 1;
+
+/// Slot 0 of the `CONFIG` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// Interface index of this node's VXLAN device (external / collect_md mode).
+    pub vxlan_ifindex: u32,
+    /// VXLAN network identifier used for every tunnelled packet.
+    pub vni: u32,
+    /// Interface index of the gateway uplink (where ARP/NDP are answered).
+    pub uplink_ifindex: u32,
+    /// `CFG_*` bits.
+    pub flags: u32,
+    /// Largest inner IP packet that fits the tunnel (e.g. 1450 over a 1500 IPv4 underlay).
+    pub tunnel_mtu: u16,
+    /// Ports per block: EIP port `p` belongs to block `p / port_block_size`.
+    pub port_block_size: u16,
+    /// MAC address of the uplink, used as source of ARP replies and NAs.
+    pub uplink_mac: [u8; 6],
+    pub _pad0: [u8; 2],
+    /// This node's tunnel endpoint (IPv4 underlay, network byte order).
+    pub node_tunnel_ip: [u8; 4],
+    /// Seconds a NAT entry lives without traffic, per protocol/state.
+    pub timeouts: NatTimeouts,
+}
+
+/// Idle timeouts in seconds after which a NAT entry's port may be reused.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatTimeouts {
+    pub tcp_established: u32,
+    /// SYN seen but no reply yet, or FIN/RST seen.
+    pub tcp_transitory: u32,
+    pub udp: u32,
+    pub icmp: u32,
+}
+
+impl Default for NatTimeouts {
+    fn default() -> Self {
+        Self {
+            tcp_established: 7440,
+            tcp_transitory: 120,
+            udp: 120,
+            icmp: 30,
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), explicit padding, every bit pattern valid.
+unsafe impl aya::Pod for DatapathConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn layout() {
+        assert_eq!(core::mem::size_of::<NatTimeouts>(), 16);
+        assert_eq!(core::mem::offset_of!(DatapathConfig, uplink_mac), 20);
+        assert_eq!(core::mem::offset_of!(DatapathConfig, node_tunnel_ip), 28);
+        assert_eq!(core::mem::size_of::<DatapathConfig>(), 48);
+    }
+}

@@ -1,0 +1,37 @@
+//! Why a packet was dropped (index of the per-CPU `DROPS` array).
+
+pub const DROP_MALFORMED: u32 = 0;
+/// Policy traffic to an EIP this worker holds no port block of.
+pub const DROP_NO_PORT_BLOCK: u32 = 1;
+/// Every port probed for a new flow was in use.
+pub const DROP_PORTS_EXHAUSTED: u32 = 2;
+/// Gateway: a packet to an owned EIP on a port that belongs to no block.
+pub const DROP_NO_STEERING: u32 = 3;
+/// Worker: a reply through the tunnel with no NAT entry.
+pub const DROP_NO_NAT_ENTRY: u32 = 4;
+/// Oversized non-TCP packet with DF (answered with ICMP when possible).
+pub const DROP_TOO_BIG: u32 = 5;
+/// Node configuration missing (agent not done setting up).
+pub const DROP_NO_CONFIG: u32 = 6;
+/// The NAT map refused an insert.
+pub const DROP_NAT_INSERT: u32 = 7;
+/// A helper (tunnel key, checksum, store) failed.
+pub const DROP_HELPER: u32 = 8;
+/// Forwarded packet whose TTL/hop limit ran out.
+pub const DROP_TTL: u32 = 9;
+
+pub const DROP_REASONS: usize = 10;
+
+/// Names in index order, for tools.
+pub const DROP_NAMES: [&str; DROP_REASONS] = [
+    "malformed",
+    "no_port_block",
+    "ports_exhausted",
+    "no_steering",
+    "no_nat_entry",
+    "too_big",
+    "no_config",
+    "nat_insert",
+    "helper",
+    "ttl",
+];

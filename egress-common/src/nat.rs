@@ -1,0 +1,62 @@
+//! The worker's NAT table: two LRU hashes, forward and reverse.
+//!
+//! Forward key: (pod ip, dst ip, pod port, dst port, proto) as the pod sends.
+//! Reverse key: (remote ip, EIP, remote port, EIP port, proto) as the reply
+//! arrives. For ICMP echo the identifier is the port: forward
+//! `sport = id, dport = 0`, reverse `sport = 0, dport = id`.
+
+use crate::addr::Addr;
+
+/// Key of both NAT maps (addresses mapped, ports in host byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NatKey {
+    pub src: Addr,
+    pub dst: Addr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+/// TCP state kept per entry (decides the idle timeout).
+pub const TCP_SYN_SENT: u8 = 1;
+pub const TCP_ESTABLISHED: u8 = 2;
+pub const TCP_CLOSING: u8 = 3;
+
+/// Value of both NAT maps: the other side of the translation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatEntry {
+    /// Forward map: the EIP. Reverse map: the pod address.
+    pub addr: Addr,
+    /// Forward map: the EIP port. Reverse map: the pod port.
+    pub port: u16,
+    /// `TCP_*` state (TCP only).
+    pub state: u8,
+    pub _pad0: u8,
+    /// Reverse map: the pod's host-side veth, where replies are delivered.
+    pub ifindex: u32,
+    pub policy_id: u32,
+    pub _pad1: u32,
+    /// bpf_ktime_get_ns() of the last packet either way.
+    pub last_seen_ns: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: repr(C), explicit padding, every bit pattern valid.
+    unsafe impl aya::Pod for super::NatKey {}
+    unsafe impl aya::Pod for super::NatEntry {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn layout() {
+        assert_eq!(core::mem::size_of::<NatKey>(), 40);
+        assert_eq!(core::mem::size_of::<NatEntry>(), 40);
+        assert_eq!(core::mem::offset_of!(NatEntry, last_seen_ns), 32);
+    }
+}

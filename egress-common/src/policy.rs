@@ -1,0 +1,130 @@
+//! Policy match: two LPM tries and a slot table.
+//!
+//! Userspace gives every policy that applies on this node a slot `0..64`,
+//! ordered by priority (slot 0 wins). The source trie maps a pod prefix to
+//! the set (bitmask) of slots whose pods it covers; the destination trie maps
+//! a destination prefix to the slots whose `destSubnet` covers it and the
+//! slots whose `excludedSubnet` covers it. Userspace folds every covering
+//! prefix into each more specific one, so one longest-prefix lookup per trie
+//! gives the complete sets. The program takes
+//! `src.slots & dst.slots & !dst.excluded` and picks the lowest set bit.
+
+use crate::addr::Addr;
+
+/// Most policies that can apply on one node at the same time.
+pub const MAX_POLICY_SLOTS: usize = 64;
+
+/// The destination is a cluster CIDR (pods, services, nodes, extra): skip.
+pub const DST_CLUSTER: u32 = 1 << 0;
+
+/// Value of the source trie (key: pod prefix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SrcMatch {
+    pub slots: u64,
+}
+
+/// Value of the destination trie (key: destination prefix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DstMatch {
+    pub slots: u64,
+    pub excluded: u64,
+    /// `DST_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// The policy's EIP lives on this node: skip the tunnel (worker and gateway in one).
+pub const TARGET_LOCAL_GATEWAY: u32 = 1 << 0;
+/// The policy has an IPv4 EIP (`eip_v4` is valid).
+pub const TARGET_HAS_V4: u32 = 1 << 1;
+/// The policy has an IPv6 EIP (`eip_v6` is valid).
+pub const TARGET_HAS_V6: u32 = 1 << 2;
+/// The EIP is the gateway node's own address (`useNodeIP`).
+pub const TARGET_USE_NODE_IP: u32 = 1 << 3;
+
+/// Value of the slot table (`POLICY_TARGETS`, an array indexed by slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EgressTarget {
+    /// Identifier of the policy, the key of its counters.
+    pub policy_id: u32,
+    /// `TARGET_*` bits; 0 means the slot is unused.
+    pub flags: u32,
+    /// IPv4 EIP, mapped (see `addr`).
+    pub eip_v4: Addr,
+    pub eip_v6: Addr,
+    /// Tunnel endpoint of the gateway that owns the EIPs (IPv4 underlay).
+    pub gateway_tunnel_ip: [u8; 4],
+    pub _pad: u32,
+}
+
+/// Per policy (`POLICY_STATS`, per-CPU hash keyed by policy id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    pub egress_packets: u64,
+    pub egress_bytes: u64,
+    pub reply_packets: u64,
+    pub reply_bytes: u64,
+}
+
+impl PolicyStats {
+    pub fn merge(&mut self, o: &PolicyStats) {
+        self.egress_packets = self.egress_packets.wrapping_add(o.egress_packets);
+        self.egress_bytes = self.egress_bytes.wrapping_add(o.egress_bytes);
+        self.reply_packets = self.reply_packets.wrapping_add(o.reply_packets);
+        self.reply_bytes = self.reply_bytes.wrapping_add(o.reply_bytes);
+    }
+}
+
+/// Picks the winning slot: the lowest bit of `src & dst & !excluded`.
+#[inline(always)]
+pub fn pick_slot(src: u64, dst: &DstMatch) -> Option<u32> {
+    if dst.flags & DST_CLUSTER != 0 {
+        return None;
+    }
+    let cand = src & dst.slots & !dst.excluded;
+    if cand == 0 {
+        None
+    } else {
+        Some(cand.trailing_zeros())
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all repr(C) with explicit padding; every bit pattern valid.
+    unsafe impl aya::Pod for super::SrcMatch {}
+    unsafe impl aya::Pod for super::DstMatch {}
+    unsafe impl aya::Pod for super::EgressTarget {}
+    unsafe impl aya::Pod for super::PolicyStats {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn layout() {
+        assert_eq!(core::mem::size_of::<DstMatch>(), 24);
+        assert_eq!(core::mem::size_of::<EgressTarget>(), 48);
+        assert_eq!(core::mem::offset_of!(EgressTarget, gateway_tunnel_ip), 40);
+    }
+    #[test]
+    fn lowest_slot_wins_and_exclusions_and_cluster_skip() {
+        let d = DstMatch {
+            slots: 0b110,
+            excluded: 0b010,
+            flags: 0,
+            _pad: 0,
+        };
+        assert_eq!(pick_slot(0b111, &d), Some(2));
+        assert_eq!(pick_slot(0b001, &d), None);
+        let c = DstMatch {
+            flags: DST_CLUSTER,
+            ..d
+        };
+        assert_eq!(pick_slot(0b111, &c), None);
+    }
+}

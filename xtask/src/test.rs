@@ -1,0 +1,62 @@
+//! `cargo xtask test`: the README's test command and what CI runs.
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::{
+    build_ebpf, setup,
+    shell::{cargo, exec, step},
+};
+
+pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
+    setup::run()?;
+    build_ebpf::build(root, true)?;
+
+    step("format");
+    exec(&mut cargo(root, &["fmt", "--all", "--check"]))?;
+    exec(
+        std::process::Command::new("cargo")
+            .current_dir(root.join("egress-ebpf"))
+            .args(["+nightly", "fmt", "--check"])
+            .env_remove("RUSTUP_TOOLCHAIN"),
+    )?;
+
+    step("clippy");
+    exec(&mut cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ))?;
+
+    step("tests (unprivileged)");
+    exec(&mut cargo(root, &["test", "--workspace"]))?;
+
+    if unprivileged {
+        println!("\nskipped the privileged tests (--unprivileged)");
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "the privileged tests need root (namespaces, BPF); run as root or pass --unprivileged"
+        );
+    }
+    step("tests (privileged: namespaces, BPF, real peers)");
+    // The e2e tests start the real `egress` binary from the same target folder.
+    exec(&mut cargo(
+        root,
+        &["build", "-p", "egress-user", "--bin", "egress"],
+    ))?;
+    exec(&mut cargo(
+        root,
+        &["test", "--workspace", "--", "--ignored"],
+    ))?;
+    Ok(())
+}
