@@ -6,6 +6,8 @@
 
 pub mod codec;
 pub mod fsm;
+pub mod reflect;
+pub mod rib;
 pub mod types;
 
 pub use types::{AsPath, Family, Origin, Prefix};

@@ -1,0 +1,567 @@
+//! Adj-RIB-In, Loc-RIB and Adj-RIB-Out (RFC 4271 3.2), without I/O.
+//!
+//! The Adj-RIBs-In of all peers are stored indexed by prefix (one entry per
+//! source), which is what the decision process needs; [`Rib::adj_rib_in`]
+//! gives the per-peer view. Every change runs the decision process for the
+//! prefixes it touches, records Loc-RIB changes for the agent, and queues
+//! per-peer Adj-RIB-Out changes that [`Rib::take_updates`] packs into
+//! UPDATE messages.
+
+mod decision;
+mod out;
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+pub use decision::{select_best, DEFAULT_LOCAL_PREF};
+
+use crate::codec::{PathAttributes, Update};
+use crate::reflect::{self, LoopDiscard};
+use crate::types::{AsPath, Family, Origin, Prefix};
+
+/// The peer a route was learned from, with what the decision needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerSource {
+    pub addr: IpAddr,
+    pub router_id: Ipv4Addr,
+    pub asn: u32,
+    pub ebgp: bool,
+    /// A route reflector client of ours.
+    pub client: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteSource {
+    /// Announced through the handle by the agent.
+    Local,
+    Peer(PeerSource),
+}
+
+impl RouteSource {
+    fn peer_addr(&self) -> Option<IpAddr> {
+        match self {
+            RouteSource::Peer(p) => Some(p.addr),
+            RouteSource::Local => None,
+        }
+    }
+
+    fn reflect_from(&self) -> reflect::Learned {
+        match self {
+            RouteSource::Local => reflect::Learned::Local,
+            RouteSource::Peer(p) if p.ebgp => reflect::Learned::Ebgp,
+            RouteSource::Peer(p) if p.client => reflect::Learned::Client,
+            RouteSource::Peer(_) => reflect::Learned::NonClient,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub prefix: Prefix,
+    pub next_hop: IpAddr,
+    /// Shared by all prefixes of one UPDATE; `next_hop` inside is unused.
+    pub attrs: Arc<PathAttributes>,
+    pub source: RouteSource,
+    /// Kept from a peer that is restarting gracefully (RFC 4724).
+    pub stale: bool,
+}
+
+/// A change of the best route for a prefix, for the agent's routes map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum BestChange {
+    Set {
+        prefix: Prefix,
+        next_hop: IpAddr,
+        /// None for our own announcements.
+        from: Option<IpAddr>,
+    },
+    Removed {
+        prefix: Prefix,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct RibConfig {
+    pub local_asn: u32,
+    pub router_id: Ipv4Addr,
+    /// Shared by all reflectors of one cluster; defaults to the router id.
+    pub cluster_id: Ipv4Addr,
+}
+
+/// A configured neighbour, as the RIB sees it.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    pub addr: IpAddr,
+    pub asn: u32,
+    pub client: bool,
+    /// Put our own session address as next hop on routes sent to it.
+    pub next_hop_self: bool,
+}
+
+/// What one UPDATE did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportReport {
+    pub accepted: usize,
+    pub withdrawn: usize,
+    /// Discarded by RFC 4456 loop checks or because our AS is in the path.
+    pub looped: usize,
+}
+
+struct PeerState {
+    cfg: PeerConfig,
+    /// Set while a session is Established.
+    session: Option<SessionInfo>,
+    received: usize,
+    /// What the peer has been told (Adj-RIB-Out).
+    adj_out: HashMap<Prefix, Arc<out::Exported>>,
+    /// Adj-RIB-Out changes not yet sent; None is a withdrawal.
+    pending: HashMap<Prefix, Option<Arc<out::Exported>>>,
+}
+
+#[derive(Clone, Debug)]
+struct SessionInfo {
+    router_id: Ipv4Addr,
+    local_addr: IpAddr,
+}
+
+impl PeerState {
+    fn source(&self) -> Option<PeerSource> {
+        let s = self.session.as_ref()?;
+        Some(PeerSource {
+            addr: self.cfg.addr,
+            router_id: s.router_id,
+            asn: self.cfg.asn,
+            ebgp: false, // filled in by Rib::source_of
+            client: self.cfg.client,
+        })
+    }
+}
+
+pub struct Rib {
+    cfg: RibConfig,
+    peers: HashMap<IpAddr, PeerState>,
+    /// All Adj-RIBs-In and our local routes, indexed by prefix.
+    candidates: HashMap<Prefix, Vec<Route>>,
+    loc: HashMap<Prefix, Route>,
+    best_changes: Vec<BestChange>,
+    /// While set, the decision process waits (RFC 4724 selection deferral).
+    deferring: bool,
+    dirty: HashSet<Prefix>,
+}
+
+impl Rib {
+    pub fn new(cfg: RibConfig) -> Rib {
+        Rib {
+            cfg,
+            peers: HashMap::new(),
+            candidates: HashMap::new(),
+            loc: HashMap::new(),
+            best_changes: Vec::new(),
+            deferring: false,
+            dirty: HashSet::new(),
+        }
+    }
+
+    pub fn config(&self) -> &RibConfig {
+        &self.cfg
+    }
+
+    pub fn add_peer(&mut self, cfg: PeerConfig) {
+        self.peers.insert(
+            cfg.addr,
+            PeerState {
+                cfg,
+                session: None,
+                received: 0,
+                adj_out: HashMap::new(),
+                pending: HashMap::new(),
+            },
+        );
+    }
+
+    pub fn remove_peer(&mut self, addr: IpAddr) {
+        self.peer_down(addr, false);
+        self.peers.remove(&addr);
+    }
+
+    fn is_ebgp(&self, p: &PeerConfig) -> bool {
+        p.asn != self.cfg.local_asn
+    }
+
+    /// A session came up: queue our whole table towards the peer.
+    pub fn peer_up(&mut self, addr: IpAddr, router_id: Ipv4Addr, local_addr: IpAddr) {
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        p.session = Some(SessionInfo {
+            router_id,
+            local_addr,
+        });
+        p.adj_out.clear();
+        p.pending.clear();
+        let prefixes: Vec<Prefix> = self.loc.keys().copied().collect();
+        for prefix in prefixes {
+            self.queue_export(addr, prefix);
+        }
+    }
+
+    /// A session went down. With `keep_as_stale` (graceful restart helper)
+    /// its routes stay in use, marked stale; otherwise they are removed.
+    pub fn peer_down(&mut self, addr: IpAddr, keep_as_stale: bool) {
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        p.session = None;
+        p.adj_out.clear();
+        p.pending.clear();
+        if keep_as_stale {
+            self.mark_stale(addr);
+        } else {
+            self.remove_routes_from(addr, |_| true);
+        }
+    }
+
+    /// Marks every route from `addr` stale; returns how many.
+    pub fn mark_stale(&mut self, addr: IpAddr) -> usize {
+        let mut touched = Vec::new();
+        for (prefix, routes) in self.candidates.iter_mut() {
+            for r in routes.iter_mut() {
+                if r.source.peer_addr() == Some(addr) && !r.stale {
+                    r.stale = true;
+                    touched.push(*prefix);
+                }
+            }
+        }
+        // Refreshes the Loc-RIB copies; nothing changes on the wire.
+        for prefix in &touched {
+            self.recompute(*prefix);
+        }
+        touched.len()
+    }
+
+    /// Removes the routes from `addr` still stale in `family` (at its
+    /// End-of-RIB, or when the restart or stale timer runs out).
+    pub fn purge_stale(&mut self, addr: IpAddr, family: Option<Family>) -> usize {
+        self.remove_routes_from(addr, |r| {
+            r.stale && family.is_none_or(|f| r.prefix.family() == f)
+        })
+    }
+
+    fn remove_routes_from(&mut self, addr: IpAddr, pred: impl Fn(&Route) -> bool) -> usize {
+        let mut touched = Vec::new();
+        for (prefix, routes) in self.candidates.iter_mut() {
+            let before = routes.len();
+            routes.retain(|r| !(r.source.peer_addr() == Some(addr) && pred(r)));
+            if routes.len() != before {
+                touched.push(*prefix);
+            }
+        }
+        if let Some(p) = self.peers.get_mut(&addr) {
+            p.received = p.received.saturating_sub(touched.len());
+        }
+        for prefix in &touched {
+            self.recompute(*prefix);
+        }
+        touched.len()
+    }
+
+    fn source_of(&self, addr: IpAddr) -> Option<PeerSource> {
+        let p = self.peers.get(&addr)?;
+        let mut s = p.source()?;
+        s.ebgp = self.is_ebgp(&p.cfg);
+        Some(s)
+    }
+
+    /// Applies one UPDATE received from an Established peer.
+    pub fn apply_update(&mut self, from: IpAddr, u: &Update) -> ImportReport {
+        let mut report = ImportReport::default();
+        let Some(source) = self.source_of(from) else {
+            return report;
+        };
+        for prefix in u.withdrawals() {
+            if self.remove_candidate(prefix, from) {
+                report.withdrawn += 1;
+            }
+        }
+        if u.treat_as_withdraw() {
+            // RFC 7606: its announcements were counted as withdrawals above.
+            return report;
+        }
+        let mut attrs = u.attrs.clone();
+        let v4_next_hop = attrs.next_hop.take().map(IpAddr::V4);
+        let mut items: Vec<(Prefix, Option<IpAddr>)> =
+            u.nlri.iter().map(|p| (*p, v4_next_hop)).collect();
+        if let Some(m) = &u.mp_reach {
+            items.extend(m.nlri.iter().map(|p| (*p, Some(m.next_hop))));
+        }
+        if items.is_empty() {
+            return report;
+        }
+        let loop_found =
+            reflect::check_receipt(&u.attrs, self.cfg.router_id, self.cfg.cluster_id).is_err();
+        let as_loop = source.ebgp && u.attrs.as_path.contains(self.cfg.local_asn);
+        if source.ebgp {
+            // Non-transitive iBGP attributes have no business coming from
+            // another AS.
+            attrs.originator_id = None;
+            attrs.cluster_list.clear();
+        }
+        let attrs = Arc::new(attrs);
+        for (prefix, nh) in items {
+            let Some(nh) = nh.filter(|_| !loop_found && !as_loop) else {
+                // RFC 4456 8: discard; a copy accepted earlier is gone too.
+                self.remove_candidate(prefix, from);
+                report.looped += 1;
+                continue;
+            };
+            self.insert_candidate(Route {
+                prefix,
+                next_hop: nh,
+                attrs: attrs.clone(),
+                source: RouteSource::Peer(source.clone()),
+                stale: false,
+            });
+            report.accepted += 1;
+        }
+        report
+    }
+
+    /// Why a route would be discarded on receipt, for logs and tests.
+    pub fn loop_check(&self, attrs: &PathAttributes) -> Result<(), LoopDiscard> {
+        reflect::check_receipt(attrs, self.cfg.router_id, self.cfg.cluster_id)
+    }
+
+    /// Announces a prefix of ours (pod CIDR, EIP) with the given next hop.
+    pub fn announce_local(&mut self, prefix: Prefix, next_hop: IpAddr) {
+        let attrs = PathAttributes {
+            origin: Some(Origin::Igp),
+            as_path: AsPath::default(),
+            local_pref: Some(DEFAULT_LOCAL_PREF),
+            ..Default::default()
+        };
+        self.insert_candidate(Route {
+            prefix,
+            next_hop,
+            attrs: Arc::new(attrs),
+            source: RouteSource::Local,
+            stale: false,
+        });
+    }
+
+    pub fn withdraw_local(&mut self, prefix: Prefix) -> bool {
+        let Some(routes) = self.candidates.get_mut(&prefix) else {
+            return false;
+        };
+        let before = routes.len();
+        routes.retain(|r| r.source != RouteSource::Local);
+        let removed = routes.len() != before;
+        if removed {
+            self.recompute(prefix);
+        }
+        removed
+    }
+
+    fn insert_candidate(&mut self, route: Route) {
+        let prefix = route.prefix;
+        let from = route.source.peer_addr();
+        let routes = self.candidates.entry(prefix).or_default();
+        match routes.iter_mut().find(|r| r.source.peer_addr() == from) {
+            Some(slot) => *slot = route,
+            None => {
+                routes.push(route);
+                if let Some(p) = from.and_then(|a| self.peers.get_mut(&a)) {
+                    p.received += 1;
+                }
+            }
+        }
+        self.recompute(prefix);
+    }
+
+    fn remove_candidate(&mut self, prefix: Prefix, from: IpAddr) -> bool {
+        let Some(routes) = self.candidates.get_mut(&prefix) else {
+            return false;
+        };
+        let before = routes.len();
+        routes.retain(|r| r.source.peer_addr() != Some(from));
+        if routes.len() == before {
+            return false;
+        }
+        if let Some(p) = self.peers.get_mut(&from) {
+            p.received = p.received.saturating_sub(1);
+        }
+        self.recompute(prefix);
+        true
+    }
+
+    /// Starts or ends selection deferral (RFC 4724 4.1). While deferring,
+    /// routes are collected but no best route is chosen or advertised.
+    pub fn set_deferral(&mut self, on: bool) {
+        self.deferring = on;
+        if !on {
+            let dirty: Vec<Prefix> = self.dirty.drain().collect();
+            for prefix in dirty {
+                self.recompute(prefix);
+            }
+        }
+    }
+
+    pub fn deferring(&self) -> bool {
+        self.deferring
+    }
+
+    fn recompute(&mut self, prefix: Prefix) {
+        if self.deferring {
+            self.dirty.insert(prefix);
+            return;
+        }
+        let new = self
+            .candidates
+            .get(&prefix)
+            .and_then(|routes| select_best(routes.iter()))
+            .cloned();
+        if self.candidates.get(&prefix).is_some_and(|r| r.is_empty()) {
+            self.candidates.remove(&prefix);
+        }
+        let old = self.loc.get(&prefix);
+        if old == new.as_ref() {
+            return;
+        }
+        match new {
+            Some(r) => {
+                let change = BestChange::Set {
+                    prefix,
+                    next_hop: r.next_hop,
+                    from: r.source.peer_addr(),
+                };
+                // Only attribute or staleness changes: the agent's map
+                // entry stays the same, so do not bother it.
+                let same_for_agent =
+                    old.is_some_and(|o| o.next_hop == r.next_hop && o.source == r.source);
+                if !same_for_agent {
+                    self.best_changes.push(change);
+                }
+                self.loc.insert(prefix, r);
+            }
+            None => {
+                self.loc.remove(&prefix);
+                self.best_changes.push(BestChange::Removed { prefix });
+            }
+        }
+        let peers: Vec<IpAddr> = self.peers.keys().copied().collect();
+        for addr in peers {
+            self.queue_export(addr, prefix);
+        }
+    }
+
+    /// Works out what `addr` should hold for `prefix` and queues the
+    /// difference against what it was told.
+    fn queue_export(&mut self, addr: IpAddr, prefix: Prefix) {
+        let best = self.loc.get(&prefix);
+        let Some(p) = self.peers.get(&addr) else {
+            return;
+        };
+        let Some(session) = &p.session else { return };
+        let ebgp = self.is_ebgp(&p.cfg);
+        let exported =
+            best.and_then(|r| out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, r));
+        let p = self.peers.get_mut(&addr).expect("looked up above");
+        let current = p.adj_out.get(&prefix);
+        let unchanged = match (&exported, current) {
+            (Some(e), Some(c)) => **c == *e,
+            (None, None) => true,
+            _ => false,
+        };
+        if unchanged {
+            p.pending.remove(&prefix);
+            return;
+        }
+        let exported = exported.map(Arc::new);
+        match &exported {
+            Some(e) => p.adj_out.insert(prefix, e.clone()),
+            None => p.adj_out.remove(&prefix),
+        };
+        p.pending.insert(prefix, exported);
+    }
+
+    /// RFC 2918: the peer asked for everything again.
+    pub fn refresh(&mut self, addr: IpAddr, family: Family) {
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        let all: Vec<(Prefix, Arc<out::Exported>)> = p
+            .adj_out
+            .iter()
+            .filter(|(k, _)| k.family() == family)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (k, v) in all {
+            p.pending.insert(k, Some(v));
+        }
+    }
+
+    /// Drains the Loc-RIB changes since the last call.
+    pub fn take_best_changes(&mut self) -> Vec<BestChange> {
+        std::mem::take(&mut self.best_changes)
+    }
+
+    /// Peers with Adj-RIB-Out changes waiting to be sent.
+    pub fn peers_with_pending(&self) -> Vec<IpAddr> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| !p.pending.is_empty())
+            .map(|(a, _)| *a)
+            .collect()
+    }
+
+    /// Packs the waiting changes for `addr` into UPDATE messages, one per
+    /// distinct attribute set, each within the 4096-octet limit.
+    pub fn take_updates(&mut self, addr: IpAddr) -> Vec<Update> {
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return Vec::new();
+        };
+        out::pack(std::mem::take(&mut p.pending))
+    }
+
+    pub fn best(&self, prefix: &Prefix) -> Option<&Route> {
+        self.loc.get(prefix)
+    }
+
+    pub fn loc_rib(&self) -> impl Iterator<Item = &Route> {
+        self.loc.values()
+    }
+
+    /// Routes received from one peer and kept (its Adj-RIB-In).
+    pub fn adj_rib_in(&self, addr: IpAddr) -> impl Iterator<Item = &Route> {
+        self.candidates
+            .values()
+            .flatten()
+            .filter(move |r| r.source.peer_addr() == Some(addr))
+    }
+
+    /// What was advertised to one peer: prefix and the attributes sent.
+    pub fn adj_rib_out(&self, addr: IpAddr) -> Vec<(Prefix, IpAddr, PathAttributes)> {
+        self.peers
+            .get(&addr)
+            .map(|p| {
+                p.adj_out
+                    .iter()
+                    .map(|(k, e)| (*k, e.next_hop, e.attrs.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// (received, advertised) prefix counts for a peer.
+    pub fn prefix_counts(&self, addr: IpAddr) -> (usize, usize) {
+        self.peers
+            .get(&addr)
+            .map(|p| (p.received, p.adj_out.len()))
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,442 @@
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::*;
+use crate::codec::{CodecOptions, Message, MpReach, Update};
+use crate::types::{AsPath, Family, Origin};
+
+const LOCAL_ASN: u32 = 65000;
+const ME: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const CLUSTER: Ipv4Addr = Ipv4Addr::new(1, 1, 1, 1);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 50);
+const CLIENT2: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 51);
+const OTHER_RR: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const UPSTREAM: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 254);
+
+fn ip(a: Ipv4Addr) -> IpAddr {
+    IpAddr::V4(a)
+}
+
+fn p(s: &str) -> Prefix {
+    s.parse().unwrap()
+}
+
+/// A reflector with a client, a second client, a sibling reflector
+/// (non-client) and an upstream router, all sessions up.
+fn reflector(upstream_asn: u32) -> Rib {
+    let mut rib = Rib::new(RibConfig {
+        local_asn: LOCAL_ASN,
+        router_id: ME,
+        cluster_id: CLUSTER,
+    });
+    for (addr, asn, client) in [
+        (CLIENT, LOCAL_ASN, true),
+        (CLIENT2, LOCAL_ASN, true),
+        (OTHER_RR, LOCAL_ASN, false),
+        (UPSTREAM, upstream_asn, false),
+    ] {
+        rib.add_peer(PeerConfig {
+            addr: ip(addr),
+            asn,
+            client,
+            next_hop_self: false,
+        });
+        rib.peer_up(ip(addr), addr, ip(ME));
+    }
+    rib
+}
+
+fn announce(prefix: &str, next_hop: Ipv4Addr, f: impl FnOnce(&mut PathAttributes)) -> Update {
+    let mut attrs = PathAttributes {
+        origin: Some(Origin::Igp),
+        next_hop: Some(next_hop),
+        local_pref: Some(100),
+        ..Default::default()
+    };
+    f(&mut attrs);
+    Update {
+        attrs,
+        nlri: vec![p(prefix)],
+        ..Update::default()
+    }
+}
+
+fn withdraw(prefix: &str) -> Update {
+    Update {
+        withdrawn: vec![p(prefix)],
+        ..Update::default()
+    }
+}
+
+fn out_attrs(rib: &Rib, peer: Ipv4Addr, prefix: &str) -> Option<(IpAddr, PathAttributes)> {
+    rib.adj_rib_out(ip(peer))
+        .into_iter()
+        .find(|(k, _, _)| *k == p(prefix))
+        .map(|(_, nh, a)| (nh, a))
+}
+
+fn from_of(rib: &Rib, prefix: &str) -> Option<IpAddr> {
+    rib.best(&p(prefix)).and_then(|r| r.source.peer_addr())
+}
+
+/// The incident, first form: a sibling reflector with our cluster id
+/// reflects the client's route back to us. Its copy must be discarded on
+/// receipt, and the client's path must go to the upstream non-client.
+#[test]
+fn incident_same_cluster_copy_is_discarded_and_client_path_goes_upstream() {
+    let mut rib = reflector(LOCAL_ASN);
+    let client_nh = CLIENT;
+    rib.apply_update(ip(CLIENT), &announce("192.0.2.10/32", client_nh, |_| {}));
+    let report = rib.apply_update(
+        ip(OTHER_RR),
+        &announce("192.0.2.10/32", client_nh, |a| {
+            a.originator_id = Some(CLIENT);
+            a.cluster_list = vec![CLUSTER];
+        }),
+    );
+    assert_eq!(report.looped, 1);
+    assert_eq!(rib.adj_rib_in(ip(OTHER_RR)).count(), 0);
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT)));
+    let (nh, a) = out_attrs(&rib, UPSTREAM, "192.0.2.10/32").expect("client path must go upstream");
+    assert_eq!(nh, ip(CLIENT));
+    assert_eq!(a.originator_id, Some(CLIENT));
+    assert_eq!(a.cluster_list, vec![CLUSTER]);
+}
+
+/// The incident, second form: the sibling uses another cluster id, has a
+/// lower router id than the client, and its copy carries ORIGINATOR_ID = C.
+/// ORIGINATOR_ID replaces the router id, so both compare as 10.0.0.50; the
+/// shorter CLUSTER_LIST (the client's direct path) wins and goes upstream.
+#[test]
+fn incident_reflected_copy_with_lower_router_id_loses_to_client_path() {
+    for order in [true, false] {
+        let mut rib = reflector(LOCAL_ASN);
+        let direct = announce("192.0.2.10/32", CLIENT, |_| {});
+        let reflected = announce("192.0.2.10/32", CLIENT, |a| {
+            a.originator_id = Some(CLIENT);
+            a.cluster_list = vec![Ipv4Addr::new(2, 2, 2, 2)];
+        });
+        if order {
+            rib.apply_update(ip(CLIENT), &direct);
+            assert_eq!(rib.apply_update(ip(OTHER_RR), &reflected).accepted, 1);
+        } else {
+            assert_eq!(rib.apply_update(ip(OTHER_RR), &reflected).accepted, 1);
+            rib.apply_update(ip(CLIENT), &direct);
+        }
+        assert!(
+            u32::from(OTHER_RR) < u32::from(CLIENT),
+            "the trap: sibling has the lower id"
+        );
+        assert_eq!(
+            from_of(&rib, "192.0.2.10/32"),
+            Some(ip(CLIENT)),
+            "order {order}"
+        );
+        let (_, a) = out_attrs(&rib, UPSTREAM, "192.0.2.10/32").expect("advertised upstream");
+        assert_eq!(a.originator_id, Some(CLIENT));
+        assert_eq!(a.cluster_list, vec![CLUSTER]);
+        // The sibling reflector is a non-client too: it gets the client path.
+        assert!(out_attrs(&rib, OTHER_RR, "192.0.2.10/32").is_some());
+        // The updates that would go on the wire carry the prefix.
+        let ups = rib.take_updates(ip(UPSTREAM));
+        assert!(ups.iter().any(|u| u.nlri.contains(&p("192.0.2.10/32"))));
+    }
+}
+
+#[test]
+fn route_from_non_client_goes_to_clients_only() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(OTHER_RR), &announce("198.51.100.0/24", OTHER_RR, |_| {}));
+    assert!(out_attrs(&rib, CLIENT, "198.51.100.0/24").is_some());
+    assert!(out_attrs(&rib, UPSTREAM, "198.51.100.0/24").is_none());
+    let (_, a) = out_attrs(&rib, CLIENT, "198.51.100.0/24").unwrap();
+    assert_eq!(a.originator_id, Some(OTHER_RR));
+    assert_eq!(a.cluster_list, vec![CLUSTER]);
+}
+
+#[test]
+fn route_from_client_goes_to_other_clients_and_non_clients_not_back() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    assert!(out_attrs(&rib, CLIENT2, "10.244.1.0/24").is_some());
+    assert!(out_attrs(&rib, OTHER_RR, "10.244.1.0/24").is_some());
+    assert!(out_attrs(&rib, UPSTREAM, "10.244.1.0/24").is_some());
+    assert!(out_attrs(&rib, CLIENT, "10.244.1.0/24").is_none());
+}
+
+#[test]
+fn route_with_our_originator_id_is_discarded() {
+    let mut rib = reflector(LOCAL_ASN);
+    let r = rib.apply_update(
+        ip(OTHER_RR),
+        &announce("10.9.0.0/16", OTHER_RR, |a| {
+            a.originator_id = Some(ME);
+            a.cluster_list = vec![Ipv4Addr::new(2, 2, 2, 2)];
+        }),
+    );
+    assert_eq!((r.accepted, r.looped), (0, 1));
+    assert!(rib.best(&p("10.9.0.0/16")).is_none());
+}
+
+#[test]
+fn looped_copy_replaces_an_earlier_accepted_one() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(OTHER_RR), &announce("10.9.0.0/16", OTHER_RR, |_| {}));
+    assert!(rib.best(&p("10.9.0.0/16")).is_some());
+    rib.apply_update(
+        ip(OTHER_RR),
+        &announce("10.9.0.0/16", OTHER_RR, |a| a.cluster_list = vec![CLUSTER]),
+    );
+    assert!(rib.best(&p("10.9.0.0/16")).is_none());
+}
+
+#[test]
+fn ebgp_upstream_gets_our_as_prepended_and_no_ibgp_attributes() {
+    let mut rib = reflector(65100);
+    rib.apply_update(
+        ip(CLIENT),
+        &announce("192.0.2.10/32", CLIENT, |a| {
+            a.med = Some(7);
+        }),
+    );
+    let (nh, a) = out_attrs(&rib, UPSTREAM, "192.0.2.10/32").unwrap();
+    assert_eq!(
+        nh,
+        ip(CLIENT),
+        "third-party next hop kept without next-hop-self"
+    );
+    assert_eq!(a.as_path, AsPath::sequence(&[LOCAL_ASN]));
+    assert_eq!(a.local_pref, None);
+    assert_eq!(a.originator_id, None);
+    assert!(a.cluster_list.is_empty());
+    assert_eq!(a.med, None);
+}
+
+#[test]
+fn ebgp_route_is_not_sent_back_into_its_as_and_own_as_loop_is_dropped() {
+    let mut rib = reflector(65100);
+    let r = rib.apply_update(
+        ip(UPSTREAM),
+        &announce("203.0.113.0/24", UPSTREAM, |a| {
+            a.as_path = AsPath::sequence(&[65100, LOCAL_ASN]);
+        }),
+    );
+    assert_eq!(r.looped, 1);
+    rib.apply_update(
+        ip(UPSTREAM),
+        &announce("0.0.0.0/0", UPSTREAM, |a| {
+            a.as_path = AsPath::sequence(&[65100]);
+            a.local_pref = Some(999);
+        }),
+    );
+    let (_, a) = out_attrs(&rib, CLIENT, "0.0.0.0/0").unwrap();
+    assert_eq!(
+        a.local_pref,
+        Some(DEFAULT_LOCAL_PREF),
+        "eBGP LOCAL_PREF is replaced"
+    );
+    assert_eq!(a.originator_id, None, "eBGP routes are not reflections");
+    assert!(out_attrs(&rib, UPSTREAM, "0.0.0.0/0").is_none());
+}
+
+#[test]
+fn withdrawal_removes_best_and_withdraws_from_peers() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    rib.take_updates(ip(UPSTREAM));
+    rib.take_best_changes();
+    rib.apply_update(ip(CLIENT), &withdraw("10.244.1.0/24"));
+    assert!(rib.best(&p("10.244.1.0/24")).is_none());
+    assert_eq!(
+        rib.take_best_changes(),
+        vec![BestChange::Removed {
+            prefix: p("10.244.1.0/24")
+        }]
+    );
+    let ups = rib.take_updates(ip(UPSTREAM));
+    assert_eq!(ups.len(), 1);
+    assert_eq!(ups[0].withdrawn, vec![p("10.244.1.0/24")]);
+}
+
+#[test]
+fn failover_to_second_path_when_best_is_withdrawn() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("192.0.2.10/32", CLIENT, |_| {}));
+    rib.apply_update(ip(CLIENT2), &announce("192.0.2.10/32", CLIENT2, |_| {}));
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT)));
+    rib.take_best_changes();
+    rib.apply_update(ip(CLIENT), &withdraw("192.0.2.10/32"));
+    assert_eq!(
+        rib.take_best_changes(),
+        vec![BestChange::Set {
+            prefix: p("192.0.2.10/32"),
+            next_hop: ip(CLIENT2),
+            from: Some(ip(CLIENT2))
+        }]
+    );
+}
+
+#[test]
+fn treat_as_withdraw_update_removes_the_previous_route() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    let mut bad = announce("10.244.1.0/24", CLIENT, |_| {});
+    bad.errors.push(crate::codec::AttrOutcome::TreatAsWithdraw {
+        type_code: 1,
+        reason: "test",
+    });
+    let r = rib.apply_update(ip(CLIENT), &bad);
+    assert_eq!((r.accepted, r.withdrawn), (0, 1));
+    assert!(rib.best(&p("10.244.1.0/24")).is_none());
+}
+
+#[test]
+fn local_announce_goes_to_every_peer_and_wins() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("192.0.2.10/32", CLIENT, |_| {}));
+    rib.announce_local(p("192.0.2.10/32"), ip(ME));
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), None);
+    for peer in [CLIENT, CLIENT2, OTHER_RR, UPSTREAM] {
+        let (nh, a) = out_attrs(&rib, peer, "192.0.2.10/32").unwrap();
+        assert_eq!(nh, ip(ME));
+        assert_eq!(a.originator_id, None, "our own routes are not reflected");
+    }
+    assert!(rib.withdraw_local(p("192.0.2.10/32")));
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT)));
+}
+
+#[test]
+fn session_up_sends_the_whole_table() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    let late = Ipv4Addr::new(10, 0, 0, 60);
+    rib.add_peer(PeerConfig {
+        addr: ip(late),
+        asn: LOCAL_ASN,
+        client: true,
+        next_hop_self: false,
+    });
+    assert!(rib.take_updates(ip(late)).is_empty());
+    rib.peer_up(ip(late), late, ip(ME));
+    let ups = rib.take_updates(ip(late));
+    assert_eq!(ups.iter().map(|u| u.nlri.len()).sum::<usize>(), 1);
+}
+
+#[test]
+fn hard_peer_down_removes_its_routes_soft_keeps_them_stale() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    rib.peer_down(ip(CLIENT), true);
+    let r = rib.best(&p("10.244.1.0/24")).unwrap();
+    assert!(r.stale);
+    assert!(
+        out_attrs(&rib, UPSTREAM, "10.244.1.0/24").is_some(),
+        "still advertised"
+    );
+    // The peer comes back and re-announces: no longer stale.
+    rib.peer_up(ip(CLIENT), CLIENT, ip(ME));
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    assert!(!rib.best(&p("10.244.1.0/24")).unwrap().stale);
+    rib.peer_down(ip(CLIENT), false);
+    assert!(rib.best(&p("10.244.1.0/24")).is_none());
+}
+
+#[test]
+fn purge_stale_removes_only_routes_not_refreshed() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    rib.apply_update(ip(CLIENT), &announce("10.244.2.0/24", CLIENT, |_| {}));
+    rib.peer_down(ip(CLIENT), true);
+    rib.peer_up(ip(CLIENT), CLIENT, ip(ME));
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    assert_eq!(rib.purge_stale(ip(CLIENT), Some(Family::Ipv4Unicast)), 1);
+    assert!(rib.best(&p("10.244.1.0/24")).is_some());
+    assert!(rib.best(&p("10.244.2.0/24")).is_none());
+}
+
+#[test]
+fn deferral_holds_selection_until_released() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.set_deferral(true);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    assert!(rib.best(&p("10.244.1.0/24")).is_none());
+    assert!(rib.take_updates(ip(UPSTREAM)).is_empty());
+    rib.set_deferral(false);
+    assert!(rib.best(&p("10.244.1.0/24")).is_some());
+    assert_eq!(rib.take_updates(ip(UPSTREAM)).len(), 1);
+}
+
+#[test]
+fn ipv6_routes_travel_in_mp_reach() {
+    let mut rib = reflector(LOCAL_ASN);
+    let u = Update {
+        attrs: PathAttributes {
+            origin: Some(Origin::Igp),
+            ..Default::default()
+        },
+        mp_reach: Some(MpReach {
+            family: Family::Ipv6Unicast,
+            next_hop: "2001:db8::50".parse().unwrap(),
+            link_local: None,
+            nlri: vec![p("2001:db8:10::/64")],
+        }),
+        ..Update::default()
+    };
+    assert_eq!(rib.apply_update(ip(CLIENT), &u).accepted, 1);
+    let ups = rib.take_updates(ip(UPSTREAM));
+    let m = ups[0].mp_reach.as_ref().unwrap();
+    assert_eq!(m.nlri, vec![p("2001:db8:10::/64")]);
+    assert_eq!(m.next_hop, "2001:db8::50".parse::<IpAddr>().unwrap());
+}
+
+#[test]
+fn many_routes_pack_into_few_updates_within_size_limit() {
+    let mut rib = reflector(LOCAL_ASN);
+    let prefixes: Vec<Prefix> = (0..5000u32)
+        .map(|i| Prefix::new(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | (i << 8))), 24).unwrap())
+        .collect();
+    let mut u = announce("10.0.0.0/24", CLIENT, |_| {});
+    u.nlri = prefixes.clone();
+    assert_eq!(rib.apply_update(ip(CLIENT), &u).accepted, 5000);
+    let ups = rib.take_updates(ip(UPSTREAM));
+    assert!(ups.len() <= 8, "{} updates", ups.len());
+    let mut total = 0;
+    for u in &ups {
+        let b = Message::Update(u.clone())
+            .to_bytes(CodecOptions {
+                four_octet_as: false,
+            })
+            .expect("fits in 4096 octets");
+        assert!(b.len() <= 4096);
+        total += u.nlri.len();
+    }
+    assert_eq!(total, 5000);
+    assert_eq!(rib.prefix_counts(ip(CLIENT)).0, 5000);
+    assert_eq!(rib.prefix_counts(ip(UPSTREAM)).1, 5000);
+}
+
+#[test]
+fn route_refresh_requeues_the_adj_rib_out() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    rib.take_updates(ip(UPSTREAM));
+    assert!(rib.take_updates(ip(UPSTREAM)).is_empty());
+    rib.refresh(ip(UPSTREAM), Family::Ipv4Unicast);
+    assert_eq!(
+        rib.take_updates(ip(UPSTREAM))[0].nlri,
+        vec![p("10.244.1.0/24")]
+    );
+}
+
+#[test]
+fn attribute_only_change_is_readvertised_but_not_reported_to_agent() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(ip(CLIENT), &announce("10.244.1.0/24", CLIENT, |_| {}));
+    rib.take_best_changes();
+    rib.take_updates(ip(UPSTREAM));
+    rib.apply_update(
+        ip(CLIENT),
+        &announce("10.244.1.0/24", CLIENT, |a| a.med = Some(5)),
+    );
+    assert!(rib.take_best_changes().is_empty());
+    assert_eq!(rib.take_updates(ip(UPSTREAM))[0].attrs.med, Some(5));
+}
