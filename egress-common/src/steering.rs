@@ -26,6 +26,10 @@ pub struct SteerTarget {
 /// Answer ARP (IPv4) / NDP neighbour solicitations (IPv6) for this EIP.
 pub const OWNED_ANSWER_NEIGH: u32 = 1 << 0;
 
+/// The EIP is this node's own address (`useNodeIP`): ports outside every
+/// block belong to the node's own connections and go to the stack.
+pub const OWNED_NODE_IP: u32 = 1 << 1;
+
 /// Value of `OWNED_EIPS` (key: EIP, mapped).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,8 +1,20 @@
 //! TC/XDP programs of the egress gateway.
+//!
+//! - `worker_egress`: pod veth ingress; policy match, SNAT, VXLAN.
+//! - `tunnel_ingress`: VXLAN device ingress; gateway forward / worker reply.
+//! - `uplink_ingress`: gateway uplink ingress; ARP/NDP, reply steering.
 #![no_std]
 #![no_main]
 
 mod count;
+mod ctx;
+mod flow;
+mod fwd;
+mod gateway;
+mod hdr;
+mod maps;
+mod nat;
+mod worker;
 
 #[cfg(not(test))]
 #[panic_handler]

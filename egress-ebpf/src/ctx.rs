@@ -1,0 +1,116 @@
+//! Packet access, checksum and counter helpers shared by the programs.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::generated::bpf_csum_diff,
+    programs::TcContext,
+};
+use egress_common::{addr::Addr, TrafficCounter};
+
+use crate::maps::DROPS;
+
+/// A pointer to a `T` at `off` bytes into the packet, if it is in bounds.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*mut T, ()> {
+    // Headers we read all lie in the first 256 bytes; the bound also lets
+    // the verifier accept offsets that were computed from packet data.
+    if off > 255 {
+        return Err(());
+    }
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + core::mem::size_of::<T>() > end {
+        return Err(());
+    }
+    Ok((start + off) as *mut T)
+}
+
+/// Counts a dropped packet under `reason` and returns the drop verdict.
+#[inline(always)]
+pub fn drop_with(ctx: &TcContext, reason: u32) -> i32 {
+    count(ctx, reason);
+    aya_ebpf::bindings::TC_ACT_SHOT as i32
+}
+
+#[inline(always)]
+pub fn count(ctx: &TcContext, reason: u32) {
+    if let Some(slot) = DROPS.get_ptr_mut(reason) {
+        let slot: *mut TrafficCounter = slot;
+        // SAFETY: per-CPU slot owned by this CPU for the program's run.
+        unsafe {
+            (*slot).packets += 1;
+            (*slot).bytes += u64::from(ctx.len());
+        }
+    }
+}
+
+/// Raw (memory order) value of 2 bytes, as the checksum helpers take them.
+#[inline(always)]
+pub fn raw16(b: [u8; 2]) -> u64 {
+    u64::from(u16::from_ne_bytes(b))
+}
+
+#[inline(always)]
+pub fn raw32(b: [u8; 4]) -> u64 {
+    u64::from(u32::from_ne_bytes(b))
+}
+
+/// Checksum flags for the L4 checksum of `proto`, beyond the size bits.
+/// UDP gets MARK_MANGLED_0: a zero (absent) IPv4 UDP checksum stays zero,
+/// and a result of zero is written as 0xffff.
+#[inline(always)]
+pub fn l4_flags(proto: u8) -> u64 {
+    if proto == crate::hdr::IPPROTO_UDP {
+        u64::from(BPF_F_MARK_MANGLED_0)
+    } else {
+        0
+    }
+}
+
+/// Replaces a 16-byte address at `addr_off` and folds the change into the
+/// checksum at `csum_off` (when `csum_off != 0`), as pseudo-header data if `pseudo`.
+#[inline(always)]
+pub fn replace_addr16(
+    ctx: &mut TcContext,
+    addr_off: usize,
+    old: &Addr,
+    new: &Addr,
+    csum_off: usize,
+    pseudo: bool,
+    extra_flags: u64,
+) -> Result<(), ()> {
+    ctx.store(addr_off, new, 0).map_err(|_| ())?;
+    if csum_off != 0 {
+        let mut a = [0u32; 4];
+        let mut b = [0u32; 4];
+        let mut i = 0;
+        while i < 4 {
+            a[i] = u32::from_ne_bytes([old[4 * i], old[4 * i + 1], old[4 * i + 2], old[4 * i + 3]]);
+            b[i] = u32::from_ne_bytes([new[4 * i], new[4 * i + 1], new[4 * i + 2], new[4 * i + 3]]);
+            i += 1;
+        }
+        // SAFETY: both buffers are 16 bytes on the stack.
+        let diff = unsafe { bpf_csum_diff(a.as_mut_ptr(), 16, b.as_mut_ptr(), 16, 0) };
+        if diff < 0 {
+            return Err(());
+        }
+        let flags = extra_flags
+            | if pseudo {
+                u64::from(BPF_F_PSEUDO_HDR)
+            } else {
+                0
+            };
+        ctx.l4_csum_replace(csum_off, 0, diff as u64, flags)
+            .map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+/// RFC 1624 incremental update of a checksum held in software.
+#[inline(always)]
+pub fn csum_update16(check: u16, old: u16, new: u16) -> u16 {
+    let mut sum = u32::from(!check) + u32::from(!old) + u32::from(new);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}

@@ -1,0 +1,434 @@
+//! Parsing a packet (IPv4 or IPv6 over Ethernet) into the fields the NAT
+//! needs, and rewriting one side of it with correct checksums.
+
+use aya_ebpf::programs::TcContext;
+use egress_common::addr::{v4_mapped, Addr};
+
+use crate::{
+    ctx::{csum_update16, l4_flags, ptr_at, raw16, raw32, replace_addr16},
+    hdr::*,
+};
+
+/// What kind of ICMP message the packet is (0 when not ICMP).
+pub const ICMP_NONE: u8 = 0;
+pub const ICMP_KIND_ECHO_REQ: u8 = 1;
+pub const ICMP_KIND_ECHO_REPLY: u8 = 2;
+pub const ICMP_KIND_ERROR: u8 = 3;
+
+/// The quoted packet inside an ICMP error (the packet we sent, as the far end saw it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Quoted {
+    /// Offset of the quoted IP header.
+    pub l3_off: usize,
+    /// Offset of the quoted transport header.
+    pub l4_off: usize,
+    pub proto: u8,
+    pub src: Addr,
+    pub dst: Addr,
+    /// Quoted source port (or echo identifier) and destination port.
+    pub sport: u16,
+    pub dport: u16,
+}
+
+/// Kept in a per-CPU scratch slot (`SCRATCH`), not on the 512-byte stack.
+#[repr(C)]
+pub struct Flow {
+    pub v6: bool,
+    pub proto: u8,
+    pub l4_off: usize,
+    pub src: Addr,
+    pub dst: Addr,
+    /// Ports in host order. ICMP echo request: `sport` = identifier;
+    /// echo reply: `dport` = identifier.
+    pub sport: u16,
+    pub dport: u16,
+    /// Offset of the transport checksum.
+    pub csum_off: usize,
+    pub tcp_flags: u8,
+    /// Length of the IP packet (header included).
+    pub l3_len: u32,
+    /// IPv4 don't-fragment bit.
+    pub df: bool,
+    pub icmp_kind: u8,
+    pub has_quoted: bool,
+    pub quoted: Quoted,
+}
+
+/// Parses the transport part at `l4_off`. Returns None for what we do not translate.
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, f: &mut Flow) -> Option<()> {
+    match f.proto {
+        IPPROTO_TCP => {
+            let t: *const TcpHdr = ptr_at(ctx, f.l4_off).ok()?;
+            // SAFETY: bounds checked by ptr_at.
+            unsafe {
+                f.sport = u16::from_be_bytes((*t).source);
+                f.dport = u16::from_be_bytes((*t).dest);
+                f.tcp_flags = (*t).flags;
+            }
+            f.csum_off = f.l4_off + TCP_CHECK;
+        }
+        IPPROTO_UDP => {
+            let u: *const UdpHdr = ptr_at(ctx, f.l4_off).ok()?;
+            // SAFETY: bounds checked by ptr_at.
+            unsafe {
+                f.sport = u16::from_be_bytes((*u).source);
+                f.dport = u16::from_be_bytes((*u).dest);
+            }
+            f.csum_off = f.l4_off + UDP_CHECK;
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let i: *const IcmpHdr = ptr_at(ctx, f.l4_off).ok()?;
+            // SAFETY: bounds checked by ptr_at.
+            let (ty, id) = unsafe { ((*i).ty, u16::from_be_bytes((*i).id)) };
+            f.csum_off = f.l4_off + ICMP_CHECK;
+            let (req, rep) = if f.v6 {
+                (ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)
+            } else {
+                (ICMP_ECHO, ICMP_ECHO_REPLY)
+            };
+            if ty == req {
+                f.icmp_kind = ICMP_KIND_ECHO_REQ;
+                f.sport = id;
+            } else if ty == rep {
+                f.icmp_kind = ICMP_KIND_ECHO_REPLY;
+                f.dport = id;
+            } else if (!f.v6 && (ty == ICMP_DEST_UNREACH || ty == ICMP_TIME_EXCEEDED))
+                || (f.v6
+                    && (ty == ICMP6_DEST_UNREACH
+                        || ty == ICMP6_PKT_TOO_BIG
+                        || ty == ICMP6_TIME_EXCEEDED))
+            {
+                f.icmp_kind = ICMP_KIND_ERROR;
+                if !parse_quoted(ctx, f.v6, f.l4_off + ICMP_LEN, &mut f.quoted) {
+                    return None;
+                }
+                f.has_quoted = true;
+            } else {
+                return None;
+            }
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+#[inline(always)]
+fn parse_quoted(ctx: &TcContext, v6: bool, l3_off: usize, q: &mut Quoted) -> bool {
+    q.l3_off = l3_off;
+    q.sport = 0;
+    q.dport = 0;
+    let ok = parse_quoted_inner(ctx, v6, l3_off, q).is_some();
+    ok
+}
+
+#[inline(always)]
+fn parse_quoted_inner(ctx: &TcContext, v6: bool, l3_off: usize, q: &mut Quoted) -> Option<()> {
+    if v6 {
+        let ip: *const Ipv6Hdr = ptr_at(ctx, l3_off).ok()?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            q.proto = (*ip).nexthdr;
+            q.src = (*ip).saddr;
+            q.dst = (*ip).daddr;
+        }
+        q.l4_off = l3_off + IPV6_LEN;
+    } else {
+        let ip: *const Ipv4Hdr = ptr_at(ctx, l3_off).ok()?;
+        // SAFETY: bounds checked by ptr_at.
+        let ihl = unsafe {
+            q.proto = (*ip).proto;
+            q.src = v4_mapped((*ip).saddr);
+            q.dst = v4_mapped((*ip).daddr);
+            ((*ip).version_ihl & 0x0f) as usize
+        };
+        if ihl < 5 {
+            return None;
+        }
+        q.l4_off = l3_off + ihl * 4;
+    }
+    // The first 8 bytes of the quoted transport header are always there.
+    let ports: *const UdpHdr = ptr_at(ctx, q.l4_off).ok()?;
+    // SAFETY: bounds checked by ptr_at.
+    unsafe {
+        match q.proto {
+            IPPROTO_TCP | IPPROTO_UDP => {
+                q.sport = u16::from_be_bytes((*ports).source);
+                q.dport = u16::from_be_bytes((*ports).dest);
+            }
+            IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+                let i = ports as *const IcmpHdr;
+                q.sport = u16::from_be_bytes((*i).id);
+            }
+            _ => return None,
+        }
+    }
+    Some(())
+}
+
+/// Parses Ethernet + IP + transport. `None`: not something we translate
+/// (other ethertypes, fragments, IPv6 extension headers, other protocols).
+#[inline(always)]
+pub fn parse(ctx: &TcContext, f: &mut Flow) -> bool {
+    parse_inner(ctx, f).is_some()
+}
+
+#[inline(always)]
+fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
+    let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
+    // SAFETY: bounds checked by ptr_at.
+    let proto = u16::from_be_bytes(unsafe { (*eth).proto });
+    f.v6 = false;
+    f.sport = 0;
+    f.dport = 0;
+    f.tcp_flags = 0;
+    f.df = false;
+    f.icmp_kind = ICMP_NONE;
+    f.has_quoted = false;
+    if proto == ETH_P_IP {
+        let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok()?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            let frag = u16::from_be_bytes((*ip).frag_off);
+            // More-fragments or a fragment offset: not translatable by ports.
+            if frag & 0x3fff != 0 {
+                return None;
+            }
+            f.df = frag & 0x4000 != 0;
+            let ihl = ((*ip).version_ihl & 0x0f) as usize;
+            if ihl < 5 {
+                return None;
+            }
+            f.l4_off = ETH_LEN + ihl * 4;
+            f.proto = (*ip).proto;
+            f.src = v4_mapped((*ip).saddr);
+            f.dst = v4_mapped((*ip).daddr);
+            f.l3_len = u32::from(u16::from_be_bytes((*ip).tot_len));
+        }
+        if f.proto == IPPROTO_ICMPV6 {
+            return None;
+        }
+    } else if proto == ETH_P_IPV6 {
+        let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN).ok()?;
+        f.v6 = true;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            f.proto = (*ip).nexthdr;
+            f.src = (*ip).saddr;
+            f.dst = (*ip).daddr;
+            f.l3_len = u32::from(u16::from_be_bytes((*ip).payload_len)) + IPV6_LEN as u32;
+        }
+        f.l4_off = ETH_LEN + IPV6_LEN;
+        if f.proto == IPPROTO_ICMP {
+            return None;
+        }
+    } else {
+        return None;
+    }
+    parse_l4(ctx, f)?;
+    Some(())
+}
+
+/// Which end of the flow to rewrite.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Src,
+    Dst,
+}
+
+/// Rewrites address and port (or echo identifier) of one side, fixing the
+/// IPv4 header checksum and the transport checksum (pseudo-header included).
+#[inline(never)]
+pub fn rewrite(
+    ctx: &mut TcContext,
+    f: &Flow,
+    side: Side,
+    addr: &Addr,
+    port: u16,
+) -> Result<(), ()> {
+    let (old_addr, old_port) = match side {
+        Side::Src => (&f.src, f.sport),
+        Side::Dst => (&f.dst, f.dport),
+    };
+    let l4f = l4_flags(f.proto);
+    // ICMPv4 has no pseudo-header; TCP, UDP and ICMPv6 do.
+    let pseudo_csum = if f.proto == IPPROTO_ICMP {
+        0
+    } else {
+        f.csum_off
+    };
+    if f.v6 {
+        let off = ETH_LEN
+            + if side == Side::Src {
+                IPV6_SADDR
+            } else {
+                IPV6_DADDR
+            };
+        replace_addr16(ctx, off, old_addr, addr, pseudo_csum, true, l4f)?;
+    } else {
+        let off = ETH_LEN
+            + if side == Side::Src {
+                IPV4_SADDR
+            } else {
+                IPV4_DADDR
+            };
+        let old4 = [old_addr[12], old_addr[13], old_addr[14], old_addr[15]];
+        let new4 = [addr[12], addr[13], addr[14], addr[15]];
+        ctx.store(off, &new4, 0).map_err(|_| ())?;
+        ctx.l3_csum_replace(ETH_LEN + IPV4_CHECK, raw32(old4), raw32(new4), 4)
+            .map_err(|_| ())?;
+        if pseudo_csum != 0 {
+            ctx.l4_csum_replace(
+                pseudo_csum,
+                raw32(old4),
+                raw32(new4),
+                4 | l4f | u64::from(aya_ebpf::bindings::BPF_F_PSEUDO_HDR),
+            )
+            .map_err(|_| ())?;
+        }
+    }
+    if old_port != port {
+        let port_off = if f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6 {
+            f.l4_off + ICMP_ID
+        } else if side == Side::Src {
+            f.l4_off
+        } else {
+            f.l4_off + 2
+        };
+        let nb = port.to_be_bytes();
+        ctx.store(port_off, &nb, 0).map_err(|_| ())?;
+        ctx.l4_csum_replace(
+            f.csum_off,
+            raw16(old_port.to_be_bytes()),
+            raw16(nb),
+            2 | l4f,
+        )
+        .map_err(|_| ())?;
+    }
+    Ok(())
+}
+
+/// Translates an ICMP error back to the pod: the outer destination (EIP ->
+/// pod) and, inside the quoted packet, its source address and port. The
+/// ICMP checksum covers the quoted bytes and is updated for each change;
+/// the quoted IPv4 header checksum and quoted UDP checksum are updated too.
+#[inline(never)]
+pub fn rewrite_icmp_error(ctx: &mut TcContext, f: &Flow, addr: &Addr, port: u16) -> Result<(), ()> {
+    let q = &f.quoted;
+    // Outer destination (pseudo-header for ICMPv6 only).
+    if f.v6 {
+        replace_addr16(ctx, ETH_LEN + IPV6_DADDR, &f.dst, addr, f.csum_off, true, 0)?;
+    } else {
+        let old4 = [f.dst[12], f.dst[13], f.dst[14], f.dst[15]];
+        let new4 = [addr[12], addr[13], addr[14], addr[15]];
+        ctx.store(ETH_LEN + IPV4_DADDR, &new4, 0).map_err(|_| ())?;
+        ctx.l3_csum_replace(ETH_LEN + IPV4_CHECK, raw32(old4), raw32(new4), 4)
+            .map_err(|_| ())?;
+    }
+    // Quoted source address.
+    let mut udp_check: Option<u16> = None;
+    if q.proto == IPPROTO_UDP {
+        if let Ok(p) = ptr_at::<UdpHdr>(ctx, q.l4_off) {
+            // SAFETY: bounds checked by ptr_at.
+            let c = u16::from_be_bytes(unsafe { (*p).check });
+            if c != 0 || f.v6 {
+                udp_check = Some(c);
+            }
+        }
+    }
+    let mut new_udp_check = udp_check;
+    if f.v6 {
+        replace_addr16(
+            ctx,
+            q.l3_off + IPV6_SADDR,
+            &q.src,
+            addr,
+            f.csum_off,
+            false,
+            0,
+        )?;
+        if let Some(c) = new_udp_check.as_mut() {
+            let mut i = 0;
+            while i < 16 {
+                *c = csum_update16(
+                    *c,
+                    u16::from_be_bytes([q.src[i], q.src[i + 1]]),
+                    u16::from_be_bytes([addr[i], addr[i + 1]]),
+                );
+                i += 2;
+            }
+        }
+    } else {
+        let old4 = [q.src[12], q.src[13], q.src[14], q.src[15]];
+        let new4 = [addr[12], addr[13], addr[14], addr[15]];
+        ctx.store(q.l3_off + IPV4_SADDR, &new4, 0).map_err(|_| ())?;
+        ctx.l4_csum_replace(f.csum_off, raw32(old4), raw32(new4), 4)
+            .map_err(|_| ())?;
+        // The quoted IPv4 header checksum, then the ICMP checksum for that change.
+        let qc: *const [u8; 2] = ptr_at(ctx, q.l3_off + IPV4_CHECK).map_err(|_| ())?;
+        // SAFETY: bounds checked by ptr_at.
+        let old_qc = u16::from_be_bytes(unsafe { *qc });
+        let mut new_qc = csum_update16(
+            old_qc,
+            u16::from_be_bytes([old4[0], old4[1]]),
+            u16::from_be_bytes([new4[0], new4[1]]),
+        );
+        new_qc = csum_update16(
+            new_qc,
+            u16::from_be_bytes([old4[2], old4[3]]),
+            u16::from_be_bytes([new4[2], new4[3]]),
+        );
+        ctx.store(q.l3_off + IPV4_CHECK, &new_qc.to_be_bytes(), 0)
+            .map_err(|_| ())?;
+        ctx.l4_csum_replace(
+            f.csum_off,
+            raw16(old_qc.to_be_bytes()),
+            raw16(new_qc.to_be_bytes()),
+            2,
+        )
+        .map_err(|_| ())?;
+        if let Some(c) = new_udp_check.as_mut() {
+            *c = csum_update16(
+                *c,
+                u16::from_be_bytes([old4[0], old4[1]]),
+                u16::from_be_bytes([new4[0], new4[1]]),
+            );
+            *c = csum_update16(
+                *c,
+                u16::from_be_bytes([old4[2], old4[3]]),
+                u16::from_be_bytes([new4[2], new4[3]]),
+            );
+        }
+    }
+    // Quoted source port / echo identifier.
+    if q.sport != port {
+        let off = if q.proto == IPPROTO_TCP || q.proto == IPPROTO_UDP {
+            q.l4_off
+        } else {
+            q.l4_off + ICMP_ID
+        };
+        let nb = port.to_be_bytes();
+        ctx.store(off, &nb, 0).map_err(|_| ())?;
+        ctx.l4_csum_replace(f.csum_off, raw16(q.sport.to_be_bytes()), raw16(nb), 2)
+            .map_err(|_| ())?;
+        if let Some(c) = new_udp_check.as_mut() {
+            *c = csum_update16(*c, q.sport, port);
+        }
+    }
+    if let (Some(old), Some(mut new)) = (udp_check, new_udp_check) {
+        if new == 0 {
+            new = 0xffff;
+        }
+        ctx.store(q.l4_off + UDP_CHECK, &new.to_be_bytes(), 0)
+            .map_err(|_| ())?;
+        ctx.l4_csum_replace(
+            f.csum_off,
+            raw16(old.to_be_bytes()),
+            raw16(new.to_be_bytes()),
+            2,
+        )
+        .map_err(|_| ())?;
+    }
+    Ok(())
+}

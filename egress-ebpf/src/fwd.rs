@@ -1,0 +1,158 @@
+//! Leaving the program: into the VXLAN tunnel, out by the FIB, or to a pod.
+
+use aya_ebpf::{
+    bindings::{
+        bpf_fib_lookup as FibParams, bpf_tunnel_key, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
+    },
+    helpers::generated::{
+        bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_skb_set_tunnel_key,
+    },
+    programs::TcContext,
+};
+use egress_common::{config::DatapathConfig, drops::*};
+
+use crate::{ctx::raw16, flow::Flow, hdr::*};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// Sets the VXLAN metadata (remote endpoint, VNI) and redirects to the
+/// node's VXLAN device, which encapsulates.
+#[inline(always)]
+pub fn encap(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Result<i32, u32> {
+    // SAFETY: a zeroed bpf_tunnel_key is a valid value.
+    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    key.tunnel_id = cfg.vni;
+    key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(remote);
+    key.tunnel_ttl = 64;
+    // SAFETY: skb pointer from the context; key is a valid stack buffer.
+    let rc = unsafe {
+        bpf_skb_set_tunnel_key(
+            ctx.skb.skb,
+            &mut key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(DROP_HELPER);
+    }
+    // SAFETY: plain helper call.
+    Ok(unsafe { bpf_redirect(cfg.vxlan_ifindex, 0) } as i32)
+}
+
+/// Delivers to a pod's host-side veth; the kernel fills in the MACs from
+/// its neighbour table.
+#[inline(always)]
+pub fn to_pod(ifindex: u32) -> i32 {
+    // SAFETY: NULL params: the kernel looks the next hop up itself.
+    unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+/// Forwards by the FIB: decrements TTL / hop limit, writes the MACs and
+/// redirects; without a neighbour entry lets the kernel resolve it. Anything
+/// the FIB cannot forward goes to the stack (TC_ACT_OK), which also sends
+/// "time exceeded" for an expiring TTL.
+#[inline(always)]
+pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
+    // SAFETY: a zeroed parameter block is valid.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    // SAFETY: skb pointer from the context.
+    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    p.l4_protocol = f.proto;
+    p.sport = f.sport.to_be();
+    p.dport = f.dport.to_be();
+    p.__bindgen_anon_1.tot_len = f.l3_len as u16;
+    if f.v6 {
+        p.family = AF_INET6;
+        let mut s = [0u32; 4];
+        let mut d = [0u32; 4];
+        let mut i = 0;
+        while i < 4 {
+            s[i] = u32::from_ne_bytes([
+                f.src[4 * i],
+                f.src[4 * i + 1],
+                f.src[4 * i + 2],
+                f.src[4 * i + 3],
+            ]);
+            d[i] = u32::from_ne_bytes([
+                f.dst[4 * i],
+                f.dst[4 * i + 1],
+                f.dst[4 * i + 2],
+                f.dst[4 * i + 3],
+            ]);
+            i += 1;
+        }
+        p.__bindgen_anon_3.ipv6_src = s;
+        p.__bindgen_anon_4.ipv6_dst = d;
+    } else {
+        p.family = AF_INET;
+        p.__bindgen_anon_3.ipv4_src =
+            u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]);
+        p.__bindgen_anon_4.ipv4_dst =
+            u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]);
+    }
+    // SAFETY: helper with a valid stack parameter block.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    let rc = rc as u32;
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        return Ok(TC_ACT_OK as i32);
+    }
+    // TTL / hop limit.
+    if f.v6 {
+        let hl: u8 = ctx
+            .load(ETH_LEN + IPV6_HOP_LIMIT)
+            .map_err(|_| DROP_MALFORMED)?;
+        if hl <= 1 {
+            return Ok(TC_ACT_OK as i32);
+        }
+        ctx.store(ETH_LEN + IPV6_HOP_LIMIT, &(hl - 1), 0)
+            .map_err(|_| DROP_HELPER)?;
+    } else {
+        let word: [u8; 2] = ctx.load(ETH_LEN + IPV4_TTL).map_err(|_| DROP_MALFORMED)?;
+        if word[0] <= 1 {
+            return Ok(TC_ACT_OK as i32);
+        }
+        let new = [word[0] - 1, word[1]];
+        ctx.store(ETH_LEN + IPV4_TTL, &new, 0)
+            .map_err(|_| DROP_HELPER)?;
+        ctx.l3_csum_replace(ETH_LEN + IPV4_CHECK, raw16(word), raw16(new), 2)
+            .map_err(|_| DROP_HELPER)?;
+    }
+    if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
+        // SAFETY: NULL params: the kernel resolves the neighbour.
+        return Ok(unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) } as i32);
+    }
+    ctx.store(0, &p.dmac, 0).map_err(|_| DROP_HELPER)?;
+    ctx.store(6, &p.smac, 0).map_err(|_| DROP_HELPER)?;
+    // SAFETY: plain helper call.
+    Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
+}
+
+/// Non-inlined (keeps the caller's stack small); the result travels as one
+/// i64 so that no path returns undefined register bits.
+#[inline(never)]
+pub fn fib_forward_raw(ctx: &mut TcContext, f: &Flow) -> i64 {
+    match fib_forward_inner(ctx, f) {
+        Ok(v) => i64::from(v),
+        Err(r) => -(i64::from(r)) - 1,
+    }
+}
+
+#[inline(always)]
+pub fn fib_forward(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
+    let v = fib_forward_raw(ctx, f);
+    if v < 0 {
+        Err((-(v + 1)) as u32)
+    } else {
+        Ok(v as i32)
+    }
+}

@@ -1,0 +1,297 @@
+//! The gateway side and the tunnel's receive side.
+//!
+//! - `tunnel_ingress` (TC ingress on the VXLAN device): decapsulated
+//!   packets. From an owned EIP: forward out by the FIB (gateway). To an EIP
+//!   with a NAT entry: reverse-translate and deliver to the pod (worker).
+//! - `uplink_ingress` (TC ingress on the gateway's uplink): ARP / NDP for
+//!   owned EIPs, and packets to owned EIPs steered to the worker holding the
+//!   port's block.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::generated::bpf_redirect,
+    macros::classifier,
+    programs::TcContext,
+};
+use egress_common::{
+    addr::{v4_mapped, Addr},
+    config::CFG_GATEWAY,
+    drops::*,
+    steering::*,
+};
+
+use crate::{
+    ctx::{drop_with, ptr_at},
+    flow::{parse, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
+    fwd::{encap, fib_forward, to_pod},
+    hdr::*,
+    maps::{CONFIG, OWNED_EIPS, REPLY_STEERING},
+    nat::reverse,
+};
+
+#[classifier]
+pub fn tunnel_ingress(mut ctx: TcContext) -> i32 {
+    match try_tunnel_ingress(&mut ctx) {
+        Ok(v) => v,
+        Err(reason) => drop_with(&ctx, reason),
+    }
+}
+
+#[inline(always)]
+fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
+    let f = match crate::maps::SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's scratch slot; programs do not nest on one CPU.
+        Some(p) => unsafe { &mut *p },
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    if !parse(ctx, f) {
+        return Ok(TC_ACT_OK as i32);
+    }
+    let cfg = match CONFIG.get(0) {
+        Some(c) => *c,
+        None => return Err(DROP_NO_CONFIG),
+    };
+    if cfg.flags & CFG_GATEWAY != 0 && OWNED_EIPS.get_ptr(&f.src).is_some() {
+        return fib_forward(ctx, f);
+    }
+    let ifindex = reverse(ctx, f)?;
+    Ok(to_pod(ifindex))
+}
+
+#[classifier]
+pub fn uplink_ingress(mut ctx: TcContext) -> i32 {
+    match try_uplink_ingress(&mut ctx) {
+        Ok(v) => v,
+        Err(reason) => drop_with(&ctx, reason),
+    }
+}
+
+#[inline(always)]
+fn owned_answering(addr: &Addr) -> bool {
+    match OWNED_EIPS.get_ptr(addr) {
+        // SAFETY: valid map value pointer.
+        Some(o) => unsafe { (*o).flags & OWNED_ANSWER_NEIGH != 0 },
+        None => false,
+    }
+}
+
+/// Turns an ARP request for an owned EIP into the reply, sent back out of
+/// the interface it came in on.
+#[inline(always)]
+fn arp_reply_inner(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
+    let arp: *mut ArpHdr = match ptr_at(ctx, ETH_LEN) {
+        Ok(p) => p,
+        Err(_) => return Ok(TC_ACT_OK as i32),
+    };
+    // SAFETY: both pointers bounds-checked by ptr_at; no helper call in between.
+    unsafe {
+        if (*arp).htype != [0, 1]
+            || (*arp).ptype != [0x08, 0x00]
+            || (*arp).hlen != 6
+            || (*arp).plen != 4
+            || (*arp).op != [0, 1]
+        {
+            return Ok(TC_ACT_OK as i32);
+        }
+        let tpa = (*arp).tpa;
+        let spa = (*arp).spa;
+        if tpa == spa || !owned_answering(&v4_mapped(tpa)) {
+            return Ok(TC_ACT_OK as i32);
+        }
+        let sha = (*arp).sha;
+        (*arp).op = [0, 2];
+        (*arp).tha = sha;
+        (*arp).tpa = spa;
+        (*arp).sha = mac;
+        (*arp).spa = tpa;
+        (*eth).dst = sha;
+        (*eth).src = mac;
+        Ok(bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32)
+    }
+}
+
+/// Answers a neighbour solicitation for an owned IPv6 EIP with a solicited
+/// advertisement (rewritten in place; both carry one link-layer option).
+#[inline(always)]
+fn ndp_reply_inner(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
+    let eth: *mut EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
+    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
+    let nd: *mut NdMsg = match ptr_at(ctx, ETH_LEN + IPV6_LEN) {
+        Ok(p) => p,
+        Err(_) => return Ok(TC_ACT_OK as i32),
+    };
+    // SAFETY: pointers bounds-checked by ptr_at; no helper call in between
+    // except the map lookup, which does not touch the packet.
+    unsafe {
+        if (*ip).nexthdr != IPPROTO_ICMPV6
+            || (*ip).hop_limit != 255
+            || u16::from_be_bytes((*ip).payload_len) as usize != ND_LEN
+            || (*nd).ty != ICMP6_NEIGH_SOLICIT
+            || (*nd).code != 0
+            || (*nd).opt_type != 1
+            || (*nd).opt_len != 1
+        {
+            return Ok(TC_ACT_OK as i32);
+        }
+        let target = (*nd).target;
+        let src = (*ip).saddr;
+        // Duplicate address detection (unspecified source) is not answered here.
+        if src == [0u8; 16] || !owned_answering(&target) {
+            return Ok(TC_ACT_OK as i32);
+        }
+        let peer_mac = (*eth).src;
+        (*eth).dst = peer_mac;
+        (*eth).src = mac;
+        (*ip).daddr = src;
+        (*ip).saddr = target;
+        (*nd).ty = ICMP6_NEIGH_ADVERT;
+        (*nd).flags = [0x60, 0, 0, 0]; // solicited + override
+        (*nd).opt_type = 2;
+        (*nd).opt_mac = mac;
+        (*nd).check = [0, 0];
+        // Full checksum: pseudo-header (src, dst, length, next header) + message.
+        let mut sum: u32 = 0;
+        let mut i = 0;
+        while i < 16 {
+            sum += u32::from(u16::from_be_bytes([target[i], target[i + 1]]));
+            sum += u32::from(u16::from_be_bytes([src[i], src[i + 1]]));
+            i += 2;
+        }
+        sum += ND_LEN as u32 + u32::from(IPPROTO_ICMPV6);
+        let words = nd as *const [u8; 2];
+        let mut j = 0;
+        while j < ND_LEN / 2 {
+            let w = *words.add(j);
+            sum += u32::from(u16::from_be_bytes(w));
+            j += 1;
+        }
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        let mut c = !(sum as u16);
+        if c == 0 {
+            c = 0xffff;
+        }
+        (*nd).check = c.to_be_bytes();
+        Ok(bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32)
+    }
+}
+
+#[inline(always)]
+fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
+    let cfg = match CONFIG.get(0) {
+        Some(c) => *c,
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    if cfg.flags & CFG_GATEWAY == 0 {
+        return Ok(TC_ACT_OK as i32);
+    }
+    let eth: *const EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
+    // SAFETY: bounds checked by ptr_at.
+    let proto = u16::from_be_bytes(unsafe { (*eth).proto });
+    if proto == ETH_P_ARP {
+        return arp_reply(ctx, cfg.uplink_mac);
+    }
+    if proto == ETH_P_IPV6 {
+        if let Ok(nd) = ptr_at::<NdMsg>(ctx, ETH_LEN + IPV6_LEN) {
+            // SAFETY: bounds checked by ptr_at.
+            let (nh, ty) = unsafe {
+                let ip = (ctx.data() + ETH_LEN) as *const Ipv6Hdr;
+                ((*ip).nexthdr, (*nd).ty)
+            };
+            if nh == IPPROTO_ICMPV6 && ty == ICMP6_NEIGH_SOLICIT {
+                return ndp_reply(ctx, cfg.uplink_mac);
+            }
+        }
+    }
+    let f = match crate::maps::SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's scratch slot; programs do not nest on one CPU.
+        Some(p) => unsafe { &mut *p },
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    if !parse(ctx, f) {
+        return Ok(TC_ACT_OK as i32);
+    }
+    let owned = match OWNED_EIPS.get_ptr(&f.dst) {
+        // SAFETY: valid map value pointer.
+        Some(o) => unsafe { *o },
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let port = if f.icmp_kind == ICMP_KIND_ERROR {
+        f.quoted.sport
+    } else if f.icmp_kind == ICMP_KIND_ECHO_REPLY
+        || f.proto == IPPROTO_TCP
+        || f.proto == IPPROTO_UDP
+    {
+        f.dport
+    } else {
+        // Echo requests to the EIP and the like: for the stack.
+        return Ok(TC_ACT_OK as i32);
+    };
+    let bs = cfg.port_block_size;
+    if bs == 0 {
+        return Err(DROP_NO_CONFIG);
+    }
+    let key = SteerKey {
+        eip: f.dst,
+        block: port / bs,
+        _pad: [0; 2],
+    };
+    let steer = match REPLY_STEERING.get_ptr(&key) {
+        // SAFETY: valid map value pointer.
+        Some(s) => unsafe { *s },
+        None => {
+            // useNodeIP: the node's own connections use ports outside the blocks.
+            if owned.flags & OWNED_NODE_IP != 0 {
+                return Ok(TC_ACT_OK as i32);
+            }
+            return Err(DROP_NO_STEERING);
+        }
+    };
+    if steer.flags & STEER_LOCAL != 0 {
+        let ifindex = reverse(ctx, f)?;
+        return Ok(crate::fwd::to_pod(ifindex));
+    }
+    let _ = TC_ACT_SHOT;
+    encap(ctx, &cfg, steer.worker_tunnel_ip)
+}
+
+/// Non-inlined (keeps the caller's stack small); the result travels as one
+/// i64 so that no path returns undefined register bits.
+#[inline(never)]
+pub fn arp_reply_raw(ctx: &TcContext, mac: [u8; 6]) -> i64 {
+    match arp_reply_inner(ctx, mac) {
+        Ok(v) => i64::from(v),
+        Err(r) => -(i64::from(r)) - 1,
+    }
+}
+
+#[inline(always)]
+pub fn arp_reply(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
+    let v = arp_reply_raw(ctx, mac);
+    if v < 0 {
+        Err((-(v + 1)) as u32)
+    } else {
+        Ok(v as i32)
+    }
+}
+
+/// Non-inlined (keeps the caller's stack small); the result travels as one
+/// i64 so that no path returns undefined register bits.
+#[inline(never)]
+pub fn ndp_reply_raw(ctx: &TcContext, mac: [u8; 6]) -> i64 {
+    match ndp_reply_inner(ctx, mac) {
+        Ok(v) => i64::from(v),
+        Err(r) => -(i64::from(r)) - 1,
+    }
+}
+
+#[inline(always)]
+pub fn ndp_reply(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
+    let v = ndp_reply_raw(ctx, mac);
+    if v < 0 {
+        Err((-(v + 1)) as u32)
+    } else {
+        Ok(v as i32)
+    }
+}

@@ -1,0 +1,43 @@
+//! Every map of the object. Names match `egress_common::maps`; userspace pins them.
+
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    macros::btf_map,
+};
+use egress_common::{
+    addr::Addr,
+    config::DatapathConfig,
+    drops::DROP_REASONS,
+    nat::{NatEntry, NatKey},
+    policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
+    ports::PortBlocks,
+    steering::{OwnedEip, SteerKey, SteerTarget},
+    TrafficCounter,
+};
+
+#[btf_map]
+pub static POLICY_SRC: LpmTrie<Addr, SrcMatch, 16384> = LpmTrie::new();
+#[btf_map]
+pub static POLICY_DST: LpmTrie<Addr, DstMatch, 16384> = LpmTrie::new();
+#[btf_map]
+pub static POLICY_TARGETS: Array<EgressTarget, MAX_POLICY_SLOTS> = Array::new();
+#[btf_map]
+pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, 1024> = PerCpuHashMap::new();
+#[btf_map]
+pub static NAT_FWD: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
+#[btf_map]
+pub static NAT_REV: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
+#[btf_map]
+pub static PORT_BLOCKS: HashMap<Addr, PortBlocks, 4096> = HashMap::new();
+#[btf_map]
+pub static REPLY_STEERING: HashMap<SteerKey, SteerTarget, 65536> = HashMap::new();
+#[btf_map]
+pub static OWNED_EIPS: HashMap<Addr, OwnedEip, 4096> = HashMap::new();
+#[btf_map]
+pub static CONFIG: Array<DatapathConfig, 1> = Array::new();
+#[btf_map]
+pub static DROPS: PerCpuArray<TrafficCounter, DROP_REASONS> = PerCpuArray::new();
+
+/// Per-CPU scratch for the parsed packet (keeps it off the 512-byte stack).
+#[btf_map]
+pub static SCRATCH: PerCpuArray<crate::flow::Flow, 1> = PerCpuArray::new();

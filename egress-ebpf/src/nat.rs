@@ -1,0 +1,310 @@
+//! The worker's NAT: forward translation with port allocation from this
+//! node's blocks, and reverse translation of replies and ICMP errors.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::generated::bpf_ktime_get_ns,
+    programs::TcContext,
+};
+use egress_common::{addr::Addr, config::DatapathConfig, drops::*, nat::*, ports::flow_hash};
+
+use crate::{
+    flow::{rewrite, rewrite_icmp_error, Flow, Side, ICMP_KIND_ERROR},
+    hdr::*,
+    maps::{NAT_FWD, NAT_REV, POLICY_STATS, PORT_BLOCKS},
+};
+
+/// How many ports a new flow tries before giving up.
+const PORT_PROBES: u32 = 8;
+
+#[inline(always)]
+fn idle_timeout_ns(cfg: &DatapathConfig, proto: u8, fwd_state: u8, rev_state: u8) -> u64 {
+    let t = &cfg.timeouts;
+    let secs = match proto {
+        IPPROTO_TCP => {
+            if fwd_state == TCP_ESTABLISHED && rev_state == TCP_ESTABLISHED {
+                t.tcp_established
+            } else {
+                t.tcp_transitory
+            }
+        }
+        IPPROTO_UDP => t.udp,
+        _ => t.icmp,
+    };
+    u64::from(secs) * 1_000_000_000
+}
+
+#[inline(always)]
+fn next_tcp_state(old: u8, flags: u8) -> u8 {
+    if flags & (TCP_FIN | TCP_RST) != 0 {
+        TCP_CLOSING
+    } else if flags & TCP_SYN != 0 && old == 0 {
+        TCP_SYN_SENT
+    } else if old == TCP_CLOSING {
+        TCP_CLOSING
+    } else {
+        TCP_ESTABLISHED
+    }
+}
+
+/// Forward translation key of the flow as the pod sends it.
+#[inline(always)]
+pub fn fwd_key(f: &Flow) -> NatKey {
+    NatKey {
+        src: f.src,
+        dst: f.dst,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        _pad: [0; 3],
+    }
+}
+
+/// Finds or creates the translation of `f` to `eip` and returns the EIP port.
+#[inline(always)]
+pub fn forward_port_inner(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    f: &Flow,
+    eip: &Addr,
+    policy_id: u32,
+) -> i64 {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = fwd_key(f);
+    if let Some(e) = NAT_FWD.get_ptr_mut(&key) {
+        // SAFETY: the entry stays valid for this run; racing writers only touch these fields.
+        unsafe {
+            if (*e).addr == *eip {
+                (*e).last_seen_ns = now;
+                if f.proto == IPPROTO_TCP {
+                    (*e).state = next_tcp_state((*e).state, f.tcp_flags);
+                }
+                return i64::from((*e).port);
+            }
+        }
+        // The policy now maps this flow to another EIP: allocate anew.
+    }
+    let blocks = match PORT_BLOCKS.get_ptr(eip) {
+        Some(b) => b,
+        None => return err(DROP_NO_PORT_BLOCK),
+    };
+    // SAFETY: valid map value pointer.
+    let blocks = unsafe { &*blocks };
+    let n = blocks.count;
+    let bs = u32::from(cfg.port_block_size);
+    if n == 0 || bs == 0 {
+        return err(DROP_NO_PORT_BLOCK);
+    }
+    let n = if n > 16 { 16 } else { n };
+    let h = flow_hash(&[
+        u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]),
+        u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]),
+        u32::from(f.sport) << 16 | u32::from(f.dport),
+        u32::from(f.proto) ^ u32::from_ne_bytes([f.src[8], f.src[9], f.src[10], f.src[11]]),
+    ]);
+    let state = if f.proto == IPPROTO_TCP {
+        next_tcp_state(0, f.tcp_flags)
+    } else {
+        0
+    };
+    let rev_val = NatEntry {
+        addr: f.src,
+        port: f.sport,
+        state: 0,
+        _pad0: 0,
+        // SAFETY: skb pointer from the context.
+        ifindex: unsafe { (*ctx.skb.skb).ifindex },
+        policy_id,
+        _pad1: 0,
+        last_seen_ns: now,
+    };
+    let mut i: u32 = 0;
+    while i < PORT_PROBES {
+        let hh = h.wrapping_add(i.wrapping_mul(0x9e37_79b1));
+        // Range reduction by multiply: (0..256) * n / 256 lies in 0..n (n <= 16).
+        let idx = (((hh >> 24) & 0xff) * n) >> 8;
+        let block = u32::from(blocks.blocks[idx as usize]);
+        let port = block * bs + (hh & 0x00ff_ffff) % bs;
+        i += 1;
+        if port == 0 || port > 65535 {
+            continue;
+        }
+        let port = port as u16;
+        let rev = NatKey {
+            src: f.dst,
+            dst: *eip,
+            sport: f.dport,
+            dport: port,
+            proto: f.proto,
+            _pad: [0; 3],
+        };
+        let mut take = NAT_REV
+            .insert(&rev, &rev_val, u64::from(BPF_NOEXIST))
+            .is_ok();
+        if !take {
+            if let Some(old) = NAT_REV.get_ptr(&rev) {
+                // SAFETY: valid map value pointer.
+                let old = unsafe { &*old };
+                let old_fwd = NatKey {
+                    src: old.addr,
+                    dst: f.dst,
+                    sport: old.port,
+                    dport: f.dport,
+                    proto: f.proto,
+                    _pad: [0; 3],
+                };
+                let (fwd_seen, fwd_state) = match NAT_FWD.get_ptr(&old_fwd) {
+                    // SAFETY: valid map value pointer.
+                    Some(e) => unsafe { ((*e).last_seen_ns, (*e).state) },
+                    None => (0, 0),
+                };
+                let seen = if fwd_seen > old.last_seen_ns {
+                    fwd_seen
+                } else {
+                    old.last_seen_ns
+                };
+                if now.wrapping_sub(seen) > idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
+                    let _ = NAT_FWD.remove(&old_fwd);
+                    take = NAT_REV.insert(&rev, &rev_val, u64::from(BPF_ANY)).is_ok();
+                }
+            }
+        }
+        if take {
+            let fwd_val = NatEntry {
+                addr: *eip,
+                port,
+                state,
+                _pad0: 0,
+                ifindex: 0,
+                policy_id,
+                _pad1: 0,
+                last_seen_ns: now,
+            };
+            if NAT_FWD.insert(&key, &fwd_val, u64::from(BPF_ANY)).is_err() {
+                let _ = NAT_REV.remove(&rev);
+                return err(DROP_NAT_INSERT);
+            }
+            return i64::from(port);
+        }
+    }
+    err(DROP_PORTS_EXHAUSTED)
+}
+
+/// Reverse key of a reply (or of the flow an ICMP error quotes).
+#[inline(always)]
+fn rev_key(f: &Flow) -> NatKey {
+    if f.icmp_kind == ICMP_KIND_ERROR && f.has_quoted {
+        let q = &f.quoted;
+        // The quoted packet is ours as sent: src = EIP:port, dst = remote.
+        let proto = q.proto;
+        let is_icmp = proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6;
+        NatKey {
+            src: q.dst,
+            dst: q.src,
+            sport: if is_icmp { 0 } else { q.dport },
+            dport: q.sport,
+            proto,
+            _pad: [0; 3],
+        }
+    } else {
+        NatKey {
+            src: f.src,
+            dst: f.dst,
+            sport: f.sport,
+            dport: f.dport,
+            proto: f.proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Reverse-translates a reply to an EIP and returns the pod's veth ifindex.
+#[inline(always)]
+pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
+    let key = rev_key(f);
+    let e = NAT_REV.get_ptr_mut(&key).ok_or(DROP_NO_NAT_ENTRY)?;
+    // SAFETY: valid map value pointer; copied before the packet is touched.
+    let entry = unsafe {
+        (*e).last_seen_ns = bpf_ktime_get_ns();
+        if f.proto == IPPROTO_TCP {
+            (*e).state = next_tcp_state(
+                if (*e).state == 0 {
+                    TCP_SYN_SENT
+                } else {
+                    (*e).state
+                },
+                f.tcp_flags & !TCP_SYN,
+            );
+        }
+        *e
+    };
+    if f.icmp_kind == ICMP_KIND_ERROR && f.has_quoted {
+        rewrite_icmp_error(ctx, f, &entry.addr, entry.port)
+    } else {
+        rewrite(ctx, f, Side::Dst, &entry.addr, entry.port)
+    }
+    .map_err(|_| DROP_HELPER)?;
+    if let Some(s) = POLICY_STATS.get_ptr_mut(&entry.policy_id) {
+        // SAFETY: per-CPU value of this CPU.
+        unsafe {
+            (*s).reply_packets += 1;
+            (*s).reply_bytes += u64::from(ctx.len());
+        }
+    }
+    Ok(entry.ifindex)
+}
+
+/// Non-inlined (keeps the caller's stack small); the result travels as one
+/// i64 so that no path returns undefined register bits.
+#[inline(never)]
+pub fn forward_port_raw(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    f: &Flow,
+    eip: &Addr,
+    policy_id: u32,
+) -> i64 {
+    forward_port_inner(ctx, cfg, f, eip, policy_id)
+}
+
+#[inline(always)]
+fn err(reason: u32) -> i64 {
+    -(i64::from(reason)) - 1
+}
+
+#[inline(always)]
+pub fn forward_port(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    f: &Flow,
+    eip: &Addr,
+    policy_id: u32,
+) -> Result<u16, u32> {
+    let v = forward_port_raw(ctx, cfg, f, eip, policy_id);
+    if v < 0 {
+        Err((-(v + 1)) as u32)
+    } else {
+        Ok(v as u16)
+    }
+}
+
+/// Non-inlined (keeps the caller's stack small); the result travels as one
+/// i64 so that no path returns undefined register bits.
+#[inline(never)]
+pub fn reverse_raw(ctx: &mut TcContext, f: &Flow) -> i64 {
+    match reverse_inner(ctx, f) {
+        Ok(v) => i64::from(v),
+        Err(r) => -(i64::from(r)) - 1,
+    }
+}
+
+#[inline(always)]
+pub fn reverse(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
+    let v = reverse_raw(ctx, f);
+    if v < 0 {
+        Err((-(v + 1)) as u32)
+    } else {
+        Ok(v as u32)
+    }
+}

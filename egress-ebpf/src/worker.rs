@@ -1,0 +1,150 @@
+//! `worker_egress`: TC ingress on a pod's host-side veth (packets from the pod).
+
+use aya_ebpf::maps::lpm_trie::Key;
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use egress_common::{drops::*, policy::*};
+
+use crate::{
+    ctx::drop_with,
+    flow::{parse, rewrite, Flow, Side, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
+    fwd::{encap, fib_forward},
+    hdr::*,
+    maps::{CONFIG, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS},
+    nat::forward_port,
+};
+
+#[classifier]
+pub fn worker_egress(mut ctx: TcContext) -> i32 {
+    match try_worker_egress(&mut ctx) {
+        Ok(v) => v,
+        Err(reason) => drop_with(&ctx, reason),
+    }
+}
+
+/// Clamps the MSS option of a TCP SYN to `max`.
+#[inline(never)]
+fn clamp_mss(ctx: &mut TcContext, f: &Flow, max: u16) {
+    let doff: u8 = match ctx.load(f.l4_off + 12) {
+        Ok(v) => v,
+        Err(_) => return,
+    };
+    let end = f.l4_off + ((doff >> 4) as usize) * 4;
+    let mut off = f.l4_off + TCP_LEN;
+    let mut n = 0;
+    while n < 20 && off + 4 <= end {
+        n += 1;
+        let kind: u8 = match ctx.load(off) {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        if kind == 0 {
+            return;
+        }
+        if kind == 1 {
+            off += 1;
+            continue;
+        }
+        let len: u8 = match ctx.load(off + 1) {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        if kind == 2 && len == 4 {
+            let raw: [u8; 2] = match ctx.load(off + 2) {
+                Ok(v) => v,
+                Err(_) => return,
+            };
+            let mss = u16::from_be_bytes(raw);
+            if mss > max {
+                let new = max.to_be_bytes();
+                if ctx.store(off + 2, &new, 0).is_ok() {
+                    let _ = ctx.l4_csum_replace(
+                        f.csum_off,
+                        crate::ctx::raw16(raw),
+                        crate::ctx::raw16(new),
+                        2,
+                    );
+                }
+            }
+            return;
+        }
+        if len < 2 {
+            return;
+        }
+        off += len as usize;
+    }
+}
+
+#[inline(always)]
+fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
+    let f = match crate::maps::SCRATCH.get_ptr_mut(0) {
+        // SAFETY: this CPU's scratch slot; programs do not nest on one CPU.
+        Some(p) => unsafe { &mut *p },
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    if !parse(ctx, f) {
+        return Ok(TC_ACT_OK as i32);
+    }
+    // Replies and errors a pod sends towards the outside are not flows it opens.
+    if f.icmp_kind == ICMP_KIND_ECHO_REPLY || f.icmp_kind == ICMP_KIND_ERROR {
+        return Ok(TC_ACT_OK as i32);
+    }
+    let src = match POLICY_SRC.get(&Key::new(128, f.src)) {
+        Some(s) => s.slots,
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let dst = match POLICY_DST.get(&Key::new(128, f.dst)) {
+        Some(d) => *d,
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let slot = match pick_slot(src, &dst) {
+        Some(s) => s,
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let target = match POLICY_TARGETS.get(slot) {
+        Some(t) => t,
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let eip = if f.v6 {
+        if target.flags & TARGET_HAS_V6 == 0 {
+            return Ok(TC_ACT_OK as i32);
+        }
+        &target.eip_v6
+    } else {
+        if target.flags & TARGET_HAS_V4 == 0 {
+            return Ok(TC_ACT_OK as i32);
+        }
+        &target.eip_v4
+    };
+    let cfg = match CONFIG.get(0) {
+        Some(c) => c,
+        None => return Err(DROP_NO_CONFIG),
+    };
+    let local = target.flags & TARGET_LOCAL_GATEWAY != 0;
+    if !local
+        && f.proto != IPPROTO_TCP
+        && (f.v6 || f.df)
+        && cfg.tunnel_mtu != 0
+        && f.l3_len > u32::from(cfg.tunnel_mtu)
+    {
+        return Err(DROP_TOO_BIG);
+    }
+    let port = forward_port(ctx, cfg, f, eip, target.policy_id)?;
+    rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;
+    if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
+        let hdrs = if f.v6 { 60 } else { 40 };
+        clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
+    }
+    if let Some(s) = POLICY_STATS.get_ptr_mut(&target.policy_id) {
+        // SAFETY: per-CPU value of this CPU.
+        unsafe {
+            (*s).egress_packets += 1;
+            (*s).egress_bytes += u64::from(ctx.len());
+        }
+    }
+    if local {
+        f.src = *eip;
+        f.sport = port;
+        return fib_forward(ctx, f);
+    }
+    encap(ctx, cfg, target.gateway_tunnel_ip)
+}
