@@ -13,6 +13,8 @@ use super::bpffs;
 /// Why the datapath could not be loaded, in words an operator can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error("this process lacks {} (needed to load BPF programs and maps, attach them and pin them): run the agent as root, or grant these capabilities (the chart's agent.privileged or capabilities values)", missing.join(", "))]
+    MissingCapabilities { missing: Vec<&'static str> },
     #[error("pin folder {path}: {source}")]
     PinDir {
         path: PathBuf,
@@ -71,6 +73,10 @@ impl Datapath {
     /// Loads `object`, reusing maps already pinned in `pin_dir` (so a restart
     /// keeps the state the programs use) and pinning the others there.
     pub fn load(object: &[u8], pin_dir: &Path) -> Result<Self, LoadError> {
+        let missing = super::caps::missing();
+        if !missing.is_empty() {
+            return Err(LoadError::MissingCapabilities { missing });
+        }
         bpffs::ensure_pin_dir(pin_dir).map_err(|source| LoadError::PinDir {
             path: pin_dir.to_owned(),
             source,

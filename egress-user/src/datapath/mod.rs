@@ -3,6 +3,7 @@
 //! elsewhere; this module only carries them out.
 
 pub mod bpffs;
+pub mod caps;
 pub mod loader;
 pub mod stats;
 
