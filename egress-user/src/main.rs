@@ -2,10 +2,18 @@ use clap::Parser;
 use egress_user::cli::{self, Cli, Command};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
     let cli = Cli::parse();
     cli::init_tracing(cli.log_json);
-    match cli.command {
+    // Errors read as one line with their causes, never as a backtrace.
+    if let Err(e) = dispatch(cli.command).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Agent(args) => cli::agent::run(args).await,
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Controller => anyhow::bail!("`egress controller` is not built yet (issue 4)"),
