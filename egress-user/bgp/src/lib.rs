@@ -6,6 +6,7 @@
 
 pub mod codec;
 pub mod fsm;
+pub mod gr;
 pub mod reflect;
 pub mod rib;
 pub mod types;

@@ -1,0 +1,362 @@
+//! Graceful restart (RFC 4724, with the N bit of RFC 8538), without I/O.
+//!
+//! [`Helper`] runs once per peer and decides what happens to the peer's
+//! routes when its session drops and comes back. [`Restarter`] runs once
+//! per speaker and holds back route selection after our own restart until
+//! the peers have sent their tables (End-of-RIB) or a deadline passes.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::codec::{notif, GrFamily, GracefulRestartCap, Notification, Open, Update};
+use crate::fsm::DownReason;
+use crate::types::Family;
+
+#[derive(Clone, Debug)]
+pub struct GrConfig {
+    /// Seconds we ask peers to keep our routes while we restart (12 bits).
+    pub restart_time: u16,
+    /// How long a peer that came back may take to send End-of-RIB before
+    /// its remaining stale routes are dropped.
+    pub stale_time: Duration,
+    /// Longest wait for End-of-RIB from peers after our own restart.
+    pub deferral_time: Duration,
+    /// F bit. A route reflector is not in the forwarding path of the
+    /// routes it reflects, so its restart does not disturb forwarding.
+    pub forwarding_preserved: bool,
+}
+
+impl Default for GrConfig {
+    fn default() -> Self {
+        GrConfig {
+            restart_time: 120,
+            stale_time: Duration::from_secs(360),
+            deferral_time: Duration::from_secs(360),
+            forwarding_preserved: true,
+        }
+    }
+}
+
+/// Our graceful restart capability. `restarting` sets the R bit.
+pub fn capability(cfg: &GrConfig, restarting: bool, families: &[Family]) -> GracefulRestartCap {
+    GracefulRestartCap {
+        restarting,
+        notification: true,
+        restart_time: cfg.restart_time.min(0x0fff),
+        families: families
+            .iter()
+            .map(|f| GrFamily {
+                afi_safi: (*f).into(),
+                forwarding_preserved: cfg.forwarding_preserved,
+            })
+            .collect(),
+    }
+}
+
+/// End-of-RIB for each family, sent after the initial table.
+pub fn end_of_rib_markers(families: &[Family]) -> Vec<Update> {
+    families.iter().map(|f| Update::end_of_rib(*f)).collect()
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HelperAction {
+    /// Keep the peer's routes, marked stale, and keep using them.
+    KeepRoutesAsStale,
+    /// Remove all of the peer's routes now (no graceful restart).
+    DeleteRoutes,
+    PurgeStale(Family),
+    PurgeAllStale,
+    StartRestartTimer(Duration),
+    StopRestartTimer,
+    StartStaleTimer(Duration),
+    StopStaleTimer,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HelperState {
+    Normal,
+    /// Session down, routes stale, waiting for the peer to reconnect.
+    PeerRestarting {
+        families: Vec<Family>,
+    },
+    /// Session back, waiting for End-of-RIB in these families.
+    AwaitingEor {
+        families: HashSet<Family>,
+    },
+}
+
+/// The helper side for one peer (RFC 4724 4.2).
+#[derive(Clone, Debug)]
+pub struct Helper {
+    state: HelperState,
+    stale_time: Duration,
+    /// Capabilities exchanged on the last session: ours and the peer's.
+    local: Option<GracefulRestartCap>,
+    peer: Option<GracefulRestartCap>,
+}
+
+fn families_of(cap: &GracefulRestartCap) -> impl Iterator<Item = (Family, bool)> + '_ {
+    cap.families
+        .iter()
+        .filter_map(|f| f.afi_safi.family().map(|fam| (fam, f.forwarding_preserved)))
+}
+
+impl Helper {
+    pub fn new(stale_time: Duration) -> Helper {
+        Helper {
+            state: HelperState::Normal,
+            stale_time,
+            local: None,
+            peer: None,
+        }
+    }
+
+    pub fn state(&self) -> &HelperState {
+        &self.state
+    }
+
+    /// The session reached Established; `local` is the capability we sent.
+    pub fn session_up(
+        &mut self,
+        local: Option<&GracefulRestartCap>,
+        peer_open: &Open,
+    ) -> Vec<HelperAction> {
+        let peer = peer_open.graceful_restart().cloned();
+        self.local = local.cloned();
+        self.peer = peer.clone();
+        let mut out = Vec::new();
+        let HelperState::PeerRestarting { families } = &self.state else {
+            // Nothing was kept from an earlier session.
+            return out;
+        };
+        out.push(HelperAction::StopRestartTimer);
+        let mut waiting = HashSet::new();
+        for f in families {
+            // RFC 4724 4.2: drop a family's stale routes at once if the
+            // peer no longer lists it or did not keep forwarding state.
+            let kept = peer
+                .as_ref()
+                .is_some_and(|c| families_of(c).any(|(fam, fwd)| fam == *f && fwd));
+            if kept {
+                waiting.insert(*f);
+            } else {
+                out.push(HelperAction::PurgeStale(*f));
+            }
+        }
+        if waiting.is_empty() {
+            self.state = HelperState::Normal;
+        } else {
+            out.push(HelperAction::StartStaleTimer(self.stale_time));
+            self.state = HelperState::AwaitingEor { families: waiting };
+        }
+        out
+    }
+
+    /// Whether the way the session ended allows keeping routes.
+    fn graceful(&self, reason: &DownReason) -> bool {
+        let (Some(local), Some(peer)) = (&self.local, &self.peer) else {
+            return false;
+        };
+        let hard = |n: &Notification| n.code == notif::CEASE && n.subcode == 9;
+        match reason {
+            DownReason::TcpFailure => true,
+            DownReason::Stopped => false,
+            // RFC 8538: with the N bit on both sides, a NOTIFICATION other
+            // than Hard Reset is handled like a TCP failure.
+            DownReason::HoldTimerExpired => local.notification && peer.notification,
+            DownReason::NotificationSent(n) | DownReason::NotificationReceived(n) => {
+                local.notification && peer.notification && !hard(n)
+            }
+        }
+    }
+
+    pub fn session_down(&mut self, reason: &DownReason) -> Vec<HelperAction> {
+        let peer_families: Vec<Family> = self
+            .peer
+            .as_ref()
+            .map(|c| families_of(c).map(|(f, _)| f).collect())
+            .unwrap_or_default();
+        if !self.graceful(reason) || peer_families.is_empty() {
+            self.state = HelperState::Normal;
+            return vec![
+                HelperAction::StopRestartTimer,
+                HelperAction::StopStaleTimer,
+                HelperAction::DeleteRoutes,
+            ];
+        }
+        let restart_time = self.peer.as_ref().map_or(0, |c| c.restart_time);
+        let mut out = vec![
+            HelperAction::StopStaleTimer,
+            HelperAction::KeepRoutesAsStale,
+        ];
+        for f in Family::ALL {
+            if !peer_families.contains(&f) {
+                out.push(HelperAction::PurgeStale(f));
+            }
+        }
+        out.push(HelperAction::StartRestartTimer(Duration::from_secs(
+            restart_time as u64,
+        )));
+        self.state = HelperState::PeerRestarting {
+            families: peer_families,
+        };
+        out
+    }
+
+    pub fn end_of_rib(&mut self, family: Family) -> Vec<HelperAction> {
+        let HelperState::AwaitingEor { families } = &mut self.state else {
+            return Vec::new();
+        };
+        if !families.remove(&family) {
+            return Vec::new();
+        }
+        let mut out = vec![HelperAction::PurgeStale(family)];
+        if families.is_empty() {
+            out.push(HelperAction::StopStaleTimer);
+            self.state = HelperState::Normal;
+        }
+        out
+    }
+
+    /// The peer did not come back within its restart time.
+    pub fn restart_timer_expired(&mut self) -> Vec<HelperAction> {
+        if !matches!(self.state, HelperState::PeerRestarting { .. }) {
+            return Vec::new();
+        }
+        self.state = HelperState::Normal;
+        vec![HelperAction::PurgeAllStale]
+    }
+
+    /// The peer came back but did not finish its table in time.
+    pub fn stale_timer_expired(&mut self) -> Vec<HelperAction> {
+        if !matches!(self.state, HelperState::AwaitingEor { .. }) {
+            return Vec::new();
+        }
+        self.state = HelperState::Normal;
+        vec![HelperAction::PurgeAllStale]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestartAction {
+    StartDeferralTimer(Duration),
+    StopDeferralTimer,
+    /// Run route selection, then send every peer its table and End-of-RIB.
+    EndDeferral,
+}
+
+/// The restarting side (RFC 4724 4.1): after our restart, route selection
+/// waits for End-of-RIB from every configured peer that negotiated
+/// graceful restart, or for the deferral timer.
+#[derive(Clone, Debug)]
+pub struct Restarter {
+    deferring: bool,
+    /// Configured peers whose session has not come up yet.
+    not_up: HashSet<IpAddr>,
+    /// Peers that are up with graceful restart and the families still
+    /// missing their End-of-RIB.
+    waiting: HashMap<IpAddr, HashSet<Family>>,
+}
+
+impl Restarter {
+    /// `restarted`: this process starts after a restart and should defer.
+    pub fn new(
+        restarted: bool,
+        peers: impl IntoIterator<Item = IpAddr>,
+        deferral_time: Duration,
+    ) -> (Restarter, Vec<RestartAction>) {
+        let r = Restarter {
+            deferring: restarted,
+            not_up: if restarted {
+                peers.into_iter().collect()
+            } else {
+                HashSet::new()
+            },
+            waiting: HashMap::new(),
+        };
+        let actions = if restarted {
+            vec![RestartAction::StartDeferralTimer(deferral_time)]
+        } else {
+            Vec::new()
+        };
+        (r, actions)
+    }
+
+    /// True while route selection is held back; also our R bit.
+    pub fn deferring(&self) -> bool {
+        self.deferring
+    }
+
+    /// A session came up; `gr_families` are the families for which both
+    /// sides announced graceful restart (None: not negotiated).
+    pub fn peer_up(
+        &mut self,
+        peer: IpAddr,
+        gr_families: Option<Vec<Family>>,
+    ) -> Vec<RestartAction> {
+        if !self.deferring {
+            return Vec::new();
+        }
+        self.not_up.remove(&peer);
+        match gr_families {
+            Some(f) if !f.is_empty() => {
+                self.waiting.insert(peer, f.into_iter().collect());
+            }
+            // Without graceful restart the peer promises no End-of-RIB.
+            _ => {
+                self.waiting.remove(&peer);
+            }
+        }
+        self.check()
+    }
+
+    pub fn end_of_rib(&mut self, peer: IpAddr, family: Family) -> Vec<RestartAction> {
+        if let Some(f) = self.waiting.get_mut(&peer) {
+            f.remove(&family);
+            if f.is_empty() {
+                self.waiting.remove(&peer);
+            }
+        }
+        self.check()
+    }
+
+    /// A peer went down or was removed: do not wait for it any more.
+    pub fn peer_gone(&mut self, peer: IpAddr) -> Vec<RestartAction> {
+        self.waiting.remove(&peer);
+        self.not_up.remove(&peer);
+        self.check()
+    }
+
+    pub fn deferral_timer_expired(&mut self) -> Vec<RestartAction> {
+        if !self.deferring {
+            return Vec::new();
+        }
+        self.deferring = false;
+        vec![RestartAction::EndDeferral]
+    }
+
+    fn check(&mut self) -> Vec<RestartAction> {
+        if self.deferring && self.not_up.is_empty() && self.waiting.is_empty() {
+            self.deferring = false;
+            return vec![RestartAction::StopDeferralTimer, RestartAction::EndDeferral];
+        }
+        Vec::new()
+    }
+}
+
+/// Families for which both OPENs carry graceful restart.
+pub fn negotiated_families(local: Option<&GracefulRestartCap>, peer: &Open) -> Option<Vec<Family>> {
+    let local = local?;
+    let peer = peer.graceful_restart()?;
+    let ours: Vec<Family> = families_of(local).map(|(f, _)| f).collect();
+    Some(
+        families_of(peer)
+            .map(|(f, _)| f)
+            .filter(|f| ours.contains(f))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests;
