@@ -1,0 +1,149 @@
+{{/* Chart name, truncated to leave room for suffixes. */}}
+{{- define "egress-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name: the release name, plus the chart name unless the release already contains it. */}}
+{{- define "egress-gateway.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "egress-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select the pods of one component; call with (dict "ctx" $ "component" "agent"). */}}
+{{- define "egress-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "egress-gateway.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Every label of an object of one component. */}}
+{{- define "egress-gateway.labels" -}}
+{{ include "egress-gateway.selectorLabels" . }}
+app.kubernetes.io/part-of: egress-gateway
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
+{{- end -}}
+
+{{- define "egress-gateway.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "egress-gateway.agentName" -}}
+{{- printf "%s-agent" (include "egress-gateway.fullname" .) -}}
+{{- end -}}
+
+{{- define "egress-gateway.controllerName" -}}
+{{- printf "%s-controller" (include "egress-gateway.fullname" .) -}}
+{{- end -}}
+
+{{/* Headless Service whose DNS name lists the reflectors (the controller pods) for the agents. */}}
+{{- define "egress-gateway.reflectorService" -}}
+{{- printf "%s-reflector" (include "egress-gateway.fullname" .) -}}
+{{- end -}}
+
+{{/* A duration such as 500ms, 5s or 1m30s, in milliseconds (as a number in a string). */}}
+{{- define "egress-gateway.durationMs" -}}
+{{- $total := 0.0 -}}
+{{- $units := dict "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ms|s|m|h)" . -1 -}}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" . "" -}}
+{{- $total = addf $total (mulf $num (get $units $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* Checks between values that the schema cannot express; the binary makes the same checks at start. */}}
+{{- define "egress-gateway.validate" -}}
+{{- $f := .Values.feature -}}
+{{- $evict := include "egress-gateway.durationMs" $f.eipEvictionTimeout | float64 -}}
+{{- $monitor := include "egress-gateway.durationMs" $f.tunnelMonitorPeriod | float64 -}}
+{{- $update := include "egress-gateway.durationMs" $f.tunnelUpdatePeriod | float64 -}}
+{{- if le $monitor 0.0 -}}
+{{- fail "feature.tunnelMonitorPeriod must be greater than 0" -}}
+{{- end -}}
+{{- if le $update 0.0 -}}
+{{- fail "feature.tunnelUpdatePeriod must be greater than 0" -}}
+{{- end -}}
+{{- if le $evict (addf $monitor $update) -}}
+{{- fail (printf "feature.eipEvictionTimeout (%s) must be greater than feature.tunnelMonitorPeriod (%s) + feature.tunnelUpdatePeriod (%s): otherwise a healthy gateway whose heartbeat lands just after a check loses its EIPs" $f.eipEvictionTimeout $f.tunnelMonitorPeriod $f.tunnelUpdatePeriod) -}}
+{{- end -}}
+{{- $b := .Values.bgp -}}
+{{- if and $b.enabled (gt (int $b.holdTime) 0) -}}
+{{- if or (eq (int $b.keepaliveTime) 0) (ge (int $b.keepaliveTime) (int $b.holdTime)) -}}
+{{- fail (printf "bgp.keepaliveTime (%d) must be greater than 0 and less than bgp.holdTime (%d); a third of it is usual" (int $b.keepaliveTime) (int $b.holdTime)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $b.enabled (eq (int $b.listenPort) (int .Values.metrics.port)) -}}
+{{- fail (printf "bgp.listenPort and metrics.port are both %d; the controller pods listen on both" (int $b.listenPort)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Flags that the agent and the controller share. */}}
+{{- define "egress-gateway.commonArgs" -}}
+- --datastore=kubernetes
+- --lease-namespace={{ .Release.Namespace }}
+- --tunnel-update-period={{ .Values.feature.tunnelUpdatePeriod }}
+- --tunnel-monitor-period={{ .Values.feature.tunnelMonitorPeriod }}
+- --eip-eviction-timeout={{ .Values.feature.eipEvictionTimeout }}
+- --gateway-failover={{ .Values.feature.gatewayFailover.enable }}
+{{- if .Values.feature.gatewayFailover.enable }}
+- --probe-interval-ms={{ int64 .Values.feature.gatewayFailover.probeIntervalMs }}
+- --probe-detect-multiplier={{ int64 .Values.feature.gatewayFailover.probeDetectMultiplier }}
+{{- end }}
+- --vxlan-id={{ int64 .Values.feature.vxlan.id }}
+- --vxlan-port={{ int64 .Values.feature.vxlan.port }}
+- --mtu={{ int64 .Values.feature.vxlan.mtu }}
+- --metrics-port={{ int64 .Values.metrics.port }}
+{{- if .Values.log.json }}
+- --log-json
+{{- end }}
+- --bgp={{ .Values.bgp.enabled }}
+{{- if .Values.bgp.enabled }}
+- --bgp-asn={{ int64 .Values.bgp.asn }}
+{{- with .Values.bgp.routerId }}
+- --bgp-router-id={{ . }}
+{{- end }}
+- --bgp-hold-time={{ int64 .Values.bgp.holdTime }}
+- --bgp-keepalive-time={{ int64 .Values.bgp.keepaliveTime }}
+- --bgp-graceful-restart-time={{ int64 .Values.bgp.gracefulRestartTime }}
+{{- end }}
+{{- end -}}
+
+{{/* Environment that the agent and the controller share. */}}
+{{- define "egress-gateway.commonEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: RUST_LOG
+  value: {{ .Values.log.level | quote }}
+{{- if and .Values.bgp.enabled .Values.bgp.password.existingSecret }}
+- name: EGRESS_BGP_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.bgp.password.existingSecret }}
+      key: {{ .Values.bgp.password.key }}
+{{- end }}
+{{- end -}}
