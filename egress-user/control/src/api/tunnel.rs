@@ -1,0 +1,86 @@
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One per node: the node's tunnel endpoint and health, written by its agent
+/// (tunnel) and the controller (phase).
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "egressgateway.egress.dev",
+    version = "v1beta1",
+    kind = "EgressTunnel",
+    plural = "egresstunnels",
+    shortname = "egt",
+    category = "egress",
+    status = "EgressTunnelStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"TunnelV4","type":"string","jsonPath":".status.tunnel.ipv4"}"#,
+    printcolumn = r#"{"name":"TunnelV6","type":"string","jsonPath":".status.tunnel.ipv6"}"#,
+    printcolumn = r#"{"name":"MAC","type":"string","jsonPath":".status.tunnel.mac"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Heartbeat","type":"date","jsonPath":".status.lastHeartbeatTime"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressTunnelSpec {}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressTunnelStatus {
+    #[serde(default)]
+    pub tunnel: TunnelInfo,
+    #[serde(default)]
+    pub phase: TunnelPhase,
+    /// RFC 3339 time of the last heartbeat the controller saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelInfo {
+    /// Underlay address other nodes send VXLAN packets to.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipv4: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipv6: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+    #[serde(default)]
+    pub parent: Parent,
+}
+
+/// The underlay interface the tunnel rides on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Parent {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipv4: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ipv6: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TunnelPhase {
+    #[default]
+    Pending,
+    Init,
+    Ready,
+    Failed,
+    HeartbeatTimeout,
+    NodeNotReady,
+}
+
+impl TunnelPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Init => "Init",
+            Self::Ready => "Ready",
+            Self::Failed => "Failed",
+            Self::HeartbeatTimeout => "HeartbeatTimeout",
+            Self::NodeNotReady => "NodeNotReady",
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The thin async loop: leader election, heartbeat monitoring, reconcile,
+//! and writing only what changed. Only the leader writes.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{stream::SelectAll, StreamExt};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::datastore::typed::load_view;
+use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch};
+
+use super::{reconcile, ClusterView, ControllerConfig, HeartbeatMonitor, Plan, TimerConfig};
+
+/// Field manager of every write the controller makes.
+pub const MANAGER: &str = "egress-controller";
+/// The election every controller replica campaigns in.
+pub const ELECTION: &str = "egress-controller";
+
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub identity: String,
+    pub lease_ttl: Duration,
+    pub timers: TimerConfig,
+    pub controller: ControllerConfig,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            identity: format!("controller-{}", std::process::id()),
+            lease_ttl: Duration::from_secs(15),
+            timers: TimerConfig::default(),
+            controller: ControllerConfig::default(),
+        }
+    }
+}
+
+const GATEWAY_FIELDS: &[&str] = &[
+    "nodeList",
+    "ipUsage",
+    "portBlocks",
+    "portBlockSize",
+    "epoch",
+    "conditions",
+];
+const POLICY_FIELDS: &[&str] = &["eip", "node", "conditions"];
+const TUNNEL_FIELDS: &[&str] = &["phase", "lastHeartbeatTime"];
+
+fn patch(owned: &[&str], status: serde_json::Value) -> StatusPatch {
+    StatusPatch {
+        manager: MANAGER.into(),
+        owned: owned.iter().map(|s| s.to_string()).collect(),
+        status,
+    }
+}
+
+/// Writes the statuses of `plan` that differ from `view`, and its events.
+/// Returns how many objects were written.
+pub async fn write_plan(ds: &dyn Datastore, view: &ClusterView, plan: &Plan) -> Result<usize> {
+    let mut n = 0;
+    for (name, st) in &plan.gateways {
+        let cur = view
+            .gateways
+            .iter()
+            .find(|g| g.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|g| g.status.as_ref());
+        if cur != Some(st) {
+            ds.write_status(
+                Kind::EgressGateway,
+                &ObjectKey::cluster(name),
+                &patch(GATEWAY_FIELDS, json!(st)),
+            )
+            .await?;
+            n += 1;
+        }
+    }
+    for ((kind, key), st) in &plan.policies {
+        let cur = match kind {
+            Kind::EgressPolicy => view
+                .policies
+                .iter()
+                .find(|p| {
+                    p.metadata.name.as_deref() == Some(key.name.as_str())
+                        && p.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                })
+                .and_then(|p| p.status.as_ref()),
+            _ => view
+                .cluster_policies
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(key.name.as_str()))
+                .and_then(|p| p.status.as_ref()),
+        };
+        if cur != Some(st) {
+            match ds
+                .write_status(*kind, key, &patch(POLICY_FIELDS, json!(st)))
+                .await
+            {
+                Err(e) if e.is_not_found() => continue,
+                r => r?,
+            };
+            n += 1;
+        }
+    }
+    for e in &plan.events {
+        ds.record_event(e.clone()).await?;
+    }
+    Ok(n)
+}
+
+/// Nodes some gateway's selector picks.
+pub fn gateway_eligible(view: &ClusterView) -> BTreeSet<String> {
+    view.nodes
+        .iter()
+        .filter(|n| {
+            view.gateways
+                .iter()
+                .any(|g| g.spec.node_selector.selector.matches(&n.labels))
+        })
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// One pass as leader: heartbeats, tunnel phases, allocation, writes.
+pub async fn tick(
+    ds: &dyn Datastore,
+    monitor: &mut HeartbeatMonitor,
+    cfg: &RunConfig,
+) -> Result<usize> {
+    let now = Instant::now();
+    monitor.observe(&ds.heartbeats().await?, now);
+    let view = load_view(ds).await?;
+    let changes = monitor.changes(
+        &view,
+        &gateway_eligible(&view),
+        now,
+        cfg.timers.eip_eviction_timeout,
+    );
+    let mut n = 0;
+    for c in &changes {
+        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
+        match ds
+            .write_status(
+                Kind::EgressTunnel,
+                &ObjectKey::cluster(&c.node),
+                &patch(TUNNEL_FIELDS, st),
+            )
+            .await
+        {
+            Err(e) if e.is_not_found() => continue,
+            r => r?,
+        };
+        let ev = if c.to == crate::api::TunnelPhase::Ready {
+            Event::normal
+        } else {
+            Event::warning
+        };
+        ds.record_event(ev(
+            Kind::EgressTunnel,
+            ObjectKey::cluster(&c.node),
+            c.to.as_str(),
+            c.message(),
+        ))
+        .await?;
+        n += 1;
+    }
+    let view = if changes.is_empty() {
+        view
+    } else {
+        load_view(ds).await?
+    };
+    let plan = reconcile(&view, &cfg.controller);
+    n += write_plan(ds, &view, &plan).await?;
+    Ok(n)
+}
+
+/// Campaigns, and while leader reconciles on every change and every
+/// monitor period. Returns when `shutdown` completes (resigning first).
+pub async fn run_controller(
+    ds: Arc<dyn Datastore>,
+    cfg: RunConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    cfg.timers.validate()?;
+    tokio::pin!(shutdown);
+    loop {
+        // Campaign.
+        let lead = loop {
+            if let Some(l) = ds
+                .try_acquire(ELECTION, &cfg.identity, cfg.lease_ttl)
+                .await?
+            {
+                break l;
+            }
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(cfg.lease_ttl / 3) => {}
+            }
+        };
+        tracing::info!(identity = %cfg.identity, term = lead.term, "leading");
+        println!("controller {} leading, term {}", cfg.identity, lead.term);
+        let mut monitor = HeartbeatMonitor::new(Instant::now());
+        let mut watches = SelectAll::new();
+        for k in Kind::ALL {
+            let (_, rev) = ds.list(k).await?;
+            watches.push(ds.watch(k, rev).await?);
+        }
+        let mut ticker =
+            tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
+        loop {
+            if let Err(e) = ds.renew_leadership(&lead).await {
+                tracing::warn!("lost leadership: {e}");
+                break;
+            }
+            match tick(ds.as_ref(), &mut monitor, &cfg).await {
+                Ok(n) if n > 0 => tracing::debug!(writes = n, "reconciled"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("reconcile failed: {e}"),
+            }
+            tokio::select! {
+                _ = &mut shutdown => {
+                    let _ = ds.resign(&lead).await;
+                    return Ok(());
+                }
+                _ = ticker.tick() => {}
+                ev = watches.next() => {
+                    if ev.is_none() { break; }
+                    // Drain what else is ready so a burst is one pass.
+                    while let Some(Some(_)) = futures::FutureExt::now_or_never(watches.next()) {}
+                }
+            }
+        }
+    }
+}

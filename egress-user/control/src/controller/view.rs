@@ -1,0 +1,178 @@
+//! The plain data the reconcile functions work on.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::api::*;
+use crate::datastore::{Kind, ObjectKey};
+use crate::validate::{parse_cidr, PolicyFields};
+
+/// Everything the controller and the agents look at, decoded.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    pub gateways: Vec<EgressGateway>,
+    pub policies: Vec<EgressPolicy>,
+    pub cluster_policies: Vec<EgressClusterPolicy>,
+    pub tunnels: Vec<EgressTunnel>,
+    pub nodes: Vec<NodeRecord>,
+    pub pods: Vec<PodRecord>,
+    pub namespaces: Vec<NamespaceRecord>,
+}
+
+/// One policy of either kind, in the shape the reconcilers use.
+#[derive(Clone, Debug)]
+pub struct PolicyView<'a> {
+    pub kind: Kind,
+    pub key: ObjectKey,
+    pub fields: PolicyFields<'a>,
+    pub priority: i64,
+    /// Creation time in nanoseconds (objects without one count as newest).
+    pub created: i128,
+    pub status: Option<&'a EgressPolicyStatus>,
+}
+
+impl PolicyView<'_> {
+    pub fn policy_ref(&self) -> PolicyRef {
+        PolicyRef {
+            name: self.key.name.clone(),
+            namespace: self.key.namespace.clone(),
+        }
+    }
+
+    /// Order of precedence: lower priority first, then older, then by name.
+    pub fn precedence(&self) -> (i64, i128, Kind, &ObjectKey) {
+        (self.priority, self.created, self.kind, &self.key)
+    }
+
+    /// True when the policy applies to `pod` (labels, subnet, namespace).
+    pub fn selects(&self, pod: &PodRecord, ns_labels: &BTreeMap<String, String>) -> bool {
+        if self.kind == Kind::EgressPolicy && pod.namespace != self.key.namespace {
+            return false;
+        }
+        if let Some(nsel) = self.fields.namespace_selector {
+            if !nsel.matches(ns_labels) {
+                return false;
+            }
+        }
+        if let Some(sel) = self.fields.pod_selector {
+            return sel.matches(&pod.labels);
+        }
+        if !self.fields.pod_subnet.is_empty() {
+            let nets: Vec<IpNet> = self
+                .fields
+                .pod_subnet
+                .iter()
+                .filter_map(|s| parse_cidr(s).ok())
+                .collect();
+            return pod
+                .ips
+                .iter()
+                .filter_map(|s| s.parse::<IpAddr>().ok())
+                .any(|ip| nets.iter().any(|n| n.contains(&ip)));
+        }
+        false
+    }
+}
+
+fn created(meta: &kube::core::ObjectMeta) -> i128 {
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_nanosecond())
+        .unwrap_or(i128::MAX)
+}
+
+impl ClusterView {
+    /// Both policy kinds in one list, in order of precedence.
+    pub fn policy_views(&self) -> Vec<PolicyView<'_>> {
+        let mut v: Vec<PolicyView<'_>> = self
+            .policies
+            .iter()
+            .map(|p| PolicyView {
+                kind: Kind::EgressPolicy,
+                key: ObjectKey::namespaced(
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                ),
+                fields: (&p.spec).into(),
+                priority: p.spec.priority.unwrap_or(DEFAULT_PRIORITY),
+                created: created(&p.metadata),
+                status: p.status.as_ref(),
+            })
+            .chain(self.cluster_policies.iter().map(|p| PolicyView {
+                kind: Kind::EgressClusterPolicy,
+                key: ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
+                fields: (&p.spec).into(),
+                priority: p.spec.priority.unwrap_or(DEFAULT_PRIORITY),
+                created: created(&p.metadata),
+                status: p.status.as_ref(),
+            }))
+            .collect();
+        v.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
+        v
+    }
+
+    pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {
+        NamespaceRecord::effective_labels(ns, self.namespaces.iter().find(|n| n.name == ns))
+    }
+
+    pub fn tunnel(&self, node: &str) -> Option<&EgressTunnel> {
+        self.tunnels
+            .iter()
+            .find(|t| t.metadata.name.as_deref() == Some(node))
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeRecord> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Phase of a node's tunnel; a node without tunnel is Pending, a node
+    /// that is not Ready is NodeNotReady.
+    pub fn phase(&self, node: &str) -> TunnelPhase {
+        if self.node(node).is_some_and(|n| !n.ready) {
+            return TunnelPhase::NodeNotReady;
+        }
+        self.tunnel(node)
+            .and_then(|t| t.status.as_ref())
+            .map(|s| s.phase)
+            .unwrap_or(TunnelPhase::Pending)
+    }
+
+    /// A node's underlay address of the given family: the tunnel's, else the
+    /// first node address.
+    pub fn node_ip(&self, node: &str, v6: bool) -> Option<IpAddr> {
+        let from_tunnel = self
+            .tunnel(node)
+            .and_then(|t| t.status.as_ref())
+            .and_then(|s| {
+                let t = if v6 { &s.tunnel.ipv6 } else { &s.tunnel.ipv4 };
+                t.parse::<IpAddr>().ok()
+            });
+        from_tunnel.or_else(|| {
+            self.node(node)?
+                .addresses
+                .iter()
+                .filter_map(|a| a.parse::<IpAddr>().ok())
+                .find(|a| a.is_ipv6() == v6)
+        })
+    }
+
+    /// The gateway a policy uses: the named one, or the oldest cluster default.
+    pub fn gateway_for(&self, name: &str) -> Option<&EgressGateway> {
+        if !name.is_empty() {
+            return self
+                .gateways
+                .iter()
+                .find(|g| g.metadata.name.as_deref() == Some(name));
+        }
+        self.gateways
+            .iter()
+            .filter(|g| g.spec.cluster_default)
+            .min_by_key(|g| (created(&g.metadata), g.metadata.name.clone()))
+    }
+}
+
+pub(crate) fn gateway_created(g: &EgressGateway) -> i128 {
+    created(&g.metadata)
+}

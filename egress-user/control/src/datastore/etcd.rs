@@ -1,0 +1,495 @@
+//! etcd backend: the same objects as JSON under a key prefix.
+//!
+//! Layout under `PREFIX`:
+//! - `PREFIX/objects/<plural>/<name>` (cluster kinds) and
+//!   `PREFIX/objects/<plural>/<namespace>/<name>`: the object JSON; its
+//!   revision is the key's mod revision.
+//! - `PREFIX/heartbeats/<node>`: last renewal; the key's version is the counter.
+//! - `PREFIX/leaders/<election>`: the leader's identity, attached to its
+//!   lease; the key's create revision is the term.
+//! - `PREFIX/events/<time>-<n>`: events, attached to a one-hour lease.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use futures::StreamExt;
+use serde_json::Value;
+
+use super::memory::keep_server_fields;
+use super::*;
+
+pub struct EtcdDatastore {
+    client: Client,
+    prefix: String,
+    seq: AtomicU64,
+}
+
+impl EtcdDatastore {
+    /// Connects to `endpoints` (e.g. `http://127.0.0.1:2379`); every key
+    /// lives under `prefix` (e.g. `/egress`).
+    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self> {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(10));
+        let client = Client::connect(endpoints, Some(opts)).await?;
+        Ok(Self {
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    fn kind_prefix(&self, kind: Kind) -> String {
+        format!("{}/objects/{}/", self.prefix, kind.plural())
+    }
+
+    fn object_key(&self, kind: Kind, key: &ObjectKey) -> String {
+        if kind.namespaced() {
+            format!("{}{}/{}", self.kind_prefix(kind), key.namespace, key.name)
+        } else {
+            format!("{}{}", self.kind_prefix(kind), key.name)
+        }
+    }
+
+    fn stored(&self, kind: Kind, kv: &KeyValue) -> Result<Stored> {
+        let mut value: Value = serde_json::from_slice(kv.value())?;
+        let revision = kv.mod_revision() as u64;
+        set_revision(&mut value, revision);
+        let key = key_of(kind, &value)?;
+        Ok(Stored {
+            kind,
+            key,
+            revision,
+            value,
+        })
+    }
+
+    fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Read, change, compare-and-swap on the mod revision; again on a race.
+    async fn modify(
+        &self,
+        kind: Kind,
+        key: &ObjectKey,
+        mut f: impl FnMut(&Stored) -> Result<Option<Value>>,
+    ) -> Result<Stored> {
+        let path = self.object_key(kind, key);
+        for _ in 0..16 {
+            let Some(cur) = self.get(kind, key).await? else {
+                return Err(DatastoreError::NotFound {
+                    kind,
+                    key: key.clone(),
+                });
+            };
+            let Some(mut new) = f(&cur)? else {
+                return Ok(cur);
+            };
+            if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    path.clone(),
+                    CompareOp::Equal,
+                    cur.revision as i64,
+                )])
+                .and_then([TxnOp::put(path.clone(), serde_json::to_vec(&new)?, None)]);
+            let resp = self.client().txn(txn).await?;
+            if resp.succeeded() {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
+                set_revision(&mut new, rev);
+                return Ok(Stored {
+                    kind,
+                    key: key.clone(),
+                    revision: rev,
+                    value: new,
+                });
+            }
+        }
+        Err(DatastoreError::Other(format!(
+            "{kind} {key}: too many concurrent writers"
+        )))
+    }
+}
+
+#[async_trait]
+impl Datastore for EtcdDatastore {
+    async fn list(&self, kind: Kind) -> Result<(Vec<Stored>, u64)> {
+        let resp = self
+            .client()
+            .get(
+                self.kind_prefix(kind),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
+        let items = resp
+            .kvs()
+            .iter()
+            .map(|kv| self.stored(kind, kv))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((items, rev))
+    }
+
+    async fn watch(&self, kind: Kind, revision: u64) -> Result<WatchStream> {
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision as i64 + 1);
+        let stream = self
+            .client()
+            .watch(self.kind_prefix(kind), Some(opts))
+            .await?;
+        let prefix = self.kind_prefix(kind);
+        let me = KeyMapper {
+            prefix,
+            namespaced: kind.namespaced(),
+        };
+        Ok(stream
+            .flat_map(move |resp| {
+                let out: Vec<Result<WatchEvent>> = match resp {
+                    Err(e) => vec![Err(e.into())],
+                    Ok(r) if r.compact_revision() > 0 => {
+                        vec![Err(DatastoreError::Compacted(r.compact_revision() as u64))]
+                    }
+                    Ok(r) => r
+                        .events()
+                        .iter()
+                        .filter_map(|ev| {
+                            let kv = ev.kv()?;
+                            let revision = kv.mod_revision() as u64;
+                            Some(match ev.event_type() {
+                                EventType::Put => (|| {
+                                    let mut value: Value = serde_json::from_slice(kv.value())?;
+                                    set_revision(&mut value, revision);
+                                    Ok(WatchEvent::Put(Stored {
+                                        kind,
+                                        key: key_of(kind, &value)?,
+                                        revision,
+                                        value,
+                                    }))
+                                })(),
+                                EventType::Delete => Ok(WatchEvent::Deleted {
+                                    kind,
+                                    key: me.key(kv.key()),
+                                    revision,
+                                }),
+                            })
+                        })
+                        .collect(),
+                };
+                futures::stream::iter(out)
+            })
+            .boxed())
+    }
+
+    async fn get(&self, kind: Kind, key: &ObjectKey) -> Result<Option<Stored>> {
+        let resp = self.client().get(self.object_key(kind, key), None).await?;
+        resp.kvs()
+            .first()
+            .map(|kv| self.stored(kind, kv))
+            .transpose()
+    }
+
+    async fn create(&self, kind: Kind, mut object: Value) -> Result<Stored> {
+        let key = key_of(kind, &object)?;
+        let path = self.object_key(kind, &key);
+        let uid = format!(
+            "etcd-{}-{}",
+            chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        );
+        stamp_new(&mut object, uid);
+        if let Some(m) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(path.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(path, serde_json::to_vec(&object)?, None)]);
+        let resp = self.client().txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(DatastoreError::AlreadyExists { kind, key });
+        }
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
+        set_revision(&mut object, revision);
+        Ok(Stored {
+            kind,
+            key,
+            revision,
+            value: object,
+        })
+    }
+
+    async fn update(&self, kind: Kind, object: Value, revision: u64) -> Result<Stored> {
+        let key = key_of(kind, &object)?;
+        let mut first = true;
+        self.modify(kind, &key, |cur| {
+            // Only the caller's revision counts: a race after our read is a
+            // conflict too, never a silent retry.
+            if cur.revision != revision || !first {
+                return Err(DatastoreError::Conflict {
+                    kind,
+                    key: key.clone(),
+                    expected: revision,
+                    found: cur.revision,
+                });
+            }
+            first = false;
+            let mut new = object.clone();
+            keep_server_fields(&cur.value, &mut new);
+            Ok(Some(new))
+        })
+        .await
+    }
+
+    async fn delete(&self, kind: Kind, key: &ObjectKey, revision: Option<u64>) -> Result<()> {
+        let path = self.object_key(kind, key);
+        let cmp = match revision {
+            Some(r) => Compare::mod_revision(path.clone(), CompareOp::Equal, r as i64),
+            None => Compare::create_revision(path.clone(), CompareOp::Greater, 0),
+        };
+        let txn = Txn::new()
+            .when([cmp])
+            .and_then([TxnOp::delete(path.clone(), None)])
+            .or_else([TxnOp::get(path, None)]);
+        let resp = self.client().txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(());
+        }
+        let found = resp.op_responses().into_iter().find_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => {
+                g.kvs().first().map(|kv| kv.mod_revision() as u64)
+            }
+            _ => None,
+        });
+        match found {
+            None => Err(DatastoreError::NotFound {
+                kind,
+                key: key.clone(),
+            }),
+            Some(found) => Err(DatastoreError::Conflict {
+                kind,
+                key: key.clone(),
+                expected: revision.unwrap_or_default(),
+                found,
+            }),
+        }
+    }
+
+    async fn write_status(
+        &self,
+        kind: Kind,
+        key: &ObjectKey,
+        patch: &StatusPatch,
+    ) -> Result<Stored> {
+        if !kind.has_status() {
+            return Err(DatastoreError::NoStatus { kind });
+        }
+        self.modify(kind, key, |cur| {
+            let mut v = cur.value.clone();
+            patch.apply_to(&mut v);
+            Ok((v != cur.value).then_some(v))
+        })
+        .await
+    }
+
+    async fn renew_heartbeat(&self, node: &str, _ttl: Duration) -> Result<Heartbeat> {
+        let path = format!("{}/heartbeats/{node}", self.prefix);
+        let renew_time = now_rfc3339();
+        let resp = self
+            .client()
+            .txn(Txn::new().and_then([
+                TxnOp::put(path.clone(), renew_time.clone(), None),
+                TxnOp::get(path, None),
+            ]))
+            .await?;
+        let counter = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.version() as u64),
+                _ => None,
+            })
+            .unwrap_or(1);
+        Ok(Heartbeat {
+            node: node.into(),
+            counter,
+            renew_time,
+        })
+    }
+
+    async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
+        let p = format!("{}/heartbeats/", self.prefix);
+        let resp = self
+            .client()
+            .get(p.clone(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| Heartbeat {
+                node: String::from_utf8_lossy(kv.key())
+                    .strip_prefix(&p)
+                    .unwrap_or_default()
+                    .to_string(),
+                counter: kv.version() as u64,
+                renew_time: String::from_utf8_lossy(kv.value()).into_owned(),
+            })
+            .collect())
+    }
+
+    async fn try_acquire(
+        &self,
+        election: &str,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>> {
+        let path = format!("{}/leaders/{election}", self.prefix);
+        let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
+        let mut c = self.client();
+        let lease = c.lease_grant(secs, None).await?.id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(path.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    path.clone(),
+                    identity,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(path.clone(), None),
+            ])
+            .or_else([TxnOp::get(path, None)]);
+        let resp = c.txn(txn).await?;
+        let kv = resp.op_responses().into_iter().find_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        let Some(kv) = kv else {
+            let _ = c.lease_revoke(lease).await;
+            return Ok(None);
+        };
+        if resp.succeeded() {
+            return Ok(Some(Leadership {
+                election: election.into(),
+                identity: identity.into(),
+                term: kv.create_revision() as u64,
+                ttl,
+                token: lease,
+            }));
+        }
+        let _ = c.lease_revoke(lease).await;
+        if kv.value() == identity.as_bytes() {
+            // Ours from before (same identity): keep using its lease.
+            return Ok(Some(Leadership {
+                election: election.into(),
+                identity: identity.into(),
+                term: kv.create_revision() as u64,
+                ttl,
+                token: kv.lease(),
+            }));
+        }
+        Ok(None)
+    }
+
+    async fn renew_leadership(&self, lead: &Leadership) -> Result<()> {
+        let lost = || DatastoreError::LostLeadership {
+            election: lead.election.clone(),
+        };
+        let mut c = self.client();
+        let (mut keeper, mut stream) = c.lease_keep_alive(lead.token).await?;
+        keeper.keep_alive().await?;
+        match stream.message().await? {
+            Some(r) if r.ttl() > 0 => {}
+            _ => return Err(lost()),
+        }
+        let path = format!("{}/leaders/{}", self.prefix, lead.election);
+        let resp = c.get(path, None).await?;
+        match resp.kvs().first() {
+            Some(kv) if kv.create_revision() as u64 == lead.term && kv.lease() == lead.token => {
+                Ok(())
+            }
+            _ => Err(lost()),
+        }
+    }
+
+    async fn resign(&self, lead: &Leadership) -> Result<()> {
+        let path = format!("{}/leaders/{}", self.prefix, lead.election);
+        let mut c = self.client();
+        c.txn(
+            Txn::new()
+                .when([Compare::create_revision(
+                    path.clone(),
+                    CompareOp::Equal,
+                    lead.term as i64,
+                )])
+                .and_then([TxnOp::delete(path, None)]),
+        )
+        .await?;
+        let _ = c.lease_revoke(lead.token).await;
+        Ok(())
+    }
+
+    async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
+        let path = format!("{}/leaders/{election}", self.prefix);
+        let resp = self.client().get(path, None).await?;
+        Ok(resp.kvs().first().map(|kv| LeaderInfo {
+            identity: String::from_utf8_lossy(kv.value()).into_owned(),
+            term: kv.create_revision() as u64,
+        }))
+    }
+
+    async fn record_event(&self, mut event: Event) -> Result<()> {
+        if event.time.is_empty() {
+            event.time = now_rfc3339();
+        }
+        let path = format!(
+            "{}/events/{:020}-{:06}",
+            self.prefix,
+            chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default(),
+            self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000
+        );
+        let mut c = self.client();
+        let lease = c.lease_grant(3600, None).await?.id();
+        c.put(
+            path,
+            serde_json::to_vec(&event)?,
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn events(&self) -> Result<Vec<Event>> {
+        let p = format!("{}/events/", self.prefix);
+        let resp = self
+            .client()
+            .get(p, Some(GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs()
+            .iter()
+            .map(|kv| Ok(serde_json::from_slice(kv.value())?))
+            .collect()
+    }
+}
+
+struct KeyMapper {
+    prefix: String,
+    namespaced: bool,
+}
+
+impl KeyMapper {
+    fn key(&self, path: &[u8]) -> ObjectKey {
+        let p = String::from_utf8_lossy(path);
+        let rest = p.strip_prefix(&self.prefix).unwrap_or(&p);
+        match rest.split_once('/') {
+            Some((ns, name)) if self.namespaced => ObjectKey::namespaced(ns, name),
+            _ => ObjectKey::cluster(rest),
+        }
+    }
+}

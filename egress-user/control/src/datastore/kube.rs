@@ -1,0 +1,1 @@
+//! Kubernetes backend (filled in below).

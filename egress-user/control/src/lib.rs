@@ -1,0 +1,12 @@
+//! Control plane of the egress gateway (issue 4).
+//!
+//! - [`api`]: the custom resources and the plain node/pod records.
+//! - [`validate`]: checks with errors that name the field and the reason.
+//! - [`datastore`]: one trait, backends for memory, etcd and Kubernetes.
+//! - [`controller`]: pure reconcile functions and the leader-elected loop.
+//! - [`agent_state`]: a node's desired dataplane, as a pure function.
+
+pub mod api;
+pub mod controller;
+pub mod datastore;
+pub mod validate;
