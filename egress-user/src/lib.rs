@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod datapath;
+pub mod node;
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at compile time.
 pub static EBPF_OBJECT: &[u8] =

@@ -114,6 +114,27 @@ impl Netns {
         Ok(())
     }
 
+    /// Runs `f` on a new thread that has joined this namespace (setns), and
+    /// returns its result. For in-process netlink and BPF attach calls, which
+    /// act on the calling thread's network namespace.
+    pub fn enter<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let file = std::fs::File::open(self.path())
+            .with_context(|| format!("opening {}", self.path().display()))?;
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid namespace fd; affects only this new thread.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error()).context("setns");
+            }
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread inside the namespace panicked"))?
+    }
+
     /// Kills every process still inside the namespace.
     fn kill_all(&self) {
         if let Ok(out) = Command::new("ip")

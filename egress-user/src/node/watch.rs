@@ -1,0 +1,76 @@
+//! Link events from the kernel: the agent learns about pod veths as they
+//! appear (to attach the worker program) and disappear.
+
+use anyhow::{Context, Result};
+use futures::{channel::mpsc::UnboundedReceiver, StreamExt, TryStreamExt};
+use rtnetlink::{
+    constants::RTMGRP_LINK,
+    packet_core::{NetlinkMessage, NetlinkPayload},
+    packet_route::RouteNetlinkMessage,
+    sys::{AsyncSocket, SocketAddr},
+    Handle,
+};
+
+use super::link::ObservedLink;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// A link exists now (also sent once for every link present at start).
+    Present(ObservedLink),
+    Removed(ObservedLink),
+}
+
+/// A subscription to link changes in this process's network namespace.
+pub struct LinkWatch {
+    pub handle: Handle,
+    messages: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+    initial: std::vec::IntoIter<ObservedLink>,
+}
+
+impl LinkWatch {
+    /// Subscribes first, then lists the links present, so no link that appears
+    /// in between is missed (it may be reported twice, which is harmless).
+    pub async fn start() -> Result<Self> {
+        let (mut conn, handle, messages) =
+            rtnetlink::new_connection().context("opening a netlink socket")?;
+        conn.socket_mut()
+            .socket_mut()
+            .bind(&SocketAddr::new(0, RTMGRP_LINK))
+            .context("subscribing to link events")?;
+        tokio::spawn(conn);
+        let initial: Vec<ObservedLink> = handle
+            .link()
+            .get()
+            .execute()
+            .map_ok(|m| ObservedLink::from_message(&m))
+            .try_collect()
+            .await
+            .context("listing links")?;
+        Ok(Self {
+            handle,
+            messages,
+            initial: initial.into_iter(),
+        })
+    }
+
+    /// The next link event; `None` when the netlink connection is gone.
+    pub async fn next(&mut self) -> Option<LinkEvent> {
+        if let Some(link) = self.initial.next() {
+            return Some(LinkEvent::Present(link));
+        }
+        while let Some((msg, _)) = self.messages.next().await {
+            if let NetlinkPayload::InnerMessage(inner) = msg.payload {
+                match inner {
+                    RouteNetlinkMessage::NewLink(m) => {
+                        return Some(LinkEvent::Present(ObservedLink::from_message(&m)))
+                    }
+                    RouteNetlinkMessage::DelLink(m) => {
+                        return Some(LinkEvent::Removed(ObservedLink::from_message(&m)))
+                    }
+                    _ => continue,
+                }
+            }
+        }
+        None
+    }
+}
