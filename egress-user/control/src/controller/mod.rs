@@ -3,7 +3,7 @@
 
 mod heartbeat;
 mod reconcile;
-mod run;
+pub(crate) mod run;
 mod view;
 
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};

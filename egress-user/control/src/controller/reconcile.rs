@@ -457,7 +457,14 @@ fn reconcile_gateway(
                 placed.insert(u.clone(), (node, epoch));
             }
             None => {
-                if from.is_some() || !prev_place.contains_key(u) {
+                let warned_before = units[u].iter().any(|p| {
+                    p.status.is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.reason == "NoReadyGatewayNode")
+                    })
+                });
+                if from.is_some() || !warned_before {
                     plan.events.push(Event::warning(
                         Kind::EgressGateway,
                         gw_key.clone(),

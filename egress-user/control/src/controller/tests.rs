@@ -1,1 +1,687 @@
+//! Table-driven tests of the reconcile logic, run through the memory
+//! datastore the way the controller loop runs it.
 
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::run::{tick, write_plan};
+use super::*;
+use crate::api::*;
+use crate::datastore::memory::MemoryDatastore;
+use crate::datastore::typed::{self, load_view, node_object, pod_object};
+use crate::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
+
+fn ts(n: u32) -> String {
+    format!("2026-01-01T00:00:{n:02}Z")
+}
+
+fn gateway(name: &str, age: u32, v4: &[&str], default4: &str, label: &str) -> Value {
+    json!({
+        "apiVersion": API_VERSION, "kind": "EgressGateway",
+        "metadata": {"name": name, "creationTimestamp": ts(age)},
+        "spec": {
+            "ippools": {"ipv4": v4, "ipv4DefaultEIP": default4},
+            "nodeSelector": {"selector": {"matchLabels": {"gw": label}}}
+        }
+    })
+}
+
+fn policy(
+    name: &str,
+    age: u32,
+    gw: &str,
+    egress_ip: Value,
+    app: &str,
+    priority: Option<i64>,
+) -> Value {
+    let mut spec = json!({
+        "egressGatewayName": gw,
+        "egressIP": egress_ip,
+        "appliedTo": {"podSelector": {"matchLabels": {"app": app}}},
+    });
+    if let Some(p) = priority {
+        spec["priority"] = json!(p);
+    }
+    json!({
+        "apiVersion": API_VERSION, "kind": "EgressPolicy",
+        "metadata": {"name": name, "namespace": "default", "creationTimestamp": ts(age)},
+        "spec": spec
+    })
+}
+
+fn node(name: &str, gw_label: &str) -> NodeRecord {
+    NodeRecord {
+        name: name.into(),
+        labels: [("gw".to_string(), gw_label.to_string())].into(),
+        addresses: vec![format!(
+            "172.18.0.{}",
+            name.len() + name.as_bytes()[name.len() - 1] as usize % 50
+        )],
+        pod_cidrs: vec![],
+        ready: true,
+    }
+}
+
+fn pod(name: &str, app: &str, on: &str, ip: &str) -> PodRecord {
+    PodRecord {
+        name: name.into(),
+        namespace: "default".into(),
+        labels: [("app".to_string(), app.to_string())].into(),
+        node: on.into(),
+        ips: vec![ip.into()],
+    }
+}
+
+async fn add_node(ds: &MemoryDatastore, n: &NodeRecord, phase: TunnelPhase) {
+    ds.create(Kind::Node, node_object(n)).await.unwrap();
+    let t = json!({"apiVersion": API_VERSION, "kind": "EgressTunnel", "metadata": {"name": n.name}, "spec": {}});
+    ds.create(Kind::EgressTunnel, t).await.unwrap();
+    set_phase(ds, &n.name, phase).await;
+}
+
+async fn set_phase(ds: &MemoryDatastore, node: &str, phase: TunnelPhase) {
+    let st = json!({"tunnel": {"ipv4": "192.168.0.1", "mac": "02:00:00:00:00:01"}, "phase": phase});
+    ds.write_status(
+        Kind::EgressTunnel,
+        &ObjectKey::cluster(node),
+        &StatusPatch::owning_all("test", st),
+    )
+    .await
+    .unwrap();
+}
+
+async fn pass(ds: &MemoryDatastore) -> Plan {
+    let view = load_view(ds).await.unwrap();
+    let plan = reconcile(&view, &ControllerConfig::default());
+    write_plan(ds, &view, &plan).await.unwrap();
+    plan
+}
+
+async fn policy_status(ds: &MemoryDatastore, name: &str) -> EgressPolicyStatus {
+    let s = ds
+        .get(Kind::EgressPolicy, &ObjectKey::namespaced("default", name))
+        .await
+        .unwrap()
+        .unwrap();
+    typed::decode::<EgressPolicy>(&s)
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+async fn gw_status(ds: &MemoryDatastore, name: &str) -> EgressGatewayStatus {
+    let s = ds
+        .get(Kind::EgressGateway, &ObjectKey::cluster(name))
+        .await
+        .unwrap()
+        .unwrap();
+    typed::decode::<EgressGateway>(&s)
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+/// Expected outcome per policy: (EIP v4, node) or the reason of a condition.
+#[derive(Debug)]
+enum Want {
+    Eip(&'static str, &'static str),
+    Cond(&'static str),
+}
+
+struct Case {
+    name: &'static str,
+    gateways: Vec<Value>,
+    nodes: Vec<(&'static str, &'static str, TunnelPhase)>,
+    policies: Vec<Value>,
+    want: Vec<(&'static str, Want)>,
+}
+
+#[tokio::test]
+async fn allocation_table() {
+    let g1 = || gateway("g1", 1, &["10.0.0.1-10.0.0.3"], "10.0.0.1", "a");
+    let r = TunnelPhase::Ready;
+    let cases = vec![
+        Case {
+            name: "default allocator shares the default EIP",
+            gateways: vec![g1()],
+            nodes: vec![("n1", "a", r), ("n2", "a", r)],
+            policies: vec![
+                policy("p1", 1, "g1", json!({}), "x", None),
+                policy("p2", 2, "g1", json!({}), "y", None),
+            ],
+            want: vec![
+                ("p1", Want::Eip("10.0.0.1", "n1")),
+                ("p2", Want::Eip("10.0.0.1", "n1")),
+            ],
+        },
+        Case {
+            name: "rr gives each policy its own EIP, spread over the fewest-loaded nodes",
+            gateways: vec![g1()],
+            nodes: vec![("n1", "a", r), ("n2", "a", r)],
+            policies: vec![
+                policy("p1", 1, "g1", json!({"allocatorPolicy": "rr"}), "x", None),
+                policy("p2", 2, "g1", json!({"allocatorPolicy": "rr"}), "y", None),
+            ],
+            want: vec![
+                ("p1", Want::Eip("10.0.0.1", "n1")),
+                ("p2", Want::Eip("10.0.0.2", "n2")),
+            ],
+        },
+        Case {
+            name: "explicit EIP; an explicit EIP outside the pool is refused with the field named",
+            gateways: vec![g1()],
+            nodes: vec![("n1", "a", r)],
+            policies: vec![
+                policy("p1", 1, "g1", json!({"ipv4": "10.0.0.3"}), "x", None),
+                policy("p2", 2, "g1", json!({"ipv4": "10.9.9.9"}), "y", None),
+            ],
+            want: vec![
+                ("p1", Want::Eip("10.0.0.3", "n1")),
+                (
+                    "p2",
+                    Want::Cond(
+                        "spec.egressIP.ipv4: 10.9.9.9 is outside the ipv4 pool of gateway g1",
+                    ),
+                ),
+            ],
+        },
+        Case {
+            name: "only Ready gateway nodes get EIPs; nodes outside the selector never",
+            gateways: vec![g1()],
+            nodes: vec![
+                ("n1", "a", TunnelPhase::HeartbeatTimeout),
+                ("n2", "a", r),
+                ("n3", "b", r),
+            ],
+            policies: vec![policy("p1", 1, "g1", json!({}), "x", None)],
+            want: vec![("p1", Want::Eip("10.0.0.1", "n2"))],
+        },
+        Case {
+            name: "no Ready node: no node, a condition",
+            gateways: vec![g1()],
+            nodes: vec![("n1", "a", TunnelPhase::Init)],
+            policies: vec![policy("p1", 1, "g1", json!({}), "x", None)],
+            want: vec![("p1", Want::Cond("gateway g1 has no Ready node"))],
+        },
+        Case {
+            name: "a missing gateway is accepted with a condition",
+            gateways: vec![g1()],
+            nodes: vec![("n1", "a", r)],
+            policies: vec![policy("p1", 1, "nope", json!({}), "x", None)],
+            want: vec![(
+                "p1",
+                Want::Cond("spec.egressGatewayName: gateway nope does not exist"),
+            )],
+        },
+        Case {
+            name: "useNodeIP leaves with the gateway node's address",
+            gateways: vec![g1()],
+            nodes: vec![("n1", "a", r)],
+            policies: vec![policy("p1", 1, "g1", json!({"useNodeIP": true}), "x", None)],
+            want: vec![("p1", Want::Eip("192.168.0.1", "n1"))],
+        },
+        Case {
+            name: "overlapping pools: the older gateway keeps them, the newer is refused",
+            gateways: vec![g1(), gateway("g0", 5, &["10.0.0.3/32"], "", "a")],
+            nodes: vec![("n1", "a", r)],
+            policies: vec![policy("p1", 1, "g0", json!({}), "x", None)],
+            want: vec![("p1", Want::Cond("gateway g0 is invalid"))],
+        },
+    ];
+    for c in cases {
+        let ds = MemoryDatastore::new();
+        for g in &c.gateways {
+            ds.create(Kind::EgressGateway, g.clone()).await.unwrap();
+        }
+        for (n, l, ph) in &c.nodes {
+            add_node(&ds, &node(n, l), *ph).await;
+        }
+        for p in &c.policies {
+            ds.create(Kind::EgressPolicy, p.clone()).await.unwrap();
+        }
+        pass(&ds).await;
+        for (p, want) in &c.want {
+            let st = policy_status(&ds, p).await;
+            match want {
+                Want::Eip(ip, node) => {
+                    assert_eq!(
+                        (st.eip.ipv4.as_str(), st.node.as_str()),
+                        (*ip, *node),
+                        "{}: {p}",
+                        c.name
+                    )
+                }
+                Want::Cond(msg) => assert!(
+                    st.conditions
+                        .iter()
+                        .any(|cd| cd.status == "False" && cd.message.contains(msg)),
+                    "{}: {p}: no condition with {msg:?} in {:?}",
+                    c.name,
+                    st.conditions
+                ),
+            }
+        }
+        // A second pass over the written state changes nothing and records nothing.
+        let view = load_view(&ds).await.unwrap();
+        let again = reconcile(&view, &ControllerConfig::default());
+        assert_eq!(
+            write_plan(&ds, &view, &again).await.unwrap(),
+            0,
+            "{}: not stable",
+            c.name
+        );
+        assert!(
+            again.events.is_empty(),
+            "{}: events on a no-op pass: {:?}",
+            c.name,
+            again.events
+        );
+    }
+}
+
+#[tokio::test]
+async fn eip_moves_only_with_cause_and_epoch_grows() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+    for (i, p) in ["p1", "p2"].iter().enumerate() {
+        ds.create(
+            Kind::EgressPolicy,
+            policy(p, i as u32, "g1", json!({"allocatorPolicy": "rr"}), p, None),
+        )
+        .await
+        .unwrap();
+    }
+    pass(&ds).await;
+    assert_eq!(policy_status(&ds, "p1").await.node, "n1");
+    assert_eq!(policy_status(&ds, "p2").await.node, "n1");
+    let e0 = gw_status(&ds, "g1").await.epoch;
+    assert_eq!(e0, 2);
+
+    // A new Ready node is no cause: nothing moves.
+    add_node(&ds, &node("n2", "a"), TunnelPhase::Ready).await;
+    let plan = pass(&ds).await;
+    assert!(plan.events.is_empty(), "{:?}", plan.events);
+    assert_eq!(policy_status(&ds, "p2").await.node, "n1");
+
+    // n1 stops heartbeating: both EIPs move to n2, each with a new epoch.
+    set_phase(&ds, "n1", TunnelPhase::HeartbeatTimeout).await;
+    let plan = pass(&ds).await;
+    assert_eq!(policy_status(&ds, "p1").await.node, "n2");
+    assert_eq!(policy_status(&ds, "p2").await.node, "n2");
+    let st = gw_status(&ds, "g1").await;
+    assert_eq!(st.epoch, 4);
+    let epochs: Vec<u64> = st
+        .node_list
+        .iter()
+        .flat_map(|n| n.eips.iter().map(|e| e.epoch))
+        .collect();
+    assert!(epochs.iter().all(|e| *e > e0), "{epochs:?}");
+    assert_eq!(
+        plan.events
+            .iter()
+            .filter(|e| e.reason == "EipMoved")
+            .count(),
+        2
+    );
+    assert!(plan.events[0]
+        .message
+        .contains("from node n1 (HeartbeatTimeout) to node n2"));
+
+    // n1 comes back: nothing moves back (no flapping).
+    set_phase(&ds, "n1", TunnelPhase::Ready).await;
+    let plan = pass(&ds).await;
+    assert!(plan.events.is_empty());
+    assert_eq!(policy_status(&ds, "p1").await.node, "n2");
+
+    // A third policy goes to the node with the fewest EIPs: n1.
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p3", 9, "g1", json!({"allocatorPolicy": "rr"}), "p3", None),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    let p3 = policy_status(&ds, "p3").await;
+    assert_eq!((p3.eip.ipv4.as_str(), p3.node.as_str()), ("10.0.0.3", "n1"));
+    assert_eq!(gw_status(&ds, "g1").await.ip_usage.ipv4_free, 1);
+}
+
+#[tokio::test]
+async fn conflicting_explicit_pairs_precedence_by_priority_then_age() {
+    // Two policies claim 10.0.0.1 with different IPv6 partners: the pair of
+    // the policy with precedence wins, the other gets a condition.
+    let cases = [
+        // (priority a, age a, priority b, age b, winner)
+        (Some(10), 5, Some(20), 1, "a"),
+        (Some(20), 1, Some(10), 5, "b"),
+        (None, 1, None, 5, "a"),
+        (None, 5, None, 1, "b"),
+        (Some(5), 9, None, 1, "a"),
+    ];
+    for (pa, aa, pb, ab, winner) in cases {
+        let ds = MemoryDatastore::new();
+        let mut g = gateway("g1", 1, &["10.0.0.1-10.0.0.2"], "", "a");
+        g["spec"]["ippools"]["ipv6"] = json!(["fd00::1-fd00::2"]);
+        ds.create(Kind::EgressGateway, g).await.unwrap();
+        add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+        ds.create(
+            Kind::EgressPolicy,
+            policy(
+                "a",
+                aa,
+                "g1",
+                json!({"ipv4": "10.0.0.1", "ipv6": "fd00::1"}),
+                "x",
+                pa,
+            ),
+        )
+        .await
+        .unwrap();
+        ds.create(
+            Kind::EgressPolicy,
+            policy(
+                "b",
+                ab,
+                "g1",
+                json!({"ipv4": "10.0.0.1", "ipv6": "fd00::2"}),
+                "y",
+                pb,
+            ),
+        )
+        .await
+        .unwrap();
+        pass(&ds).await;
+        let loser = if winner == "a" { "b" } else { "a" };
+        let w = policy_status(&ds, winner).await;
+        let l = policy_status(&ds, loser).await;
+        assert_eq!(w.eip.ipv4, "10.0.0.1", "{pa:?}/{aa} vs {pb:?}/{ab}");
+        assert!(l.eip.ipv4.is_empty());
+        assert!(
+            l.conditions.iter().any(|c| c.reason == "EipConflict"
+                && c.message.contains(&format!("by policy default/{winner}"))),
+            "{:?}",
+            l.conditions
+        );
+    }
+}
+
+#[tokio::test]
+async fn port_blocks_on_demand_and_taken_back() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("gw", "a"), TunnelPhase::Ready).await;
+    add_node(&ds, &node("w1", "-"), TunnelPhase::Ready).await;
+    add_node(&ds, &node("w2", "-"), TunnelPhase::Ready).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({}), "web", None),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    assert!(
+        gw_status(&ds, "g1").await.port_blocks.is_empty(),
+        "no pods, no blocks"
+    );
+
+    for (name, on, ip) in [
+        ("a", "w1", "10.244.1.2"),
+        ("b", "w2", "10.244.2.2"),
+        ("c", "w2", "10.244.2.3"),
+    ] {
+        ds.create(Kind::Pod, pod_object(&pod(name, "web", on, ip)))
+            .await
+            .unwrap();
+    }
+    ds.create(
+        Kind::Pod,
+        pod_object(&pod("other", "db", "gw", "10.244.0.2")),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    let blocks: BTreeMap<String, Vec<u16>> = gw_status(&ds, "g1")
+        .await
+        .port_blocks
+        .into_iter()
+        .map(|b| (b.node, b.blocks))
+        .collect();
+    assert_eq!(
+        blocks,
+        BTreeMap::from([("w1".into(), vec![1]), ("w2".into(), vec![2])])
+    );
+
+    // w1's last pod goes: its block comes back; w2 keeps its own.
+    ds.delete(Kind::Pod, &ObjectKey::namespaced("default", "a"), None)
+        .await
+        .unwrap();
+    pass(&ds).await;
+    let st = gw_status(&ds, "g1").await;
+    assert_eq!(st.port_blocks.len(), 1);
+    assert_eq!(
+        (
+            st.port_blocks[0].node.as_str(),
+            st.port_blocks[0].blocks.clone()
+        ),
+        ("w2", vec![2])
+    );
+    // A new worker reuses the freed block 1.
+    ds.create(Kind::Pod, pod_object(&pod("d", "web", "gw", "10.244.0.3")))
+        .await
+        .unwrap();
+    pass(&ds).await;
+    let st = gw_status(&ds, "g1").await;
+    let gw_blocks = st.port_blocks.iter().find(|b| b.node == "gw").unwrap();
+    assert_eq!(gw_blocks.blocks, vec![1]);
+}
+
+#[tokio::test]
+async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1-10.0.0.2"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("good", 1, "g1", json!({}), "x", None),
+    )
+    .await
+    .unwrap();
+    let mut bad = policy("bad", 2, "g1", json!({}), "y", None);
+    bad["spec"]["appliedTo"]["podSubnet"] = json!(["10.244.0.0/33"]);
+    ds.create(Kind::EgressPolicy, bad).await.unwrap();
+
+    // Two writes are refused with a conflict first, as if another writer won.
+    ds.inject_conflicts(2);
+    let view = load_view(&ds).await.unwrap();
+    let plan = reconcile(&view, &ControllerConfig::default());
+    assert!(
+        write_plan(&ds, &view, &plan).await.is_err(),
+        "a conflict surfaces"
+    );
+    // The loop's next pass retries from fresh state and gets through.
+    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let cfg = RunConfig::default();
+    let mut tries = 0;
+    while tick(&ds, &mut monitor, &cfg).await.is_err() {
+        tries += 1;
+        assert!(tries < 3);
+    }
+    let good = policy_status(&ds, "good").await;
+    assert_eq!(
+        (good.eip.ipv4.as_str(), good.node.as_str()),
+        ("10.0.0.1", "n1")
+    );
+    let bad = policy_status(&ds, "bad").await;
+    assert!(bad.node.is_empty());
+    let c = &bad.conditions[0];
+    assert!(
+        c.message
+            .contains("spec.appliedTo: podSelector and podSubnet are both set"),
+        "{c:?}"
+    );
+    assert!(
+        c.message
+            .contains("spec.appliedTo.podSubnet[0]: \"10.244.0.0/33\" is not a valid CIDR"),
+        "{c:?}"
+    );
+    let events = ds.events().await.unwrap();
+    assert_eq!(
+        events.iter().filter(|e| e.reason == "InvalidSpec").count(),
+        1,
+        "{events:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_timeout_and_recovery() {
+    use std::time::Duration;
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("n1", "a"), TunnelPhase::Init).await;
+    add_node(&ds, &node("n2", "a"), TunnelPhase::Init).await;
+    add_node(&ds, &node("w", "-"), TunnelPhase::Pending).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({}), "x", None),
+    )
+    .await
+    .unwrap();
+    let cfg = RunConfig {
+        timers: TimerConfig {
+            tunnel_update_period: Duration::from_millis(100),
+            tunnel_monitor_period: Duration::from_millis(100),
+            eip_eviction_timeout: Duration::from_millis(300),
+        },
+        ..Default::default()
+    };
+    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now());
+    for n in ["n1", "n2"] {
+        ds.renew_heartbeat(n, Duration::from_secs(1)).await.unwrap();
+    }
+    tick(&ds, &mut mon, &cfg).await.unwrap();
+    let view = load_view(&ds).await.unwrap();
+    assert_eq!(view.phase("n1"), TunnelPhase::Ready);
+    assert_eq!(
+        view.phase("w"),
+        TunnelPhase::Ready,
+        "non-gateway nodes need no heartbeat"
+    );
+    assert_eq!(policy_status(&ds, "p").await.node, "n1");
+
+    // n2 keeps heartbeating, n1 stops.
+    for _ in 0..4 {
+        tokio::time::advance(Duration::from_millis(100)).await;
+        ds.renew_heartbeat("n2", Duration::from_secs(1))
+            .await
+            .unwrap();
+        tick(&ds, &mut mon, &cfg).await.unwrap();
+    }
+    let view = load_view(&ds).await.unwrap();
+    assert_eq!(view.phase("n1"), TunnelPhase::HeartbeatTimeout);
+    assert_eq!(policy_status(&ds, "p").await.node, "n2");
+    let events = ds.events().await.unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e.message == "EgressTunnel n1 status changes to HeartbeatTimeout"));
+
+    ds.renew_heartbeat("n1", Duration::from_secs(1))
+        .await
+        .unwrap();
+    tick(&ds, &mut mon, &cfg).await.unwrap();
+    assert_eq!(
+        load_view(&ds).await.unwrap().phase("n1"),
+        TunnelPhase::Ready
+    );
+    assert_eq!(policy_status(&ds, "p").await.node, "n2", "no move back");
+}
+
+#[test]
+fn timer_config_rejects_eviction_not_longer_than_monitor_plus_update() {
+    use std::time::Duration;
+    let t = TimerConfig {
+        tunnel_update_period: Duration::from_secs(5),
+        tunnel_monitor_period: Duration::from_secs(5),
+        eip_eviction_timeout: Duration::from_secs(10),
+    };
+    let e = t.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("eipEvictionTimeout (10s) must be longer than"),
+        "{e}"
+    );
+    assert!(TimerConfig::default().validate().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_leader_writes() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1"], "", "a"),
+    )
+    .await
+    .unwrap();
+    let other = ds
+        .try_acquire(run::ELECTION, "someone-else", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let dsa: Arc<dyn Datastore> = Arc::new(ds.clone());
+    let h = tokio::spawn(run_controller(
+        dsa,
+        RunConfig {
+            identity: "me".into(),
+            lease_ttl: Duration::from_secs(3),
+            ..Default::default()
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+    tokio::time::sleep(Duration::from_secs(10)).await; // paused clock: virtual time
+    assert!(
+        gw_status(&ds, "g1").await == EgressGatewayStatus::default(),
+        "a follower wrote"
+    );
+    ds.resign(&other).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        ds.leader(run::ELECTION).await.unwrap().unwrap().identity,
+        "me"
+    );
+    assert_eq!(
+        gw_status(&ds, "g1").await.port_block_size,
+        1024,
+        "the leader wrote"
+    );
+    tx.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert!(
+        ds.leader(run::ELECTION).await.unwrap().is_none(),
+        "resigned on shutdown"
+    );
+}
