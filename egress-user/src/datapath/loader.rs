@@ -123,6 +123,34 @@ impl Datapath {
         prog.attach(iface, direction).map_err(wrap)?;
         Ok(())
     }
+
+    /// Worker: the SNAT program on a pod's host-side veth (packets from the pod).
+    pub fn attach_pod_veth(&mut self, iface: &str) -> Result<(), LoadError> {
+        self.attach_tc(
+            egress_common::maps::PROG_WORKER_EGRESS,
+            iface,
+            TcAttachType::Ingress,
+        )
+    }
+
+    /// Every node: the tunnel receive program on the VXLAN device
+    /// (gateway forward and worker reply).
+    pub fn attach_vxlan(&mut self, iface: &str) -> Result<(), LoadError> {
+        self.attach_tc(
+            egress_common::maps::PROG_TUNNEL_INGRESS,
+            iface,
+            TcAttachType::Ingress,
+        )
+    }
+
+    /// Gateway: ARP/NDP for owned EIPs and reply steering on the uplink.
+    pub fn attach_uplink(&mut self, iface: &str) -> Result<(), LoadError> {
+        self.attach_tc(
+            egress_common::maps::PROG_UPLINK_INGRESS,
+            iface,
+            TcAttachType::Ingress,
+        )
+    }
 }
 
 #[cfg(test)]

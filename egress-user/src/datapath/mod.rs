@@ -1,10 +1,21 @@
 //! The kernel edge: loading the eBPF object, pinning its maps, attaching
 //! programs, reading maps. Decisions about what the maps should hold live
 //! elsewhere; this module only carries them out.
+//!
+//! The control plane builds a [`DesiredMaps`] (plain `std::net` data) and
+//! calls [`apply`]; the translation to BPF keys and values is the pure
+//! function [`translate::translate`].
 
+pub mod apply;
 pub mod bpffs;
 pub mod caps;
+pub mod desired;
 pub mod loader;
 pub mod stats;
+pub mod translate;
 
+pub use apply::{apply, ApplyError, ApplyReport, MapSource, PinnedMaps};
+pub use desired::{
+    Cidr, DesiredMaps, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant, ReplySteering,
+};
 pub use loader::{Datapath, LoadError};

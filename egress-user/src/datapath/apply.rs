@@ -1,0 +1,238 @@
+//! Writing a desired state into the maps by diffing against what they hold:
+//! new and changed entries are written first, then stale ones removed, and
+//! an unchanged entry is never touched (no traffic gap on resync).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+use aya::{
+    maps::{
+        lpm_trie::{Key as LpmKeyK, LpmTrie},
+        Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+    },
+    Pod,
+};
+use egress_common::{
+    addr::Addr,
+    config::DatapathConfig,
+    maps::*,
+    policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch},
+    ports::PortBlocks,
+    steering::{OwnedEip, SteerKey, SteerTarget},
+};
+
+use super::{
+    desired::DesiredMaps,
+    translate::{translate, LpmKey, MapContents, TranslateError},
+    Datapath,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Translate(#[from] TranslateError),
+    #[error("map {0} is missing from the loaded object or pin folder")]
+    MissingMap(&'static str),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: MapError,
+    },
+    #[error("counting CPUs: {0}")]
+    Cpus(String),
+}
+
+/// How many entries one apply wrote and removed, per map.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub written: BTreeMap<&'static str, usize>,
+    pub removed: BTreeMap<&'static str, usize>,
+}
+
+impl ApplyReport {
+    pub fn total_written(&self) -> usize {
+        self.written.values().sum()
+    }
+    pub fn total_removed(&self) -> usize {
+        self.removed.values().sum()
+    }
+}
+
+/// Something that hands out the datapath's maps by name.
+pub trait MapSource {
+    fn map_mut(&mut self, name: &'static str) -> Option<&mut Map>;
+}
+
+impl MapSource for Datapath {
+    fn map_mut(&mut self, name: &'static str) -> Option<&mut Map> {
+        self.ebpf.map_mut(name)
+    }
+}
+
+/// The maps opened from their pins (another process owns the programs).
+pub struct PinnedMaps {
+    maps: BTreeMap<&'static str, Map>,
+}
+
+impl PinnedMaps {
+    /// Opens every pinned map of [`PINNED_MAPS`] that exists under `pin_dir`.
+    pub fn open(pin_dir: &Path) -> Result<Self, ApplyError> {
+        let mut maps = BTreeMap::new();
+        for name in PINNED_MAPS {
+            let path = pin_dir.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let data =
+                MapData::from_pin(&path).map_err(|source| ApplyError::Map { name, source })?;
+            let map =
+                Map::from_map_data(data).map_err(|source| ApplyError::Map { name, source })?;
+            maps.insert(*name, map);
+        }
+        Ok(Self { maps })
+    }
+}
+
+impl MapSource for PinnedMaps {
+    fn map_mut(&mut self, name: &'static str) -> Option<&mut Map> {
+        self.maps.get_mut(name)
+    }
+}
+
+fn get<'a>(src: &'a mut dyn MapSource, name: &'static str) -> Result<&'a mut Map, ApplyError> {
+    src.map_mut(name).ok_or(ApplyError::MissingMap(name))
+}
+
+fn wrap(name: &'static str) -> impl Fn(MapError) -> ApplyError {
+    move |source| ApplyError::Map { name, source }
+}
+
+fn diff_hash<K: Pod + Ord, V: Pod + PartialEq>(
+    src: &mut dyn MapSource,
+    name: &'static str,
+    want: &BTreeMap<K, V>,
+    report: &mut ApplyReport,
+) -> Result<(), ApplyError> {
+    let mut map: HashMap<&mut MapData, K, V> =
+        HashMap::try_from(get(src, name)?).map_err(wrap(name))?;
+    let have: BTreeMap<K, V> = map.iter().collect::<Result<_, _>>().map_err(wrap(name))?;
+    let mut written = 0;
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            map.insert(k, v, 0).map_err(wrap(name))?;
+            written += 1;
+        }
+    }
+    let mut removed = 0;
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        map.remove(k).map_err(wrap(name))?;
+        removed += 1;
+    }
+    report.written.insert(name, written);
+    report.removed.insert(name, removed);
+    Ok(())
+}
+
+fn diff_lpm<V: Pod + PartialEq>(
+    src: &mut dyn MapSource,
+    name: &'static str,
+    want: &BTreeMap<LpmKey, V>,
+    report: &mut ApplyReport,
+) -> Result<(), ApplyError> {
+    let mut map: LpmTrie<&mut MapData, Addr, V> =
+        LpmTrie::try_from(get(src, name)?).map_err(wrap(name))?;
+    let have: BTreeMap<LpmKey, V> = map
+        .iter()
+        .map(|r| r.map(|(k, v)| ((k.prefix_len(), k.data()), v)))
+        .collect::<Result<_, _>>()
+        .map_err(wrap(name))?;
+    let mut written = 0;
+    for ((len, a), v) in want {
+        if have.get(&(*len, *a)) != Some(v) {
+            map.insert(&LpmKeyK::new(*len, *a), v, 0)
+                .map_err(wrap(name))?;
+            written += 1;
+        }
+    }
+    let mut removed = 0;
+    for (len, a) in have.keys().filter(|k| !want.contains_key(k)) {
+        map.remove(&LpmKeyK::new(*len, *a)).map_err(wrap(name))?;
+        removed += 1;
+    }
+    report.written.insert(name, written);
+    report.removed.insert(name, removed);
+    Ok(())
+}
+
+fn diff_array<V: Pod + PartialEq>(
+    src: &mut dyn MapSource,
+    name: &'static str,
+    want: &[V],
+    report: &mut ApplyReport,
+) -> Result<(), ApplyError> {
+    let mut map: Array<&mut MapData, V> = Array::try_from(get(src, name)?).map_err(wrap(name))?;
+    let mut written = 0;
+    for (i, v) in want.iter().enumerate() {
+        let i = i as u32;
+        if map.get(&i, 0).map_err(wrap(name))? != *v {
+            map.set(i, v, 0).map_err(wrap(name))?;
+            written += 1;
+        }
+    }
+    report.written.insert(name, written);
+    Ok(())
+}
+
+/// Makes sure every policy has a counter entry and gone policies have none;
+/// existing counters are kept.
+fn diff_policy_stats(
+    src: &mut dyn MapSource,
+    ids: &BTreeSet<u32>,
+    report: &mut ApplyReport,
+) -> Result<(), ApplyError> {
+    let name = POLICY_STATS;
+    let mut map: PerCpuHashMap<&mut MapData, u32, PolicyStats> =
+        PerCpuHashMap::try_from(get(src, name)?).map_err(wrap(name))?;
+    let have: BTreeSet<u32> = map.keys().collect::<Result<_, _>>().map_err(wrap(name))?;
+    let ncpu =
+        aya::util::nr_cpus().map_err(|(what, e)| ApplyError::Cpus(format!("{what}: {e}")))?;
+    let mut written = 0;
+    for id in ids.difference(&have) {
+        let zero = PerCpuValues::try_from(vec![PolicyStats::default(); ncpu])
+            .map_err(|e| ApplyError::Cpus(e.to_string()))?;
+        map.insert(id, zero, 0).map_err(wrap(name))?;
+        written += 1;
+    }
+    let mut removed = 0;
+    for id in have.difference(ids) {
+        map.remove(id).map_err(wrap(name))?;
+        removed += 1;
+    }
+    report.written.insert(name, written);
+    report.removed.insert(name, removed);
+    Ok(())
+}
+
+/// Writes already translated contents (see [`translate`]).
+pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyReport, ApplyError> {
+    let mut r = ApplyReport::default();
+    // Order: what replies need first (so a new flow's reply is never
+    // dropped), then config, then the match tables that start new flows.
+    diff_hash::<Addr, OwnedEip>(src, OWNED_EIPS, &m.owned, &mut r)?;
+    diff_hash::<SteerKey, SteerTarget>(src, REPLY_STEERING, &m.steering, &mut r)?;
+    diff_hash::<Addr, PortBlocks>(src, PORT_BLOCKS, &m.port_blocks, &mut r)?;
+    diff_array::<DatapathConfig>(src, CONFIG, std::slice::from_ref(&m.config), &mut r)?;
+    diff_policy_stats(src, &m.policy_ids, &mut r)?;
+    diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, &mut r)?;
+    diff_lpm::<DstMatch>(src, POLICY_DST, &m.policy_dst, &mut r)?;
+    diff_lpm::<SrcMatch>(src, POLICY_SRC, &m.policy_src, &mut r)?;
+    Ok(r)
+}
+
+/// Translates `desired` and writes it into the maps by diffing.
+pub fn apply(src: &mut dyn MapSource, desired: &DesiredMaps) -> Result<ApplyReport, ApplyError> {
+    let m = translate(desired)?;
+    apply_contents(src, &m)
+}

@@ -1,0 +1,221 @@
+//! The plain-data description of what this node's maps should hold.
+//!
+//! The control plane (`egress-control`) computes a [`DesiredMaps`] and hands
+//! it to [`super::apply`]; nothing here knows about BPF layouts.
+
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    str::FromStr,
+};
+
+use egress_common::config::NatTimeouts;
+
+/// An IPv4 or IPv6 prefix, e.g. `10.244.0.0/16` or `fd00::/64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Cidr {
+    pub fn new(addr: IpAddr, len: u8) -> Result<Self, CidrError> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if len > max {
+            return Err(CidrError(format!("{addr}/{len}: prefix longer than {max}")));
+        }
+        Ok(Self { addr, len }.normalized())
+    }
+
+    /// A host route: /32 or /128.
+    pub fn host(addr: IpAddr) -> Self {
+        Self {
+            addr,
+            len: if addr.is_ipv4() { 32 } else { 128 },
+        }
+    }
+
+    /// The prefix with the host bits cleared.
+    pub fn normalized(self) -> Self {
+        let addr = match self.addr {
+            IpAddr::V4(a) => {
+                let mask = if self.len == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - u32::from(self.len))
+                };
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+            }
+            IpAddr::V6(a) => {
+                let mask = if self.len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - u32::from(self.len))
+                };
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
+            }
+        };
+        Self {
+            addr,
+            len: self.len,
+        }
+    }
+
+    /// True when `other` lies inside this prefix (same family only).
+    pub fn contains(&self, other: &Cidr) -> bool {
+        if self.addr.is_ipv4() != other.addr.is_ipv4() || other.len < self.len {
+            return false;
+        }
+        Cidr {
+            addr: other.addr,
+            len: self.len,
+        }
+        .normalized()
+        .addr
+            == self.addr
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad CIDR {0}")]
+pub struct CidrError(pub String);
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| CidrError(s.to_owned()))?;
+        let len = match l {
+            Some(l) => l.parse().map_err(|_| CidrError(s.to_owned()))?,
+            None => Cidr::host(addr).len,
+        };
+        Cidr::new(addr, len)
+    }
+}
+
+/// One egress policy as it applies on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyRule {
+    /// Stable identifier; keys the per-policy counters.
+    pub id: u32,
+    /// `spec.priority`: lower wins where policies overlap (ties: lower id).
+    pub priority: i32,
+    /// Pod addresses (host prefixes) or `podSubnet` prefixes.
+    pub sources: Vec<Cidr>,
+    /// `destSubnet`; empty means every destination.
+    pub destinations: Vec<Cidr>,
+    /// `excludedSubnet`: these destinations take the normal path.
+    pub excluded: Vec<Cidr>,
+    pub eip_v4: Option<Ipv4Addr>,
+    pub eip_v6: Option<Ipv6Addr>,
+    /// Tunnel endpoint of the gateway that owns the EIPs.
+    pub gateway_tunnel_ip: Ipv4Addr,
+    /// The gateway is this node: SNAT and forward without the tunnel.
+    pub local_gateway: bool,
+    /// `useNodeIP`: the EIP is the gateway node's own address.
+    pub use_node_ip: bool,
+}
+
+/// Port blocks of one EIP granted to this worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortBlockGrant {
+    pub eip: IpAddr,
+    /// Block indexes: block `b` holds ports `b * size .. (b + 1) * size`.
+    pub blocks: Vec<u16>,
+}
+
+/// Gateway: replies to (EIP, block) go to this worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplySteering {
+    pub eip: IpAddr,
+    pub block: u16,
+    pub worker_tunnel_ip: Ipv4Addr,
+    /// The worker is this node: no tunnel.
+    pub local: bool,
+}
+
+/// Gateway: an EIP this node owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedEip {
+    pub eip: IpAddr,
+    /// Answer ARP / NDP for it (L2 mode).
+    pub answer_neigh: bool,
+    /// It is the node's own address (`useNodeIP`): unsteered ports go to the stack.
+    pub node_ip: bool,
+    pub epoch: u32,
+}
+
+/// Node-wide settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub is_worker: bool,
+    pub is_gateway: bool,
+    pub vxlan_ifindex: u32,
+    pub vni: u32,
+    pub uplink_ifindex: u32,
+    pub uplink_mac: [u8; 6],
+    /// Largest inner IP packet the tunnel carries (1450 over a 1500 IPv4 underlay).
+    pub tunnel_mtu: u16,
+    pub port_block_size: u16,
+    pub node_tunnel_ip: Ipv4Addr,
+    pub timeouts: NatTimeouts,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            is_worker: true,
+            is_gateway: false,
+            vxlan_ifindex: 0,
+            vni: 1,
+            uplink_ifindex: 0,
+            uplink_mac: [0; 6],
+            tunnel_mtu: 1450,
+            port_block_size: 1024,
+            node_tunnel_ip: Ipv4Addr::UNSPECIFIED,
+            timeouts: NatTimeouts::default(),
+        }
+    }
+}
+
+/// Everything the maps of one node should hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DesiredMaps {
+    pub config: NodeConfig,
+    pub policies: Vec<PolicyRule>,
+    /// Pod, service, node and extra CIDRs: never SNATed.
+    pub cluster_cidrs: Vec<Cidr>,
+    pub port_blocks: Vec<PortBlockGrant>,
+    pub reply_steering: Vec<ReplySteering>,
+    pub owned_eips: Vec<OwnedEip>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_parse_normalize_contains() {
+        let a: Cidr = "10.1.2.3/16".parse().unwrap();
+        assert_eq!(a.to_string(), "10.1.0.0/16");
+        assert!(a.contains(&"10.1.9.9".parse().unwrap()));
+        assert!(!a.contains(&"10.2.0.0/24".parse().unwrap()));
+        assert!(!a.contains(&"10.0.0.0/8".parse().unwrap()));
+        let v6: Cidr = "::/0".parse().unwrap();
+        assert!(
+            !v6.contains(&"10.1.0.0/16".parse().unwrap()),
+            "families never contain each other"
+        );
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("nonsense".parse::<Cidr>().is_err());
+    }
+}

@@ -1,0 +1,424 @@
+//! Pure translation of [`DesiredMaps`] into the exact keys and values of
+//! the BPF maps. No I/O; unit-tested here.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use egress_common::{
+    addr::{v4_mapped, Addr},
+    config::{DatapathConfig, CFG_GATEWAY, CFG_WORKER},
+    policy::*,
+    ports::{PortBlocks, MAX_BLOCKS_PER_EIP},
+    steering::{
+        OwnedEip as OwnedVal, SteerKey, SteerTarget, OWNED_ANSWER_NEIGH, OWNED_NODE_IP, STEER_LOCAL,
+    },
+};
+
+use super::desired::{Cidr, DesiredMaps};
+
+/// An LPM key: (prefix length in the 128-bit space, address).
+pub type LpmKey = (u32, Addr);
+
+/// The maps' contents, ready to be diffed against the kernel's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MapContents {
+    pub config: DatapathConfig,
+    pub policy_src: BTreeMap<LpmKey, SrcMatch>,
+    pub policy_dst: BTreeMap<LpmKey, DstMatch>,
+    /// Slot -> target; slots not listed are written as empty (flags 0).
+    pub targets: Vec<EgressTarget>,
+    pub policy_ids: BTreeSet<u32>,
+    pub port_blocks: BTreeMap<Addr, PortBlocks>,
+    pub steering: BTreeMap<SteerKey, SteerTarget>,
+    pub owned: BTreeMap<Addr, OwnedVal>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranslateError {
+    #[error("{0} policies apply on this node; the datapath holds at most {MAX_POLICY_SLOTS}")]
+    TooManyPolicies(usize),
+    #[error("EIP {eip}: {count} port blocks granted; at most {MAX_BLOCKS_PER_EIP} per EIP")]
+    TooManyBlocks { eip: IpAddr, count: usize },
+    #[error("policy {0} has neither an IPv4 nor an IPv6 EIP")]
+    NoEip(u32),
+    #[error("port block size must be at least 1")]
+    BlockSize,
+}
+
+/// The 16-byte map form of an address (IPv4 mapped).
+pub fn addr_key(a: IpAddr) -> Addr {
+    match a {
+        IpAddr::V4(v4) => v4_mapped(v4.octets()),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The trie key of a prefix.
+pub fn lpm_key(c: &Cidr) -> LpmKey {
+    let c = c.normalized();
+    match c.addr {
+        IpAddr::V4(_) => (96 + u32::from(c.len), addr_key(c.addr)),
+        IpAddr::V6(_) => (u32::from(c.len), addr_key(c.addr)),
+    }
+}
+
+/// The IPv4 "everything" prefix; always present in both tries so an IPv4
+/// lookup never falls through to an IPv6 prefix that happens to cover the
+/// IPv4-mapped range (such as `::/0`).
+fn v4_any() -> Cidr {
+    "0.0.0.0/0".parse().expect("valid")
+}
+
+pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
+    if d.config.port_block_size == 0 {
+        return Err(TranslateError::BlockSize);
+    }
+    let mut policies: Vec<_> = d.policies.iter().collect();
+    if policies.len() > MAX_POLICY_SLOTS {
+        return Err(TranslateError::TooManyPolicies(policies.len()));
+    }
+    // Slot order = priority order: slot 0 wins.
+    policies.sort_by_key(|p| (p.priority, p.id));
+
+    let mut out = MapContents {
+        targets: vec![EgressTarget::default(); MAX_POLICY_SLOTS],
+        ..Default::default()
+    };
+    let c = &d.config;
+    out.config = DatapathConfig {
+        vxlan_ifindex: c.vxlan_ifindex,
+        vni: c.vni,
+        uplink_ifindex: c.uplink_ifindex,
+        flags: if c.is_gateway { CFG_GATEWAY } else { 0 }
+            | if c.is_worker { CFG_WORKER } else { 0 },
+        tunnel_mtu: c.tunnel_mtu,
+        port_block_size: c.port_block_size,
+        uplink_mac: c.uplink_mac,
+        _pad0: [0; 2],
+        node_tunnel_ip: c.node_tunnel_ip.octets(),
+        timeouts: c.timeouts,
+    };
+
+    // Sources and destinations per slot; "no destSubnet" means everything.
+    let all_dst = [v4_any(), "::/0".parse().expect("valid")];
+    let mut src_prefixes: BTreeSet<Cidr> = BTreeSet::new();
+    let mut dst_prefixes: BTreeSet<Cidr> = BTreeSet::new();
+    src_prefixes.insert(v4_any());
+    dst_prefixes.insert(v4_any());
+    for (slot, p) in policies.iter().enumerate() {
+        if p.eip_v4.is_none() && p.eip_v6.is_none() {
+            return Err(TranslateError::NoEip(p.id));
+        }
+        let mut flags = 0;
+        if p.local_gateway {
+            flags |= TARGET_LOCAL_GATEWAY;
+        }
+        if p.use_node_ip {
+            flags |= TARGET_USE_NODE_IP;
+        }
+        let mut t = EgressTarget {
+            policy_id: p.id,
+            gateway_tunnel_ip: p.gateway_tunnel_ip.octets(),
+            ..Default::default()
+        };
+        if let Some(v4) = p.eip_v4 {
+            flags |= TARGET_HAS_V4;
+            t.eip_v4 = v4_mapped(v4.octets());
+        }
+        if let Some(v6) = p.eip_v6 {
+            flags |= TARGET_HAS_V6;
+            t.eip_v6 = v6.octets();
+        }
+        t.flags = flags;
+        out.targets[slot] = t;
+        out.policy_ids.insert(p.id);
+        src_prefixes.extend(p.sources.iter().map(|c| c.normalized()));
+        if p.destinations.is_empty() {
+            dst_prefixes.extend(all_dst);
+        }
+        dst_prefixes.extend(p.destinations.iter().map(|c| c.normalized()));
+        dst_prefixes.extend(p.excluded.iter().map(|c| c.normalized()));
+    }
+    dst_prefixes.extend(d.cluster_cidrs.iter().map(|c| c.normalized()));
+
+    // Fold every covering prefix into each more specific one.
+    for pre in &src_prefixes {
+        let mut slots = 0u64;
+        for (slot, p) in policies.iter().enumerate() {
+            if p.sources.iter().any(|s| s.contains(pre)) {
+                slots |= 1 << slot;
+            }
+        }
+        out.policy_src.insert(lpm_key(pre), SrcMatch { slots });
+    }
+    for pre in &dst_prefixes {
+        let mut m = DstMatch::default();
+        for (slot, p) in policies.iter().enumerate() {
+            let dsts: &[Cidr] = if p.destinations.is_empty() {
+                &all_dst
+            } else {
+                &p.destinations
+            };
+            if dsts.iter().any(|s| s.contains(pre)) {
+                m.slots |= 1 << slot;
+            }
+            if p.excluded.iter().any(|s| s.contains(pre)) {
+                m.excluded |= 1 << slot;
+            }
+        }
+        if d.cluster_cidrs.iter().any(|s| s.contains(pre)) {
+            m.flags |= DST_CLUSTER;
+        }
+        out.policy_dst.insert(lpm_key(pre), m);
+    }
+
+    for g in &d.port_blocks {
+        let mut blocks: Vec<u16> = g.blocks.clone();
+        blocks.sort_unstable();
+        blocks.dedup();
+        if blocks.len() > MAX_BLOCKS_PER_EIP {
+            return Err(TranslateError::TooManyBlocks {
+                eip: g.eip,
+                count: blocks.len(),
+            });
+        }
+        let entry = out.port_blocks.entry(addr_key(g.eip)).or_default();
+        for b in blocks {
+            let n = entry.count as usize;
+            if entry.blocks[..n].contains(&b) {
+                continue;
+            }
+            if n == MAX_BLOCKS_PER_EIP {
+                return Err(TranslateError::TooManyBlocks {
+                    eip: g.eip,
+                    count: n + 1,
+                });
+            }
+            entry.blocks[n] = b;
+            entry.count += 1;
+        }
+    }
+    for s in &d.reply_steering {
+        out.steering.insert(
+            SteerKey {
+                eip: addr_key(s.eip),
+                block: s.block,
+                _pad: [0; 2],
+            },
+            SteerTarget {
+                worker_tunnel_ip: s.worker_tunnel_ip.octets(),
+                flags: if s.local { STEER_LOCAL } else { 0 },
+            },
+        );
+    }
+    for o in &d.owned_eips {
+        out.owned.insert(
+            addr_key(o.eip),
+            OwnedVal {
+                flags: if o.answer_neigh {
+                    OWNED_ANSWER_NEIGH
+                } else {
+                    0
+                } | if o.node_ip { OWNED_NODE_IP } else { 0 },
+                epoch: o.epoch,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// What the program would pick for a packet from `src` to `dst`: the
+/// policy id, or None for the normal path. The same longest-prefix and
+/// bit logic as the program, for tests and for `egress inspect`.
+pub fn lookup_policy(m: &MapContents, src: IpAddr, dst: IpAddr) -> Option<u32> {
+    fn lpm<V>(t: &BTreeMap<LpmKey, V>, a: IpAddr) -> Option<&V> {
+        let host = Cidr::host(a);
+        let (hl, _) = lpm_key(&host);
+        (0..=hl).rev().find_map(|len| {
+            let c = match a {
+                IpAddr::V4(_) => Cidr {
+                    addr: a,
+                    len: (len.checked_sub(96)?) as u8,
+                },
+                IpAddr::V6(_) => Cidr {
+                    addr: a,
+                    len: len as u8,
+                },
+            };
+            t.get(&lpm_key(&c))
+        })
+    }
+    let s = lpm(&m.policy_src, src)?;
+    let d = lpm(&m.policy_dst, dst)?;
+    let slot = pick_slot(s.slots, d)?;
+    let t = &m.targets[slot as usize];
+    let fam_ok = match dst {
+        IpAddr::V4(_) => t.flags & TARGET_HAS_V4 != 0,
+        IpAddr::V6(_) => t.flags & TARGET_HAS_V6 != 0,
+    };
+    fam_ok.then_some(t.policy_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::datapath::desired::*;
+
+    fn cidrs(v: &[&str]) -> Vec<Cidr> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn policy(id: u32, prio: i32, src: &[&str], dst: &[&str], excl: &[&str]) -> PolicyRule {
+        PolicyRule {
+            id,
+            priority: prio,
+            sources: cidrs(src),
+            destinations: cidrs(dst),
+            excluded: cidrs(excl),
+            eip_v4: Some(Ipv4Addr::new(198, 51, 100, id as u8)),
+            eip_v6: Some(format!("2001:db8::{id}").parse().unwrap()),
+            gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
+            local_gateway: false,
+            use_node_ip: false,
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv4_prefixes_are_mapped_into_the_128_bit_space() {
+        let (len, a) = lpm_key(&"10.1.2.0/24".parse().unwrap());
+        assert_eq!(len, 120);
+        assert_eq!(&a[..12], &egress_common::addr::V4_MAPPED_PREFIX);
+        assert_eq!(&a[12..], &[10, 1, 2, 0]);
+    }
+
+    #[test]
+    fn priority_overlap_exclusion_and_cluster_cidrs() {
+        let d = DesiredMaps {
+            policies: vec![
+                // Broad policy, low priority (higher number).
+                policy(1, 100, &["10.244.0.0/16"], &[], &["203.0.113.0/24"]),
+                // Narrow policy for one pod to one subnet, wins on overlap.
+                policy(2, 10, &["10.244.1.5/32"], &["192.0.2.0/24"], &[]),
+            ],
+            cluster_cidrs: cidrs(&["10.96.0.0/12", "10.244.0.0/16"]),
+            ..Default::default()
+        };
+        let m = translate(&d).unwrap();
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.1.5"), ip("192.0.2.9")),
+            Some(2)
+        );
+        assert_eq!(lookup_policy(&m, ip("10.244.1.5"), ip("8.8.8.8")), Some(1));
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.1.6"), ip("192.0.2.9")),
+            Some(1)
+        );
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.1.6"), ip("203.0.113.7")),
+            None,
+            "excluded"
+        );
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.1.6"), ip("10.96.0.1")),
+            None,
+            "cluster CIDR"
+        );
+        assert_eq!(
+            lookup_policy(&m, ip("10.245.0.1"), ip("8.8.8.8")),
+            None,
+            "pod outside"
+        );
+        // Priority reversed: the broad policy wins everywhere it matches.
+        let mut d2 = d.clone();
+        d2.policies[0].priority = 1;
+        let m2 = translate(&d2).unwrap();
+        assert_eq!(
+            lookup_policy(&m2, ip("10.244.1.5"), ip("192.0.2.9")),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn ipv6_default_destination_does_not_capture_ipv4() {
+        let mut p = policy(3, 0, &["fd00:244::/64"], &["::/0"], &[]);
+        p.eip_v4 = None;
+        let q = policy(4, 5, &["10.244.0.0/16"], &["192.0.2.0/24"], &[]);
+        let m = translate(&DesiredMaps {
+            policies: vec![p, q],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            lookup_policy(&m, ip("fd00:244::5"), ip("2001:db8:e::1")),
+            Some(3)
+        );
+        assert_eq!(lookup_policy(&m, ip("10.244.0.5"), ip("8.8.8.8")), None);
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.0.5"), ip("192.0.2.1")),
+            Some(4)
+        );
+        // The v4 "any" key is present and holds no v6 slot.
+        let any4 = m
+            .policy_dst
+            .get(&lpm_key(&"0.0.0.0/0".parse().unwrap()))
+            .unwrap();
+        assert_eq!(any4.slots, 0);
+    }
+
+    #[test]
+    fn blocks_steering_owned_and_limits() {
+        let mut d = DesiredMaps::default();
+        d.port_blocks.push(PortBlockGrant {
+            eip: ip("198.51.100.1"),
+            blocks: vec![5, 3, 5],
+        });
+        d.reply_steering.push(ReplySteering {
+            eip: ip("198.51.100.1"),
+            block: 3,
+            worker_tunnel_ip: Ipv4Addr::new(10, 0, 0, 7),
+            local: false,
+        });
+        d.owned_eips.push(OwnedEip {
+            eip: ip("198.51.100.1"),
+            answer_neigh: true,
+            node_ip: false,
+            epoch: 4,
+        });
+        let m = translate(&d).unwrap();
+        let pb = m.port_blocks[&addr_key(ip("198.51.100.1"))];
+        assert_eq!((pb.count, &pb.blocks[..2]), (2, &[3u16, 5][..]));
+        assert_eq!(m.steering.len(), 1);
+        assert_eq!(m.owned[&addr_key(ip("198.51.100.1"))].epoch, 4);
+
+        d.port_blocks[0].blocks = (0..17).collect();
+        assert!(matches!(
+            translate(&d),
+            Err(TranslateError::TooManyBlocks { .. })
+        ));
+        let many = DesiredMaps {
+            policies: (0..65)
+                .map(|i| policy(i, 0, &["10.0.0.0/8"], &[], &[]))
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(translate(&many), Err(TranslateError::TooManyPolicies(65)));
+        let mut noeip = policy(9, 0, &["10.0.0.0/8"], &[], &[]);
+        noeip.eip_v4 = None;
+        noeip.eip_v6 = None;
+        assert_eq!(
+            translate(&DesiredMaps {
+                policies: vec![noeip],
+                ..Default::default()
+            }),
+            Err(TranslateError::NoEip(9))
+        );
+    }
+}
