@@ -18,11 +18,25 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Path of the `egress-traffic` tool (built from this crate) next to the test executable.
+pub fn traffic_bin() -> anyhow::Result<std::path::PathBuf> {
+    sibling_bin(
+        "egress-traffic",
+        "EGRESS_TRAFFIC_BIN",
+        "cargo build -p egress-tests --bins",
+    )
+}
+
 /// Path of the `egress` binary to test: `$EGRESS_BIN`, or the one cargo built
 /// next to this test executable (`cargo build -p egress-user` first; `cargo
 /// xtask test` does).
 pub fn egress_bin() -> anyhow::Result<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("EGRESS_BIN") {
+    sibling_bin("egress", "EGRESS_BIN", "cargo build -p egress-user")
+}
+
+/// `$env_var`, or the binary `name` in the target folder this test runs from.
+fn sibling_bin(name: &str, env_var: &str, how: &str) -> anyhow::Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os(env_var) {
         return Ok(p.into());
     }
     let exe = std::env::current_exe()?;
@@ -30,11 +44,11 @@ pub fn egress_bin() -> anyhow::Result<std::path::PathBuf> {
     let candidate = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("egress"))
+        .map(|profile| profile.join(name))
         .ok_or_else(|| anyhow::anyhow!("cannot place the egress binary from {}", exe.display()))?;
     anyhow::ensure!(
         candidate.exists(),
-        "{} is missing: run `cargo build -p egress-user` (or set EGRESS_BIN)",
+        "{} is missing: run `{how}` (or set {env_var})",
         candidate.display()
     );
     Ok(candidate)

@@ -89,6 +89,12 @@ impl Proc {
         Ok(self.child.wait()?)
     }
 
+    /// Sends SIGTERM without waiting (read the final output with wait_for_line).
+    pub fn signal_term(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
