@@ -1,0 +1,24 @@
+//! Gateway failover building blocks that do not depend on the datapath.
+//!
+//! Everything here is pure (no I/O, time passed in as [`std::time::Instant`])
+//! except [`prober`], the tokio task that runs probe sessions over UDP:
+//!
+//! - [`timers`]: the three heartbeat timers, their parsing and validation.
+//! - [`probe`]: a BFD-style session state machine and its 24-byte packet.
+//! - [`prober`]: one UDP socket, one [`probe::Session`] per peer (I/O edge).
+//! - [`monitor`]: the controller's decision: tunnel phases, events, evictions.
+//! - [`fence`]: the agent's decision: which EIPs it may announce right now.
+//!
+//! See `docs/failover.md` for how the pieces fit together.
+
+pub mod fence;
+pub mod monitor;
+pub mod probe;
+pub mod prober;
+pub mod timers;
+
+pub use fence::{Announcement, Assignment, Fence};
+pub use monitor::{HeartbeatTracker, MonitorDecision, NodeObservation, ProbeHealth, TunnelPhase};
+pub use probe::{Session, SessionConfig, SessionEvent, SessionState};
+pub use prober::{ProbeEvent, Prober, ProberConfig, DEFAULT_PROBE_PORT};
+pub use timers::FailoverTimers;
