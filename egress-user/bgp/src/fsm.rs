@@ -43,6 +43,10 @@ pub enum Event {
     ManualStart,
     ManualStartPassive,
     ManualStop,
+    /// Stop and tell the peer to drop our routes even if it would keep
+    /// them across a NOTIFICATION (RFC 8538 Hard Reset), e.g. when the
+    /// peer is removed from the configuration.
+    ManualStopHardReset,
     ConnectRetryTimerExpires,
     HoldTimerExpires,
     KeepaliveTimerExpires,
@@ -179,6 +183,12 @@ impl Fsm {
         &self.cfg
     }
 
+    /// Replaces the capabilities of the next OPEN (the R bit of graceful
+    /// restart changes once the restart is over).
+    pub fn set_capabilities(&mut self, caps: Vec<Capability>) {
+        self.cfg.capabilities = caps;
+    }
+
     pub fn local_open(&self) -> Open {
         Open::new(
             self.cfg.local_asn,
@@ -206,6 +216,7 @@ impl Fsm {
 
     fn start(&mut self, passive: bool, out: &mut Vec<Action>) -> State {
         self.connect_retry_counter = 0;
+        out.push(Action::StopTimer(Timer::IdleHold));
         out.push(Action::StartTimer(
             Timer::ConnectRetry,
             self.cfg.connect_retry_time,
@@ -251,11 +262,9 @@ impl Fsm {
         State::Idle
     }
 
-    fn stop(&mut self, out: &mut Vec<Action>, send_cease: bool) -> State {
-        if send_cease {
-            out.push(Action::Send(Message::Notification(Notification::cease(
-                notif::CEASE_ADMIN_SHUTDOWN,
-            ))));
+    fn stop(&mut self, out: &mut Vec<Action>, notification: Option<Notification>) -> State {
+        if let Some(n) = notification {
+            out.push(Action::Send(Message::Notification(n)));
         }
         self.auto_restart = false;
         self.connect_retry_counter = 0;
@@ -280,7 +289,7 @@ impl Fsm {
 
     fn connecting(&mut self, event: Event, out: &mut Vec<Action>) -> State {
         match event {
-            Event::ManualStop => self.stop(out, false),
+            Event::ManualStop | Event::ManualStopHardReset => self.stop(out, None),
             Event::ConnectRetryTimerExpires => {
                 out.push(Action::DropConnection);
                 out.push(Action::StartTimer(
@@ -315,8 +324,13 @@ impl Fsm {
 
     fn open_sent(&mut self, event: Event, out: &mut Vec<Action>) -> State {
         match event {
-            Event::ManualStop => self.stop(out, true),
-            Event::ManualStart | Event::ManualStartPassive => State::OpenSent,
+            Event::ManualStop => {
+                self.stop(out, Some(Notification::cease(notif::CEASE_ADMIN_SHUTDOWN)))
+            }
+            Event::ManualStopHardReset => self.stop(out, Some(hard_reset())),
+            Event::ManualStart | Event::ManualStartPassive | Event::IdleHoldTimerExpires => {
+                State::OpenSent
+            }
             Event::HoldTimerExpires => self.notify_and_idle(
                 Notification::new(notif::HOLD_TIMER_EXPIRED, 0, Default::default()),
                 out,
@@ -358,8 +372,13 @@ impl Fsm {
 
     fn open_confirm(&mut self, event: Event, out: &mut Vec<Action>) -> State {
         match event {
-            Event::ManualStop => self.stop(out, true),
-            Event::ManualStart | Event::ManualStartPassive => State::OpenConfirm,
+            Event::ManualStop => {
+                self.stop(out, Some(Notification::cease(notif::CEASE_ADMIN_SHUTDOWN)))
+            }
+            Event::ManualStopHardReset => self.stop(out, Some(hard_reset())),
+            Event::ManualStart | Event::ManualStartPassive | Event::IdleHoldTimerExpires => {
+                State::OpenConfirm
+            }
             Event::HoldTimerExpires => self.notify_and_idle(
                 Notification::new(notif::HOLD_TIMER_EXPIRED, 0, Default::default()),
                 out,
@@ -391,7 +410,11 @@ impl Fsm {
         match event {
             Event::ManualStop => {
                 down(out, DownReason::Stopped);
-                self.stop(out, true)
+                self.stop(out, Some(Notification::cease(notif::CEASE_ADMIN_SHUTDOWN)))
+            }
+            Event::ManualStopHardReset => {
+                down(out, DownReason::Stopped);
+                self.stop(out, Some(hard_reset()))
             }
             Event::ManualStart | Event::ManualStartPassive => State::Established,
             Event::HoldTimerExpires => {
@@ -503,6 +526,15 @@ impl Fsm {
             peer_id: open.bgp_id,
         })
     }
+}
+
+/// RFC 8538 Hard Reset, carrying "peer de-configured" as the inner reason.
+fn hard_reset() -> Notification {
+    Notification::new(
+        notif::CEASE,
+        notif::CEASE_HARD_RESET,
+        bytes::Bytes::from_static(&[notif::CEASE, notif::CEASE_PEER_DECONFIGURED]),
+    )
 }
 
 fn fsm_error(subcode: u8) -> Notification {

@@ -158,7 +158,8 @@ impl Helper {
         let (Some(local), Some(peer)) = (&self.local, &self.peer) else {
             return false;
         };
-        let hard = |n: &Notification| n.code == notif::CEASE && n.subcode == 9;
+        let hard =
+            |n: &Notification| n.code == notif::CEASE && n.subcode == notif::CEASE_HARD_RESET;
         match reason {
             DownReason::TcpFailure => true,
             DownReason::Stopped => false,

@@ -9,6 +9,7 @@ pub mod fsm;
 pub mod gr;
 pub mod reflect;
 pub mod rib;
+pub mod speaker;
 pub mod types;
 
 pub use types::{AsPath, Family, Origin, Prefix};

@@ -47,6 +47,7 @@ pub mod notif {
     pub const CEASE_ADMIN_RESET: u8 = 4;
     pub const CEASE_CONNECTION_REJECTED: u8 = 5;
     pub const CEASE_COLLISION: u8 = 7;
+    pub const CEASE_HARD_RESET: u8 = 9;
 
     pub const ROUTE_REFRESH: u8 = 7;
     pub const ROUTE_REFRESH_INVALID_LENGTH: u8 = 1;

@@ -384,3 +384,15 @@ fn notification_received_ends_the_session_without_reply() {
     assert!(a.contains(&Action::SessionDown(DownReason::NotificationReceived(n))));
     assert!(notification_sent(&a).is_none());
 }
+
+#[test]
+fn hard_reset_stop_sends_cease_9_with_inner_reason() {
+    let mut f = established();
+    let a = f.handle(Event::ManualStopHardReset);
+    assert_eq!(notification_sent(&a), Some((6, 9)));
+    let Message::Notification(n) = sent(&a)[0] else {
+        panic!()
+    };
+    assert_eq!(&n.data[..], &[6, 3]);
+    assert!(a.contains(&Action::SessionDown(DownReason::Stopped)));
+}

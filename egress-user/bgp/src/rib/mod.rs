@@ -226,8 +226,17 @@ impl Rib {
 
     /// Marks every route from `addr` stale; returns how many.
     pub fn mark_stale(&mut self, addr: IpAddr) -> usize {
+        self.mark_stale_family(addr, None)
+    }
+
+    /// Marks routes from `addr` in `family` (all when None) stale, as at
+    /// the start of an enhanced route refresh (RFC 7313).
+    pub fn mark_stale_family(&mut self, addr: IpAddr, family: Option<Family>) -> usize {
         let mut touched = Vec::new();
         for (prefix, routes) in self.candidates.iter_mut() {
+            if family.is_some_and(|f| prefix.family() != f) {
+                continue;
+            }
             for r in routes.iter_mut() {
                 if r.source.peer_addr() == Some(addr) && !r.stale {
                     r.stale = true;
@@ -552,6 +561,15 @@ impl Rib {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    pub fn loc_rib_len(&self) -> usize {
+        self.loc.len()
+    }
+
+    /// Number of stale routes kept from a peer.
+    pub fn stale_count(&self, addr: IpAddr) -> usize {
+        self.adj_rib_in(addr).filter(|r| r.stale).count()
     }
 
     /// (received, advertised) prefix counts for a peer.

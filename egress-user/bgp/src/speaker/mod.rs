@@ -1,0 +1,311 @@
+//! The tokio runtime around the pure parts: a TCP listener, one task per
+//! peer driving its [`crate::fsm::Fsm`], and one task owning the
+//! [`crate::rib::Rib`]; they talk by message passing only.
+//!
+//! The agent (or controller) uses [`SpeakerHandle`]: announce and withdraw
+//! prefixes, follow best-route changes, read the status.
+
+mod rib_task;
+mod session;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::fsm::State;
+use crate::gr::GrConfig;
+use crate::rib::BestChange;
+use crate::types::{Family, Prefix};
+
+use rib_task::RibMsg;
+
+pub const BGP_PORT: u16 = 179;
+
+/// One configured neighbour.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerSpec {
+    pub address: IpAddr,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    pub asn: u32,
+    /// A route reflector client of ours.
+    #[serde(default)]
+    pub client: bool,
+    /// Wait for the peer to connect; never connect out.
+    #[serde(default)]
+    pub passive: bool,
+    /// Advertise our own address as next hop to this peer.
+    #[serde(default)]
+    pub next_hop_self: bool,
+}
+
+fn default_port() -> u16 {
+    BGP_PORT
+}
+
+impl PeerSpec {
+    pub fn new(address: IpAddr, asn: u32) -> PeerSpec {
+        PeerSpec {
+            address,
+            port: BGP_PORT,
+            asn,
+            client: false,
+            passive: false,
+            next_hop_self: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SpeakerConfig {
+    pub local_asn: u32,
+    pub router_id: Ipv4Addr,
+    /// Shared by all reflectors of a cluster; None: the router id.
+    pub cluster_id: Option<Ipv4Addr>,
+    /// Where to accept connections; its address is also the source of
+    /// outbound connections when it is not a wildcard. None: no listener.
+    pub listen: Option<SocketAddr>,
+    pub hold_time: u16,
+    /// 0: a third of the negotiated hold time.
+    pub keepalive_time: u16,
+    pub connect_retry: Duration,
+    pub families: Vec<Family>,
+    /// None turns graceful restart off.
+    pub graceful_restart: Option<GrConfig>,
+    /// Start as a restarting speaker: R bit set, route selection deferred
+    /// until peers sent End-of-RIB (RFC 4724 4.1). Only with GR on.
+    pub restarting: bool,
+    pub peers: Vec<PeerSpec>,
+}
+
+impl SpeakerConfig {
+    pub fn new(local_asn: u32, router_id: Ipv4Addr) -> SpeakerConfig {
+        SpeakerConfig {
+            local_asn,
+            router_id,
+            cluster_id: None,
+            listen: None,
+            hold_time: 90,
+            keepalive_time: 0,
+            connect_retry: Duration::from_secs(5),
+            families: vec![Family::Ipv4Unicast, Family::Ipv6Unicast],
+            graceful_restart: Some(GrConfig::default()),
+            restarting: true,
+            peers: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpeakerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the BGP speaker has stopped")]
+    Stopped,
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// One peer in [`Status`].
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct PeerStatus {
+    pub address: IpAddr,
+    pub asn: u32,
+    pub client: bool,
+    pub state: State,
+    /// Prefixes received and kept (Adj-RIB-In).
+    pub received: usize,
+    /// Prefixes advertised (Adj-RIB-Out).
+    pub advertised: usize,
+    /// Received prefixes kept only because the peer restarts gracefully.
+    pub stale: usize,
+    pub graceful_restart: String,
+}
+
+/// What `egress bgp status` shows.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Status {
+    pub local_asn: u32,
+    pub router_id: Ipv4Addr,
+    pub cluster_id: Ipv4Addr,
+    /// Route selection held back after our restart (RFC 4724).
+    pub deferring: bool,
+    pub best_routes: usize,
+    pub peers: Vec<PeerStatus>,
+}
+
+/// A running session task.
+pub(crate) struct SessionEntry {
+    pub tx: mpsc::UnboundedSender<session::SessionCmd>,
+    pub task: tokio::task::AbortHandle,
+}
+
+/// The session tasks by peer address; the listener hands sockets over
+/// through it.
+pub(crate) type SessionMap = Arc<Mutex<HashMap<IpAddr, SessionEntry>>>;
+
+/// Cheap to clone; every method fails with [`SpeakerError::Stopped`] once
+/// the speaker is gone.
+#[derive(Clone)]
+pub struct SpeakerHandle {
+    tx: mpsc::Sender<RibMsg>,
+    listen_addr: Option<SocketAddr>,
+}
+
+impl SpeakerHandle {
+    async fn send(&self, m: RibMsg) -> Result<(), SpeakerError> {
+        self.tx.send(m).await.map_err(|_| SpeakerError::Stopped)
+    }
+
+    /// Announces `prefix` (a pod CIDR or an EIP /32 or /128) via `next_hop`.
+    pub async fn announce(&self, prefix: Prefix, next_hop: IpAddr) -> Result<(), SpeakerError> {
+        self.send(RibMsg::Announce { prefix, next_hop }).await
+    }
+
+    /// Withdraws a prefix announced with [`Self::announce`] at once.
+    pub async fn withdraw(&self, prefix: Prefix) -> Result<(), SpeakerError> {
+        self.send(RibMsg::Withdraw { prefix }).await
+    }
+
+    /// Best-route changes: first the whole current table as `Set`s, then
+    /// every change as it happens. Unbounded so the RIB never waits for
+    /// the consumer; the consumer should keep reading.
+    pub async fn subscribe(&self) -> Result<mpsc::UnboundedReceiver<BestChange>, SpeakerError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.send(RibMsg::Subscribe(tx)).await?;
+        Ok(rx)
+    }
+
+    pub async fn status(&self) -> Result<Status, SpeakerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(RibMsg::Status(tx)).await?;
+        rx.await.map_err(|_| SpeakerError::Stopped)
+    }
+
+    /// Adds a neighbour at run time (agents found through the datastore).
+    pub async fn add_peer(&self, peer: PeerSpec) -> Result<(), SpeakerError> {
+        self.send(RibMsg::AddPeer(peer)).await
+    }
+
+    /// Closes the session with a Hard Reset (so the peer drops our routes
+    /// at once, RFC 8538) and forgets the peer's routes.
+    pub async fn remove_peer(&self, address: IpAddr) -> Result<(), SpeakerError> {
+        self.send(RibMsg::RemovePeer(address)).await
+    }
+
+    /// The address the listener is bound to (useful with port 0).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen_addr
+    }
+}
+
+/// A running speaker; dropping it does not stop it, [`Speaker::shutdown`] does.
+pub struct Speaker {
+    handle: SpeakerHandle,
+    rib_task: JoinHandle<()>,
+    listener_task: Option<JoinHandle<()>>,
+    sessions: SessionMap,
+}
+
+impl Speaker {
+    pub async fn start(cfg: SpeakerConfig) -> Result<Speaker, SpeakerError> {
+        if cfg.hold_time == 1 || cfg.hold_time == 2 {
+            return Err(SpeakerError::Config(
+                "hold time must be 0 or at least 3".into(),
+            ));
+        }
+        let sessions: SessionMap = Arc::default();
+        let (listener, listen_addr) = match cfg.listen {
+            Some(addr) => {
+                let l = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| SpeakerError::Listen { addr, source })?;
+                let bound = l
+                    .local_addr()
+                    .map_err(|source| SpeakerError::Listen { addr, source })?;
+                (Some(l), Some(bound))
+            }
+            None => (None, None),
+        };
+        let (tx, rx) = mpsc::channel(1024);
+        let restarting = Arc::new(AtomicBool::new(
+            cfg.restarting && cfg.graceful_restart.is_some(),
+        ));
+        let rib_task = tokio::spawn(rib_task::run(
+            cfg,
+            rx,
+            tx.clone(),
+            sessions.clone(),
+            restarting,
+        ));
+        let listener_task = listener.map(|l| tokio::spawn(accept_loop(l, sessions.clone())));
+        Ok(Speaker {
+            handle: SpeakerHandle { tx, listen_addr },
+            rib_task,
+            listener_task,
+            sessions,
+        })
+    }
+
+    pub fn handle(&self) -> SpeakerHandle {
+        self.handle.clone()
+    }
+
+    /// Sends Cease (administrative shutdown) to every peer and waits for
+    /// the tasks to end. Peers that negotiated the RFC 8538 N bit keep our
+    /// routes as stale for our restart time; others drop them. For a
+    /// restart that no peer may notice, use [`Speaker::abort`].
+    pub async fn shutdown(self) {
+        if let Some(l) = &self.listener_task {
+            l.abort();
+        }
+        let _ = self.handle.tx.send(RibMsg::Shutdown).await;
+        let _ = self.rib_task.await;
+    }
+
+    /// Stops at once, closing every connection without a NOTIFICATION, as
+    /// a crash would: every graceful restart helper keeps our routes for
+    /// our restart time (RFC 4724), even one without the N bit. Use it
+    /// when the process is about to be restarted.
+    pub fn abort(self) {
+        if let Some(l) = &self.listener_task {
+            l.abort();
+        }
+        self.rib_task.abort();
+        for (_, s) in self.sessions.lock().expect("session map").drain() {
+            s.task.abort();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, sessions: SessionMap) {
+    loop {
+        let Ok((stream, remote)) = listener.accept().await else {
+            continue;
+        };
+        let tx = sessions
+            .lock()
+            .expect("session map")
+            .get(&remote.ip())
+            .map(|s| s.tx.clone());
+        match tx {
+            Some(tx) => {
+                let _ = tx.send(session::SessionCmd::Inbound(stream));
+            }
+            None => tracing::debug!(%remote, "connection from an unknown peer refused"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

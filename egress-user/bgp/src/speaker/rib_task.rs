@@ -1,0 +1,544 @@
+//! The one task that owns the RIB and the graceful restart state.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::session::{self, SessionCmd, SessionSetup};
+use super::{PeerSpec, PeerStatus, SessionEntry, SessionMap, SpeakerConfig, Status};
+use crate::codec::{GracefulRestartCap, Message, RouteRefresh, RouteRefreshSubtype, Update};
+use crate::fsm::{DownReason, FsmConfig, Negotiated, State};
+use crate::gr::{self, Helper, HelperAction, RestartAction, Restarter};
+use crate::rib::{BestChange, PeerConfig, Rib, RibConfig};
+use crate::types::{Family, Prefix};
+
+// UPDATEs dominate the traffic; boxing them would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum RibMsg {
+    SessionUp {
+        peer: IpAddr,
+        negotiated: Box<Negotiated>,
+        local_addr: IpAddr,
+        local_gr: Option<GracefulRestartCap>,
+    },
+    SessionDown {
+        peer: IpAddr,
+        reason: DownReason,
+    },
+    State {
+        peer: IpAddr,
+        state: State,
+    },
+    Update {
+        peer: IpAddr,
+        update: Update,
+    },
+    RouteRefresh {
+        peer: IpAddr,
+        rr: RouteRefresh,
+    },
+    Announce {
+        prefix: Prefix,
+        next_hop: IpAddr,
+    },
+    Withdraw {
+        prefix: Prefix,
+    },
+    Subscribe(mpsc::UnboundedSender<BestChange>),
+    Status(oneshot::Sender<Status>),
+    AddPeer(PeerSpec),
+    RemovePeer(IpAddr),
+    Timer {
+        peer: Option<IpAddr>,
+        kind: TimerKind,
+        generation: u64,
+    },
+    Shutdown,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum TimerKind {
+    /// RFC 4724 restart time of a peer.
+    Restart,
+    /// Our wait for a returning peer's End-of-RIB.
+    Stale,
+    /// Our own selection deferral.
+    Deferral,
+}
+
+struct PeerEntry {
+    spec: PeerSpec,
+    state: State,
+    helper: Helper,
+    /// Families both sides carry on the current session.
+    families: Vec<Family>,
+    enhanced_refresh: bool,
+    /// The initial table has not been followed by End-of-RIB yet.
+    eor_due: bool,
+}
+
+struct RibTask {
+    cfg: SpeakerConfig,
+    rib: Rib,
+    peers: HashMap<IpAddr, PeerEntry>,
+    restarter: Restarter,
+    restarting: Arc<AtomicBool>,
+    sessions: SessionMap,
+    subscribers: Vec<mpsc::UnboundedSender<BestChange>>,
+    timers: HashMap<(Option<IpAddr>, TimerKind), u64>,
+    self_tx: mpsc::Sender<RibMsg>,
+}
+
+pub(super) async fn run(
+    cfg: SpeakerConfig,
+    mut rx: mpsc::Receiver<RibMsg>,
+    self_tx: mpsc::Sender<RibMsg>,
+    sessions: SessionMap,
+    restarting: Arc<AtomicBool>,
+) {
+    let rib = Rib::new(RibConfig {
+        local_asn: cfg.local_asn,
+        router_id: cfg.router_id,
+        cluster_id: cfg.cluster_id.unwrap_or(cfg.router_id),
+    });
+    let deferral = cfg
+        .graceful_restart
+        .as_ref()
+        .map(|g| g.deferral_time)
+        .unwrap_or_default();
+    let (restarter, actions) = Restarter::new(
+        restarting.load(Ordering::Relaxed),
+        cfg.peers.iter().map(|p| p.address),
+        deferral,
+    );
+    let mut t = RibTask {
+        rib,
+        peers: HashMap::new(),
+        restarter,
+        restarting,
+        sessions,
+        subscribers: Vec::new(),
+        timers: HashMap::new(),
+        self_tx,
+        cfg,
+    };
+    t.rib.set_deferral(t.restarter.deferring());
+    t.restart_actions(actions);
+    for p in t.cfg.peers.clone() {
+        t.add_peer(p);
+    }
+    while let Some(m) = rx.recv().await {
+        if matches!(m, RibMsg::Shutdown) {
+            t.shutdown();
+            return;
+        }
+        t.handle(m);
+        // Work through whatever queued up before sending, so that bursts
+        // of UPDATEs leave in few, full messages.
+        while let Ok(m) = rx.try_recv() {
+            if matches!(m, RibMsg::Shutdown) {
+                t.flush();
+                t.shutdown();
+                return;
+            }
+            t.handle(m);
+        }
+        t.flush();
+    }
+}
+
+impl RibTask {
+    fn add_peer(&mut self, spec: PeerSpec) {
+        let addr = spec.address;
+        if self.peers.contains_key(&addr) {
+            return;
+        }
+        let stale_time = self
+            .cfg
+            .graceful_restart
+            .as_ref()
+            .map(|g| g.stale_time)
+            .unwrap_or_default();
+        self.rib.add_peer(PeerConfig {
+            addr,
+            asn: spec.asn,
+            client: spec.client,
+            next_hop_self: spec.next_hop_self,
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let setup = SessionSetup {
+            fsm: FsmConfig {
+                local_asn: self.cfg.local_asn,
+                router_id: self.cfg.router_id,
+                peer_asn: spec.asn,
+                hold_time: self.cfg.hold_time,
+                keepalive_time: self.cfg.keepalive_time,
+                connect_retry_time: self.cfg.connect_retry,
+                idle_hold_time: Duration::from_secs(1),
+                passive: spec.passive,
+                capabilities: Vec::new(),
+            },
+            spec: spec.clone(),
+            families: self.cfg.families.clone(),
+            graceful_restart: self.cfg.graceful_restart.clone(),
+            restarting: self.restarting.clone(),
+            source_addr: self.cfg.listen.map(|l| l.ip()),
+            rib: self.self_tx.clone(),
+        };
+        let task = tokio::spawn(session::run(setup, rx));
+        self.sessions.lock().expect("session map").insert(
+            addr,
+            SessionEntry {
+                tx,
+                task: task.abort_handle(),
+            },
+        );
+        self.peers.insert(
+            addr,
+            PeerEntry {
+                spec,
+                state: State::Idle,
+                helper: Helper::new(stale_time),
+                families: Vec::new(),
+                enhanced_refresh: false,
+                eor_due: false,
+            },
+        );
+    }
+
+    fn send(&self, peer: IpAddr, cmd: SessionCmd) {
+        if let Some(s) = self.sessions.lock().expect("session map").get(&peer) {
+            let _ = s.tx.send(cmd);
+        }
+    }
+
+    fn handle(&mut self, m: RibMsg) {
+        match m {
+            RibMsg::SessionUp {
+                peer,
+                negotiated,
+                local_addr,
+                local_gr,
+            } => self.session_up(peer, &negotiated, local_addr, local_gr),
+            RibMsg::SessionDown { peer, reason } => self.session_down(peer, reason),
+            RibMsg::State { peer, state } => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    p.state = state;
+                }
+            }
+            RibMsg::Update { peer, update } => self.update(peer, update),
+            RibMsg::RouteRefresh { peer, rr } => self.route_refresh(peer, rr),
+            RibMsg::Announce { prefix, next_hop } => self.rib.announce_local(prefix, next_hop),
+            RibMsg::Withdraw { prefix } => {
+                self.rib.withdraw_local(prefix);
+            }
+            RibMsg::Subscribe(tx) => {
+                let snapshot = self.rib.loc_rib().map(|r| BestChange::Set {
+                    prefix: r.prefix,
+                    next_hop: r.next_hop,
+                    from: match &r.source {
+                        crate::rib::RouteSource::Peer(p) => Some(p.addr),
+                        crate::rib::RouteSource::Local => None,
+                    },
+                });
+                if snapshot.into_iter().all(|c| tx.send(c).is_ok()) {
+                    self.subscribers.push(tx);
+                }
+            }
+            RibMsg::Status(tx) => {
+                let _ = tx.send(self.status());
+            }
+            RibMsg::AddPeer(spec) => self.add_peer(spec),
+            RibMsg::RemovePeer(addr) => {
+                self.send(addr, SessionCmd::StopHard);
+                self.sessions.lock().expect("session map").remove(&addr);
+                self.peers.remove(&addr);
+                self.rib.remove_peer(addr);
+                let a = self.restarter.peer_gone(addr);
+                self.restart_actions(a);
+            }
+            RibMsg::Timer {
+                peer,
+                kind,
+                generation,
+            } => self.timer(peer, kind, generation),
+            RibMsg::Shutdown => {}
+        }
+    }
+
+    fn session_up(
+        &mut self,
+        peer: IpAddr,
+        neg: &Negotiated,
+        local_addr: IpAddr,
+        local_gr: Option<GracefulRestartCap>,
+    ) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let theirs = neg.peer_open.families();
+        p.families = self
+            .cfg
+            .families
+            .iter()
+            .copied()
+            .filter(|f| theirs.contains(&(*f).into()))
+            .collect();
+        p.enhanced_refresh = neg.peer_open.enhanced_route_refresh();
+        p.eor_due = true;
+        p.state = State::Established;
+        let helper_actions = p.helper.session_up(local_gr.as_ref(), &neg.peer_open);
+        tracing::info!(%peer, asn = neg.peer_asn, id = %neg.peer_id, "session established");
+        self.rib.peer_up(peer, neg.peer_id, local_addr);
+        self.helper_actions(peer, helper_actions);
+        let gr_families = gr::negotiated_families(local_gr.as_ref(), &neg.peer_open);
+        let a = self.restarter.peer_up(peer, gr_families);
+        self.restart_actions(a);
+    }
+
+    fn session_down(&mut self, peer: IpAddr, reason: DownReason) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        tracing::info!(%peer, ?reason, "session down");
+        p.eor_due = false;
+        let actions = p.helper.session_down(&reason);
+        self.helper_actions(peer, actions);
+        let a = self.restarter.peer_gone(peer);
+        self.restart_actions(a);
+    }
+
+    fn update(&mut self, peer: IpAddr, u: Update) {
+        if let Some(f) = u.end_of_rib_family() {
+            if let Some(p) = self.peers.get_mut(&peer) {
+                let a = p.helper.end_of_rib(f);
+                self.helper_actions(peer, a);
+            }
+            let a = self.restarter.end_of_rib(peer, f);
+            self.restart_actions(a);
+            return;
+        }
+        for e in &u.errors {
+            tracing::warn!(%peer, ?e, "RFC 7606 error in UPDATE");
+        }
+        self.rib.apply_update(peer, &u);
+    }
+
+    fn route_refresh(&mut self, peer: IpAddr, rr: RouteRefresh) {
+        let Some(family) = rr.afi_safi.family() else {
+            return;
+        };
+        match rr.subtype {
+            RouteRefreshSubtype::Request => {
+                let enhanced = self.peers.get(&peer).is_some_and(|p| p.enhanced_refresh);
+                self.rib.refresh(peer, family);
+                let mut msgs = Vec::new();
+                if enhanced {
+                    msgs.push(Message::RouteRefresh(RouteRefresh {
+                        afi_safi: family.into(),
+                        subtype: RouteRefreshSubtype::BeginRefresh,
+                    }));
+                }
+                msgs.extend(self.rib.take_updates(peer).into_iter().map(Message::Update));
+                if enhanced {
+                    msgs.push(Message::RouteRefresh(RouteRefresh {
+                        afi_safi: family.into(),
+                        subtype: RouteRefreshSubtype::EndRefresh,
+                    }));
+                }
+                self.send(peer, SessionCmd::Send(msgs));
+            }
+            // RFC 7313 4: routes not re-sent between BoRR and EoRR go away.
+            RouteRefreshSubtype::BeginRefresh => {
+                self.rib.mark_stale_family(peer, Some(family));
+            }
+            RouteRefreshSubtype::EndRefresh => {
+                self.rib.purge_stale(peer, Some(family));
+            }
+            RouteRefreshSubtype::Other(_) => {}
+        }
+    }
+
+    fn helper_actions(&mut self, peer: IpAddr, actions: Vec<HelperAction>) {
+        let stale_time = self.cfg.graceful_restart.as_ref().map(|g| g.stale_time);
+        for a in actions {
+            match a {
+                HelperAction::KeepRoutesAsStale => {
+                    let n = self.rib.mark_stale(peer);
+                    self.rib.peer_down(peer, true);
+                    tracing::info!(%peer, routes = n, "peer restarting: routes kept as stale");
+                }
+                HelperAction::DeleteRoutes => self.rib.peer_down(peer, false),
+                HelperAction::PurgeStale(f) => {
+                    self.rib.purge_stale(peer, Some(f));
+                }
+                HelperAction::PurgeAllStale => {
+                    self.rib.purge_stale(peer, None);
+                }
+                HelperAction::StartRestartTimer(d) => {
+                    self.start_timer(Some(peer), TimerKind::Restart, d)
+                }
+                HelperAction::StopRestartTimer => self.stop_timer(Some(peer), TimerKind::Restart),
+                HelperAction::StartStaleTimer(d) => {
+                    self.start_timer(Some(peer), TimerKind::Stale, stale_time.unwrap_or(d))
+                }
+                HelperAction::StopStaleTimer => self.stop_timer(Some(peer), TimerKind::Stale),
+            }
+        }
+    }
+
+    fn restart_actions(&mut self, actions: Vec<RestartAction>) {
+        for a in actions {
+            match a {
+                RestartAction::StartDeferralTimer(d) => {
+                    self.start_timer(None, TimerKind::Deferral, d)
+                }
+                RestartAction::StopDeferralTimer => self.stop_timer(None, TimerKind::Deferral),
+                RestartAction::EndDeferral => {
+                    tracing::info!("selection deferral over: advertising");
+                    self.restarting.store(false, Ordering::Relaxed);
+                    self.rib.set_deferral(false);
+                }
+            }
+        }
+    }
+
+    fn start_timer(&mut self, peer: Option<IpAddr>, kind: TimerKind, d: Duration) {
+        let g = self.timers.entry((peer, kind)).or_default();
+        *g += 1;
+        let generation = *g;
+        let tx = self.self_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(d).await;
+            let _ = tx
+                .send(RibMsg::Timer {
+                    peer,
+                    kind,
+                    generation,
+                })
+                .await;
+        });
+    }
+
+    fn stop_timer(&mut self, peer: Option<IpAddr>, kind: TimerKind) {
+        *self.timers.entry((peer, kind)).or_default() += 1;
+    }
+
+    fn timer(&mut self, peer: Option<IpAddr>, kind: TimerKind, generation: u64) {
+        if self.timers.get(&(peer, kind)) != Some(&generation) {
+            return; // stopped or restarted since
+        }
+        match (kind, peer) {
+            (TimerKind::Deferral, _) => {
+                let a = self.restarter.deferral_timer_expired();
+                self.restart_actions(a);
+            }
+            (TimerKind::Restart, Some(peer)) => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    let a = p.helper.restart_timer_expired();
+                    self.helper_actions(peer, a);
+                }
+            }
+            (TimerKind::Stale, Some(peer)) => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    let a = p.helper.stale_timer_expired();
+                    self.helper_actions(peer, a);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends queued Adj-RIB-Out changes, End-of-RIB after initial tables,
+    /// and best-route changes to subscribers.
+    fn flush(&mut self) {
+        let changes = self.rib.take_best_changes();
+        if !changes.is_empty() {
+            self.subscribers
+                .retain(|s| changes.iter().all(|c| s.send(c.clone()).is_ok()));
+        }
+        if self.rib.deferring() {
+            return;
+        }
+        let mut targets: HashSet<IpAddr> = self.rib.peers_with_pending().into_iter().collect();
+        targets.extend(
+            self.peers
+                .iter()
+                .filter(|(_, p)| p.eor_due)
+                .map(|(a, _)| *a),
+        );
+        for addr in targets {
+            let updates = self.rib.take_updates(addr);
+            let Some(p) = self.peers.get_mut(&addr) else {
+                continue;
+            };
+            let mut msgs: Vec<Message> = updates
+                .into_iter()
+                .filter(|u| carries(u, &p.families))
+                .map(Message::Update)
+                .collect();
+            if p.eor_due {
+                p.eor_due = false;
+                msgs.extend(
+                    gr::end_of_rib_markers(&p.families)
+                        .into_iter()
+                        .map(Message::Update),
+                );
+            }
+            if !msgs.is_empty() {
+                self.send(addr, SessionCmd::Send(msgs));
+            }
+        }
+    }
+
+    fn status(&self) -> Status {
+        let mut peers: Vec<PeerStatus> = self
+            .peers
+            .values()
+            .map(|p| {
+                let (received, advertised) = self.rib.prefix_counts(p.spec.address);
+                PeerStatus {
+                    address: p.spec.address,
+                    asn: p.spec.asn,
+                    client: p.spec.client,
+                    state: p.state,
+                    received,
+                    advertised,
+                    stale: self.rib.stale_count(p.spec.address),
+                    graceful_restart: format!("{:?}", p.helper.state()),
+                }
+            })
+            .collect();
+        peers.sort_by_key(|p| p.address);
+        Status {
+            local_asn: self.cfg.local_asn,
+            router_id: self.cfg.router_id,
+            cluster_id: self.rib.config().cluster_id,
+            deferring: self.rib.deferring(),
+            best_routes: self.rib.loc_rib_len(),
+            peers,
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let sessions: Vec<_> = self.sessions.lock().expect("session map").drain().collect();
+        for (_, s) in sessions {
+            let _ = s.tx.send(SessionCmd::Stop);
+        }
+    }
+}
+
+/// Whether an UPDATE belongs to a family negotiated with the peer.
+fn carries(u: &Update, families: &[Family]) -> bool {
+    let fam = u
+        .mp_reach
+        .as_ref()
+        .map(|m| m.family)
+        .or(u.mp_unreach.as_ref().map(|m| m.family))
+        .unwrap_or(Family::Ipv4Unicast);
+    families.contains(&fam)
+}

@@ -1,0 +1,438 @@
+//! One task per peer: owns the TCP connection and drives the pure FSM.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::pending;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::rib_task::RibMsg;
+use super::PeerSpec;
+use crate::codec::{
+    notif, split_frame, Capability, CodecOptions, Message, Notification, Open, RouteRefreshSubtype,
+};
+use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, FsmConfig, State, Timer};
+use crate::gr::{self, GrConfig};
+use crate::types::Family;
+
+pub(crate) enum SessionCmd {
+    /// Messages to send once Established (UPDATEs, End-of-RIB, refresh).
+    Send(Vec<Message>),
+    /// An accepted connection from this peer.
+    Inbound(TcpStream),
+    /// Cease and end the task.
+    Stop,
+    /// Hard Reset (RFC 8538) and end the task: the peer drops our routes.
+    StopHard,
+}
+
+pub(crate) struct SessionSetup {
+    pub spec: PeerSpec,
+    pub fsm: FsmConfig,
+    pub families: Vec<Family>,
+    pub graceful_restart: Option<GrConfig>,
+    pub restarting: Arc<AtomicBool>,
+    pub source_addr: Option<IpAddr>,
+    pub rib: mpsc::Sender<RibMsg>,
+}
+
+struct Conn {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    buf: BytesMut,
+    local: SocketAddr,
+    outbound: bool,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, outbound: bool) -> io::Result<Conn> {
+        stream.set_nodelay(true)?;
+        let local = stream.local_addr()?;
+        let (rd, wr) = stream.into_split();
+        Ok(Conn {
+            rd,
+            wr,
+            buf: BytesMut::with_capacity(65536),
+            local,
+            outbound,
+        })
+    }
+}
+
+type Connecting = Pin<Box<dyn std::future::Future<Output = io::Result<TcpStream>> + Send>>;
+
+struct Session {
+    setup: SessionSetup,
+    fsm: Fsm,
+    conn: Option<Conn>,
+    connecting: Option<Connecting>,
+    /// A second connection waiting for its OPEN to settle a collision.
+    contender: Option<Conn>,
+    timers: HashMap<Timer, Instant>,
+    codec: CodecOptions,
+    events: VecDeque<Event>,
+    last_state: State,
+}
+
+pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<SessionCmd>) {
+    let fsm = Fsm::new(setup.fsm.clone());
+    let mut s = Session {
+        setup,
+        fsm,
+        conn: None,
+        connecting: None,
+        contender: None,
+        timers: HashMap::new(),
+        codec: CodecOptions::default(),
+        events: VecDeque::new(),
+        last_state: State::Idle,
+    };
+    s.refresh_capabilities();
+    let start = if s.setup.spec.passive {
+        Event::ManualStartPassive
+    } else {
+        Event::ManualStart
+    };
+    s.run_events(start).await;
+    loop {
+        let deadline = s.timers.values().min().copied();
+        tokio::select! {
+            cmd = cmds.recv() => match cmd {
+                None | Some(SessionCmd::Stop) => {
+                    s.run_events(Event::ManualStop).await;
+                    return;
+                }
+                Some(SessionCmd::StopHard) => {
+                    s.run_events(Event::ManualStopHardReset).await;
+                    return;
+                }
+                Some(SessionCmd::Send(msgs)) => s.send_batch(msgs).await,
+                Some(SessionCmd::Inbound(stream)) => s.inbound(stream).await,
+            },
+            res = read_more(&mut s.conn) => match res {
+                Ok(0) | Err(_) => s.run_events(Event::TcpConnectionFails).await,
+                Ok(_) => s.drain_frames().await,
+            },
+            res = wait_connect(&mut s.connecting) => {
+                s.connecting = None;
+                let ev = match res.and_then(|st| Conn::new(st, true)) {
+                    Ok(c) => {
+                        s.conn = Some(c);
+                        Event::TcpCrAcked
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %s.setup.spec.address, error = %e, "connect failed");
+                        Event::TcpConnectionFails
+                    }
+                };
+                s.run_events(ev).await;
+            }
+            res = read_more(&mut s.contender) => match res {
+                Ok(n) if n > 0 => s.contender_data().await,
+                _ => s.contender = None,
+            },
+            _ = sleep_until(deadline) => s.fire_timers().await,
+        }
+    }
+}
+
+async fn read_more(conn: &mut Option<Conn>) -> io::Result<usize> {
+    match conn {
+        Some(c) => c.rd.read_buf(&mut c.buf).await,
+        None => pending().await,
+    }
+}
+
+async fn wait_connect(c: &mut Option<Connecting>) -> io::Result<TcpStream> {
+    match c {
+        Some(f) => f.await,
+        None => pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => pending().await,
+    }
+}
+
+impl Session {
+    fn peer(&self) -> IpAddr {
+        self.setup.spec.address
+    }
+
+    /// Our OPEN's capabilities; the R bit follows the restart state.
+    fn refresh_capabilities(&mut self) {
+        let mut caps: Vec<Capability> = self
+            .setup
+            .families
+            .iter()
+            .map(|f| Capability::Multiprotocol((*f).into()))
+            .collect();
+        caps.push(Capability::RouteRefresh);
+        caps.push(Capability::EnhancedRouteRefresh);
+        if let Some(g) = &self.setup.graceful_restart {
+            let restarting = self.setup.restarting.load(Ordering::Relaxed);
+            caps.push(Capability::GracefulRestart(gr::capability(
+                g,
+                restarting,
+                &self.setup.families,
+            )));
+        }
+        self.fsm.set_capabilities(caps);
+    }
+
+    async fn run_events(&mut self, first: Event) {
+        self.events.push_back(first);
+        while let Some(ev) = self.events.pop_front() {
+            if matches!(ev, Event::TcpCrAcked | Event::TcpConnectionConfirmed) {
+                self.refresh_capabilities();
+            }
+            let actions = self.fsm.handle(ev);
+            for a in actions {
+                self.act(a).await;
+            }
+            let state = self.fsm.state();
+            if state != self.last_state {
+                self.last_state = state;
+                self.tell_rib(RibMsg::State {
+                    peer: self.peer(),
+                    state,
+                })
+                .await;
+            }
+        }
+    }
+
+    async fn tell_rib(&mut self, m: RibMsg) {
+        let _ = self.setup.rib.send(m).await;
+    }
+
+    async fn act(&mut self, a: Action) {
+        match a {
+            Action::Connect => {
+                if self.conn.is_none() {
+                    self.connecting = Some(Box::pin(connect(
+                        self.setup.source_addr,
+                        SocketAddr::new(self.peer(), self.setup.spec.port),
+                    )));
+                }
+            }
+            Action::DropConnection => {
+                self.conn = None;
+                self.connecting = None;
+                self.codec = CodecOptions::default();
+            }
+            Action::Send(m) => self.write(&[m]).await,
+            Action::StartTimer(t, d) => {
+                self.timers.insert(t, Instant::now() + d);
+            }
+            Action::StopTimer(t) => {
+                self.timers.remove(&t);
+            }
+            Action::SessionUp(neg) => {
+                self.codec = neg.codec;
+                let local_addr = self.conn.as_ref().map(|c| c.local.ip());
+                let local_gr = self.fsm.local_open().graceful_restart().cloned();
+                self.tell_rib(RibMsg::SessionUp {
+                    peer: self.peer(),
+                    negotiated: neg,
+                    local_addr: local_addr.unwrap_or(self.peer()),
+                    local_gr,
+                })
+                .await;
+            }
+            Action::SessionDown(reason) => {
+                self.tell_rib(RibMsg::SessionDown {
+                    peer: self.peer(),
+                    reason,
+                })
+                .await
+            }
+            Action::DeliverUpdate(update) => {
+                self.tell_rib(RibMsg::Update {
+                    peer: self.peer(),
+                    update,
+                })
+                .await
+            }
+            Action::DeliverRouteRefresh(rr) => {
+                self.tell_rib(RibMsg::RouteRefresh {
+                    peer: self.peer(),
+                    rr,
+                })
+                .await
+            }
+        }
+    }
+
+    async fn write(&mut self, msgs: &[Message]) {
+        let Some(c) = &mut self.conn else { return };
+        let mut buf = BytesMut::new();
+        for m in msgs {
+            if let Err(e) = m.encode(self.codec, &mut buf) {
+                tracing::warn!(peer = %self.setup.spec.address, error = %e, "message not sent");
+            }
+        }
+        if c.wr.write_all(&buf).await.is_err() {
+            self.events.push_back(Event::TcpConnectionFails);
+        }
+    }
+
+    async fn send_batch(&mut self, msgs: Vec<Message>) {
+        if self.fsm.state() != State::Established {
+            return; // the RIB re-sends the table when the session is back
+        }
+        self.write(&msgs).await;
+        if let Some(ev) = self.events.pop_front() {
+            self.run_events(ev).await;
+        }
+    }
+
+    async fn drain_frames(&mut self) {
+        loop {
+            let Some(c) = &mut self.conn else { return };
+            let ev = match split_frame(&mut c.buf) {
+                Ok(None) => return,
+                Err(e) => Event::MessageError(e),
+                Ok(Some(frame)) => match Message::decode(&frame, self.codec) {
+                    Err(e) => Event::MessageError(e),
+                    Ok(Message::Open(o)) => Event::BgpOpen(o),
+                    Ok(Message::Update(u)) => Event::UpdateMsg(u),
+                    Ok(Message::Keepalive) => Event::KeepAliveMsg,
+                    Ok(Message::Notification(n)) => {
+                        tracing::info!(peer = %self.setup.spec.address, code = n.code, subcode = n.subcode, "NOTIFICATION received");
+                        Event::NotifMsg(n)
+                    }
+                    // RFC 7313: unknown subtypes are ignored.
+                    Ok(Message::RouteRefresh(r))
+                        if matches!(r.subtype, RouteRefreshSubtype::Other(_)) =>
+                    {
+                        continue
+                    }
+                    Ok(Message::RouteRefresh(r)) => Event::RouteRefreshMsg(r),
+                },
+            };
+            if let Event::MessageError(e) = &ev {
+                tracing::warn!(peer = %self.setup.spec.address, error = %e, "malformed message");
+            }
+            self.run_events(ev).await;
+        }
+    }
+
+    async fn fire_timers(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Timer> = self
+            .timers
+            .iter()
+            .filter(|(_, d)| **d <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in due {
+            self.timers.remove(&t);
+            let ev = match t {
+                Timer::ConnectRetry => Event::ConnectRetryTimerExpires,
+                Timer::Hold => Event::HoldTimerExpires,
+                Timer::Keepalive => Event::KeepaliveTimerExpires,
+                Timer::IdleHold => Event::IdleHoldTimerExpires,
+            };
+            self.run_events(ev).await;
+        }
+    }
+
+    /// RFC 4271 6.8: a connection from the peer while we have our own.
+    async fn inbound(&mut self, stream: TcpStream) {
+        let Ok(conn) = Conn::new(stream, false) else {
+            return;
+        };
+        match self.fsm.state() {
+            State::Idle => {
+                // Restart at once rather than refuse: the peer is ready.
+                self.run_events(Event::IdleHoldTimerExpires).await;
+                if matches!(self.fsm.state(), State::Connect | State::Active) {
+                    self.adopt(conn, None).await;
+                }
+            }
+            State::Connect | State::Active => self.adopt(conn, None).await,
+            State::OpenSent | State::OpenConfirm => self.contender = Some(conn),
+            State::Established => refuse(conn).await,
+        }
+    }
+
+    /// Uses `conn` as the session's connection; `open` is its OPEN if
+    /// already read.
+    async fn adopt(&mut self, conn: Conn, open: Option<Open>) {
+        self.connecting = None;
+        self.conn = Some(conn);
+        self.run_events(Event::TcpConnectionConfirmed).await;
+        if let Some(o) = open {
+            self.run_events(Event::BgpOpen(o)).await;
+        }
+        // Anything that followed the OPEN in the same read.
+        self.drain_frames().await;
+    }
+
+    /// Data on the contending connection: wait for its OPEN, then keep
+    /// the connection opened by the side with the higher identifier.
+    async fn contender_data(&mut self) {
+        let Some(c) = &mut self.contender else { return };
+        let open = match split_frame(&mut c.buf) {
+            Ok(None) => return,
+            Ok(Some(f)) => match Message::decode(&f, CodecOptions::default()) {
+                Ok(Message::Open(o)) => o,
+                _ => {
+                    self.contender = None;
+                    return;
+                }
+            },
+            Err(_) => {
+                self.contender = None;
+                return;
+            }
+        };
+        let contender = self.contender.take().expect("checked above");
+        let ours_outbound = self.conn.as_ref().is_some_and(|c| c.outbound);
+        let winner = resolve_collision(self.setup.fsm.router_id, open.bgp_id);
+        if self.fsm.state() == State::Established
+            || (ours_outbound && winner == CollisionWinner::LocallyInitiated)
+        {
+            refuse(contender).await;
+            return;
+        }
+        // The peer's connection wins: close ours with a Cease and start
+        // over on theirs, whose OPEN we already have.
+        self.run_events(Event::OpenCollisionDump).await;
+        self.run_events(Event::IdleHoldTimerExpires).await;
+        self.adopt(contender, Some(open)).await;
+    }
+}
+
+/// Closes a losing connection with Cease / connection collision.
+async fn refuse(mut conn: Conn) {
+    let n = Message::Notification(Notification::cease(notif::CEASE_COLLISION));
+    if let Ok(b) = n.to_bytes(CodecOptions::default()) {
+        let _ = conn.wr.write_all(&b).await;
+    }
+}
+
+async fn connect(source: Option<IpAddr>, to: SocketAddr) -> io::Result<TcpStream> {
+    let socket = if to.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(src) = source.filter(|s| s.is_ipv4() == to.is_ipv4() && !s.is_unspecified()) {
+        socket.bind(SocketAddr::new(src, 0))?;
+    }
+    socket.connect(to).await
+}

@@ -1,0 +1,326 @@
+//! Speakers talking to each other over loopback TCP.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::timeout;
+
+use super::*;
+use crate::gr::GrConfig;
+
+const ASN: u32 = 65000;
+
+fn lo(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
+}
+
+fn p(s: &str) -> Prefix {
+    s.parse().unwrap()
+}
+
+fn config(n: u8, restarting: bool) -> SpeakerConfig {
+    let mut c = SpeakerConfig::new(ASN, Ipv4Addr::new(10, 0, 0, n));
+    c.listen = Some(SocketAddr::new(lo(n), 0));
+    c.hold_time = 9;
+    c.connect_retry = Duration::from_millis(300);
+    c.restarting = restarting;
+    c.graceful_restart = Some(GrConfig {
+        restart_time: 30,
+        stale_time: Duration::from_secs(30),
+        deferral_time: Duration::from_secs(30),
+        forwarding_preserved: true,
+    });
+    c
+}
+
+/// A reflector at 127.0.0.<n> with passive clients at the given addresses.
+async fn reflector(n: u8, clients: &[u8]) -> Speaker {
+    let mut c = config(n, false);
+    c.cluster_id = Some(Ipv4Addr::new(1, 1, 1, 1));
+    for &m in clients {
+        let mut peer = PeerSpec::new(lo(m), ASN);
+        peer.client = true;
+        peer.passive = true;
+        c.peers.push(peer);
+    }
+    Speaker::start(c).await.unwrap()
+}
+
+/// A client at 127.0.0.<n> connecting to the reflector.
+async fn client(n: u8, rr: &Speaker, restarting: bool) -> Speaker {
+    let mut c = config(n, restarting);
+    let rr_addr = rr.handle().listen_addr().unwrap();
+    let mut peer = PeerSpec::new(rr_addr.ip(), ASN);
+    peer.port = rr_addr.port();
+    c.peers.push(peer);
+    Speaker::start(c).await.unwrap()
+}
+
+async fn next_change(rx: &mut UnboundedReceiver<BestChange>) -> BestChange {
+    timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("no best-route change within 10 s")
+        .expect("speaker stopped")
+}
+
+/// Polls status until `f` holds (the status is the event here).
+async fn wait_status(h: &SpeakerHandle, what: &str, f: impl Fn(&Status) -> bool) -> Status {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = h.status().await.unwrap();
+        if f(&s) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn peer_state(s: &Status, addr: IpAddr) -> Option<&PeerStatus> {
+    s.peers.iter().find(|p| p.address == addr)
+}
+
+#[tokio::test]
+async fn client_announcement_reaches_the_reflector_and_withdrawal_follows() {
+    let rr = reflector(11, &[12]).await;
+    let mut changes = rr.handle().subscribe().await.unwrap();
+    let c = client(12, &rr, false).await;
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(12))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Set {
+            prefix: p("192.0.2.10/32"),
+            next_hop: lo(12),
+            from: Some(lo(12))
+        }
+    );
+    let s = rr.handle().status().await.unwrap();
+    let peer = peer_state(&s, lo(12)).unwrap();
+    assert_eq!((peer.state, peer.received), (State::Established, 1));
+    serde_json::to_string(&s).expect("status serializes");
+
+    c.handle().withdraw(p("192.0.2.10/32")).await.unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Removed {
+            prefix: p("192.0.2.10/32")
+        }
+    );
+    c.shutdown().await;
+    rr.shutdown().await;
+}
+
+#[tokio::test]
+async fn reflector_passes_one_clients_route_to_another_with_rr_attributes() {
+    let rr = reflector(21, &[22, 23]).await;
+    let a = client(22, &rr, false).await;
+    let b = client(23, &rr, false).await;
+    let mut at_b = b.handle().subscribe().await.unwrap();
+    a.handle()
+        .announce(p("10.244.1.0/24"), lo(22))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_change(&mut at_b).await,
+        BestChange::Set {
+            prefix: p("10.244.1.0/24"),
+            next_hop: lo(22),
+            from: Some(lo(21))
+        }
+    );
+    for s in [a, b, rr] {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn ipv6_prefix_is_carried() {
+    let rr = reflector(31, &[32]).await;
+    let mut changes = rr.handle().subscribe().await.unwrap();
+    let c = client(32, &rr, false).await;
+    let nh: IpAddr = "2001:db8::32".parse().unwrap();
+    c.handle()
+        .announce(p("2001:db8:10::/64"), nh)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Set {
+            prefix: p("2001:db8:10::/64"),
+            next_hop: nh,
+            from: Some(lo(32))
+        }
+    );
+    c.shutdown().await;
+    rr.shutdown().await;
+}
+
+#[tokio::test]
+async fn helper_keeps_a_crashed_peers_routes_until_its_end_of_rib() {
+    let rr = reflector(41, &[42]).await;
+    let h = rr.handle();
+    let mut changes = h.subscribe().await.unwrap();
+    let c = client(42, &rr, false).await;
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(42))
+        .await
+        .unwrap();
+    c.handle()
+        .announce(p("192.0.2.11/32"), lo(42))
+        .await
+        .unwrap();
+    next_change(&mut changes).await;
+    next_change(&mut changes).await;
+
+    // Crash: no NOTIFICATION, the TCP connection just dies.
+    c.abort();
+    let s = wait_status(&h, "routes kept as stale", |s| {
+        peer_state(s, lo(42)).is_some_and(|p| p.state != State::Established && p.stale == 2)
+    })
+    .await;
+    assert_eq!(s.best_routes, 2, "nothing removed while the peer restarts");
+
+    // It comes back restarting, re-announces only one of its routes, and
+    // sends End-of-RIB: the other one goes, the re-announced one stays.
+    let c = client(42, &rr, true).await;
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(42))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Removed {
+            prefix: p("192.0.2.11/32")
+        }
+    );
+    let s = wait_status(&h, "no stale routes left", |s| {
+        peer_state(s, lo(42)).is_some_and(|p| p.stale == 0 && p.received == 1)
+    })
+    .await;
+    assert_eq!(s.best_routes, 1);
+    assert!(
+        changes.try_recv().is_err(),
+        "192.0.2.10/32 never left the table"
+    );
+    c.shutdown().await;
+    rr.shutdown().await;
+}
+
+#[tokio::test]
+async fn cease_with_n_bit_keeps_routes_but_hard_reset_removes_them() {
+    let rr = reflector(51, &[52]).await;
+    let h = rr.handle();
+    let mut changes = h.subscribe().await.unwrap();
+    let c = client(52, &rr, false).await;
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(52))
+        .await
+        .unwrap();
+    next_change(&mut changes).await;
+    // Administrative shutdown: both sides set the N bit, so it is graceful.
+    c.shutdown().await;
+    wait_status(&h, "stale after Cease", |s| {
+        peer_state(s, lo(52)).is_some_and(|p| p.stale == 1 && p.state != State::Established)
+    })
+    .await;
+    assert!(changes.try_recv().is_err());
+
+    // The client comes back; the reflector then removes it from its
+    // configuration with a Hard Reset: the client drops the reflector's
+    // routes at once.
+    let c = client(52, &rr, false).await;
+    rr.handle().announce(p("10.0.0.0/8"), lo(51)).await.unwrap();
+    let mut at_client = c.handle().subscribe().await.unwrap();
+    loop {
+        if let BestChange::Set { prefix, .. } = next_change(&mut at_client).await {
+            if prefix == p("10.0.0.0/8") {
+                break;
+            }
+        }
+    }
+    h.remove_peer(lo(52)).await.unwrap();
+    assert_eq!(
+        next_change(&mut at_client).await,
+        BestChange::Removed {
+            prefix: p("10.0.0.0/8")
+        }
+    );
+    c.shutdown().await;
+    rr.shutdown().await;
+}
+
+#[tokio::test]
+async fn subscribe_starts_with_the_current_table() {
+    let rr = reflector(61, &[]).await;
+    rr.handle()
+        .announce(p("10.244.0.0/24"), lo(61))
+        .await
+        .unwrap();
+    let mut changes = rr.handle().subscribe().await.unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Set {
+            prefix: p("10.244.0.0/24"),
+            next_hop: lo(61),
+            from: None
+        }
+    );
+    rr.shutdown().await;
+}
+
+#[tokio::test]
+async fn peer_added_at_run_time_comes_up() {
+    let rr = reflector(71, &[]).await;
+    let mut spec = PeerSpec::new(lo(72), ASN);
+    spec.passive = true;
+    spec.client = true;
+    rr.handle().add_peer(spec).await.unwrap();
+    let c = client(72, &rr, false).await;
+    wait_status(&rr.handle(), "session up", |s| {
+        peer_state(s, lo(72)).is_some_and(|p| p.state == State::Established)
+    })
+    .await;
+    rr.handle().remove_peer(lo(72)).await.unwrap();
+    wait_status(&rr.handle(), "peer gone", |s| s.peers.is_empty()).await;
+    c.shutdown().await;
+    rr.shutdown().await;
+}
+
+#[tokio::test]
+async fn both_sides_active_settle_on_one_session() {
+    let mut a = config(81, false);
+    let mut b = config(82, false);
+    // Fixed ports so that each side can connect to the other.
+    a.listen = Some(SocketAddr::new(lo(81), 17981));
+    b.listen = Some(SocketAddr::new(lo(82), 17982));
+    let mut pa = PeerSpec::new(lo(82), ASN);
+    pa.port = 17982;
+    let mut pb = PeerSpec::new(lo(81), ASN);
+    pb.port = 17981;
+    a.peers.push(pa);
+    b.peers.push(pb);
+    let a = Speaker::start(a).await.unwrap();
+    let b = Speaker::start(b).await.unwrap();
+    let mut at_b = b.handle().subscribe().await.unwrap();
+    a.handle()
+        .announce(p("192.0.2.1/32"), lo(81))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next_change(&mut at_b).await,
+        BestChange::Set { .. }
+    ));
+    wait_status(&a.handle(), "established", |s| {
+        s.peers[0].state == State::Established
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
