@@ -6,6 +6,7 @@
 //! - [`controller`]: pure reconcile functions and the leader-elected loop.
 //! - [`agent_state`]: a node's desired dataplane, as a pure function.
 
+pub mod agent_state;
 pub mod api;
 pub mod controller;
 pub mod datastore;

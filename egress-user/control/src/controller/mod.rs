@@ -12,4 +12,4 @@ pub use run::{run_controller, write_plan, RunConfig};
 pub use view::{ClusterView, PolicyView};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -12,11 +12,11 @@ use crate::datastore::memory::MemoryDatastore;
 use crate::datastore::typed::{self, load_view, node_object, pod_object};
 use crate::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
 
-fn ts(n: u32) -> String {
+pub(crate) fn ts(n: u32) -> String {
     format!("2026-01-01T00:00:{n:02}Z")
 }
 
-fn gateway(name: &str, age: u32, v4: &[&str], default4: &str, label: &str) -> Value {
+pub(crate) fn gateway(name: &str, age: u32, v4: &[&str], default4: &str, label: &str) -> Value {
     json!({
         "apiVersion": API_VERSION, "kind": "EgressGateway",
         "metadata": {"name": name, "creationTimestamp": ts(age)},
@@ -27,7 +27,7 @@ fn gateway(name: &str, age: u32, v4: &[&str], default4: &str, label: &str) -> Va
     })
 }
 
-fn policy(
+pub(crate) fn policy(
     name: &str,
     age: u32,
     gw: &str,
@@ -50,7 +50,7 @@ fn policy(
     })
 }
 
-fn node(name: &str, gw_label: &str) -> NodeRecord {
+pub(crate) fn node(name: &str, gw_label: &str) -> NodeRecord {
     NodeRecord {
         name: name.into(),
         labels: [("gw".to_string(), gw_label.to_string())].into(),
@@ -63,7 +63,7 @@ fn node(name: &str, gw_label: &str) -> NodeRecord {
     }
 }
 
-fn pod(name: &str, app: &str, on: &str, ip: &str) -> PodRecord {
+pub(crate) fn pod(name: &str, app: &str, on: &str, ip: &str) -> PodRecord {
     PodRecord {
         name: name.into(),
         namespace: "default".into(),
@@ -73,14 +73,14 @@ fn pod(name: &str, app: &str, on: &str, ip: &str) -> PodRecord {
     }
 }
 
-async fn add_node(ds: &MemoryDatastore, n: &NodeRecord, phase: TunnelPhase) {
+pub(crate) async fn add_node(ds: &MemoryDatastore, n: &NodeRecord, phase: TunnelPhase) {
     ds.create(Kind::Node, node_object(n)).await.unwrap();
     let t = json!({"apiVersion": API_VERSION, "kind": "EgressTunnel", "metadata": {"name": n.name}, "spec": {}});
     ds.create(Kind::EgressTunnel, t).await.unwrap();
     set_phase(ds, &n.name, phase).await;
 }
 
-async fn set_phase(ds: &MemoryDatastore, node: &str, phase: TunnelPhase) {
+pub(crate) async fn set_phase(ds: &MemoryDatastore, node: &str, phase: TunnelPhase) {
     let st = json!({"tunnel": {"ipv4": "192.168.0.1", "mac": "02:00:00:00:00:01"}, "phase": phase});
     ds.write_status(
         Kind::EgressTunnel,
@@ -91,14 +91,14 @@ async fn set_phase(ds: &MemoryDatastore, node: &str, phase: TunnelPhase) {
     .unwrap();
 }
 
-async fn pass(ds: &MemoryDatastore) -> Plan {
+pub(crate) async fn pass(ds: &MemoryDatastore) -> Plan {
     let view = load_view(ds).await.unwrap();
     let plan = reconcile(&view, &ControllerConfig::default());
     write_plan(ds, &view, &plan).await.unwrap();
     plan
 }
 
-async fn policy_status(ds: &MemoryDatastore, name: &str) -> EgressPolicyStatus {
+pub(crate) async fn policy_status(ds: &MemoryDatastore, name: &str) -> EgressPolicyStatus {
     let s = ds
         .get(Kind::EgressPolicy, &ObjectKey::namespaced("default", name))
         .await
@@ -110,7 +110,7 @@ async fn policy_status(ds: &MemoryDatastore, name: &str) -> EgressPolicyStatus {
         .unwrap_or_default()
 }
 
-async fn gw_status(ds: &MemoryDatastore, name: &str) -> EgressGatewayStatus {
+pub(crate) async fn gw_status(ds: &MemoryDatastore, name: &str) -> EgressGatewayStatus {
     let s = ds
         .get(Kind::EgressGateway, &ObjectKey::cluster(name))
         .await

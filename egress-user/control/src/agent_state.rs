@@ -1,0 +1,387 @@
+//! A node's desired dataplane as a pure function of the datastore view.
+//!
+//! [`desired`] says what the BPF maps of one node should hold, in plain
+//! `std::net` types; the datapath side maps it onto its own map types and
+//! writes only the difference. Nothing here touches the kernel.
+//!
+//! Semantics:
+//! - A policy is active on this node when the controller gave it an EIP and
+//!   a gateway node (`status.eip`, `status.node`). Inactive policies match
+//!   nothing: their pods' traffic leaves the normal way.
+//! - For each local pod, policies apply in order of precedence (lower
+//!   `priority`, then the older object). A destination prefix already taken
+//!   by a policy with precedence is not given to a later one; a broader
+//!   prefix of a later policy still covers what is left (the LPM lookup
+//!   picks the longer prefix, which belongs to the winner).
+//! - Cluster CIDRs (pod CIDRs and addresses of every node, configured
+//!   service and extra CIDRs) and each policy's `excludedSubnet` map to
+//!   [`RuleAction::Skip`]: that traffic is never sent to a gateway.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+
+use crate::api::{EgressGateway, TunnelPhase};
+use crate::controller::ClusterView;
+use crate::datastore::{Kind, ObjectKey};
+use crate::validate::parse_cidr;
+
+/// What the agent knows that the datastore does not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// This node's name.
+    pub node: String,
+    /// Service CIDRs (not visible from node records).
+    pub service_cidrs: Vec<IpNet>,
+    /// Anything else that must never go through a gateway.
+    pub extra_cidrs: Vec<IpNet>,
+    /// Pod CIDRs to add to those the node records carry.
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+/// Cluster CIDRs, by where they came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterCidrs {
+    pub pods: BTreeSet<IpNet>,
+    pub services: BTreeSet<IpNet>,
+    pub nodes: BTreeSet<IpNet>,
+    pub extra: BTreeSet<IpNet>,
+}
+
+impl ClusterCidrs {
+    pub fn all(&self) -> BTreeSet<IpNet> {
+        self.pods
+            .iter()
+            .chain(&self.services)
+            .chain(&self.nodes)
+            .chain(&self.extra)
+            .copied()
+            .collect()
+    }
+}
+
+/// Where one policy's traffic goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyTarget {
+    pub kind: Kind,
+    pub key: ObjectKey,
+    pub eip_v4: Option<Ipv4Addr>,
+    pub eip_v6: Option<Ipv6Addr>,
+    /// The gateway node carrying the policy.
+    pub gateway_node: String,
+    /// That node's underlay tunnel endpoint (IPv4 preferred).
+    pub tunnel_endpoint: Option<IpAddr>,
+    /// The gateway node is this node: skip the tunnel.
+    pub local: bool,
+    pub use_node_ip: bool,
+    /// Epoch of the EIP's current assignment.
+    pub epoch: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RuleAction {
+    /// Send through the policy with this id.
+    Egress(u32),
+    /// Leave untouched.
+    Skip,
+}
+
+/// One policy-match entry: traffic from `src` to `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MatchRule {
+    pub src: IpAddr,
+    pub dst: IpNet,
+    pub action: RuleAction,
+}
+
+/// An inclusive port range of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PortRange {
+    pub block: u16,
+    pub first: u16,
+    pub last: u16,
+}
+
+/// An EIP this node must announce (it is its current gateway node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedEip {
+    pub gateway: String,
+    pub epoch: u64,
+}
+
+/// Everything one node's maps should hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeDesired {
+    pub node: String,
+    /// Policy id -> target (egress target map).
+    pub policies: BTreeMap<u32, PolicyTarget>,
+    /// Policy match entries for local pods, sorted.
+    pub rules: Vec<MatchRule>,
+    pub cluster_cidrs: ClusterCidrs,
+    /// This node's port blocks, per EIP (worker side).
+    pub port_blocks: BTreeMap<IpAddr, Vec<PortRange>>,
+    /// (EIP, block index) -> worker tunnel endpoint, for every EIP of every
+    /// gateway this node is eligible for (held ahead of a takeover).
+    pub reply_steering: BTreeMap<(IpAddr, u16), IpAddr>,
+    /// EIPs this node announces (ARP/NDP or BGP), with their epoch.
+    pub owned_eips: BTreeMap<IpAddr, OwnedEip>,
+    /// This node is picked by some gateway's node selector.
+    pub gateway_eligible: bool,
+}
+
+/// A stable id for a policy: FNV-1a of its kind and key, never 0; on a
+/// collision the later key (in sorted order) takes the next free value.
+pub fn policy_ids<'a>(
+    keys: impl IntoIterator<Item = (Kind, &'a ObjectKey)>,
+) -> BTreeMap<(Kind, ObjectKey), u32> {
+    let mut sorted: Vec<(Kind, ObjectKey)> =
+        keys.into_iter().map(|(k, o)| (k, o.clone())).collect();
+    sorted.sort();
+    let mut used = BTreeSet::new();
+    let mut out = BTreeMap::new();
+    for (k, o) in sorted {
+        let mut h: u32 = 0x811c9dc5;
+        for b in format!("{}/{}/{}", k.name(), o.namespace, o.name).bytes() {
+            h ^= b as u32;
+            h = h.wrapping_mul(0x01000193);
+        }
+        let mut id = h.max(1);
+        while !used.insert(id) {
+            id = id.wrapping_add(1).max(1);
+        }
+        out.insert((k, o), id);
+    }
+    out
+}
+
+fn host(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
+
+fn covered(taken: &[IpNet], n: &IpNet) -> bool {
+    taken.iter().any(|t| t.contains(n))
+}
+
+fn tunnel_endpoint(view: &ClusterView, node: &str) -> Option<IpAddr> {
+    let t = view.tunnel(node)?.status.as_ref()?;
+    t.tunnel
+        .ipv4
+        .parse()
+        .ok()
+        .or_else(|| t.tunnel.ipv6.parse().ok())
+}
+
+fn eligible(g: &EgressGateway, view: &ClusterView, node: &str) -> bool {
+    view.node(node)
+        .is_some_and(|n| g.spec.node_selector.selector.matches(&n.labels))
+}
+
+/// The desired dataplane of `cfg.node`.
+pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
+    let me = cfg.node.as_str();
+    let mut out = NodeDesired {
+        node: me.into(),
+        ..Default::default()
+    };
+
+    // Cluster CIDRs.
+    let cc = &mut out.cluster_cidrs;
+    for n in &view.nodes {
+        cc.pods
+            .extend(n.pod_cidrs.iter().filter_map(|c| parse_cidr(c).ok()));
+        cc.nodes.extend(
+            n.addresses
+                .iter()
+                .filter_map(|a| a.parse::<IpAddr>().ok())
+                .map(host),
+        );
+    }
+    for t in &view.tunnels {
+        if let Some(s) = &t.status {
+            for a in [
+                &s.tunnel.ipv4,
+                &s.tunnel.ipv6,
+                &s.tunnel.parent.ipv4,
+                &s.tunnel.parent.ipv6,
+            ] {
+                if let Ok(ip) = a.parse::<IpAddr>() {
+                    cc.nodes.insert(host(ip));
+                }
+            }
+        }
+    }
+    cc.pods.extend(cfg.pod_cidrs.iter().copied());
+    cc.services.extend(cfg.service_cidrs.iter().copied());
+    cc.extra.extend(cfg.extra_cidrs.iter().copied());
+
+    // Policies and their targets.
+    let views = view.policy_views();
+    let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
+    let epoch_of = |gw: &str, node: &str, v4: &str, v6: &str| -> u64 {
+        view.gateways
+            .iter()
+            .filter(|g| g.metadata.name.as_deref() == Some(gw))
+            .filter_map(|g| g.status.as_ref())
+            .flat_map(|s| s.node_list.iter().filter(|n| n.name == node))
+            .flat_map(|n| n.eips.iter())
+            .find(|e| {
+                (e.ipv4 == v4 && e.ipv6 == v6)
+                    || (e.ipv4.is_empty() && e.ipv6.is_empty() && v4.is_empty())
+            })
+            .map(|e| e.epoch)
+            .unwrap_or(0)
+    };
+    let mut active = Vec::new();
+    for p in &views {
+        let Some(st) = p.status else { continue };
+        if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
+            continue;
+        }
+        if view.phase(&st.node) != TunnelPhase::Ready {
+            continue;
+        }
+        let id = ids[&(p.kind, p.key.clone())];
+        let gw = view
+            .gateway_for(p.fields.gateway)
+            .and_then(|g| g.metadata.name.clone())
+            .unwrap_or_default();
+        let (v4, v6) = if p.fields.egress_ip.use_node_ip {
+            (String::new(), String::new())
+        } else {
+            (st.eip.ipv4.clone(), st.eip.ipv6.clone())
+        };
+        out.policies.insert(
+            id,
+            PolicyTarget {
+                kind: p.kind,
+                key: p.key.clone(),
+                eip_v4: st.eip.ipv4.parse().ok(),
+                eip_v6: st.eip.ipv6.parse().ok(),
+                gateway_node: st.node.clone(),
+                tunnel_endpoint: tunnel_endpoint(view, &st.node),
+                local: st.node == me,
+                use_node_ip: p.fields.egress_ip.use_node_ip,
+                epoch: epoch_of(&gw, &st.node, &v4, &v6),
+            },
+        );
+        active.push((p, id));
+    }
+
+    // Match rules for local pods.
+    let mut rules = BTreeSet::new();
+    for pod in view.pods.iter().filter(|p| p.node == me) {
+        let nsl = view.namespace_labels(&pod.namespace);
+        for src in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
+            let mut taken: Vec<IpNet> = Vec::new();
+            for (p, id) in &active {
+                if !p.selects(pod, &nsl) {
+                    continue;
+                }
+                let t = &out.policies[id];
+                let has_eip = match src {
+                    IpAddr::V4(_) => t.eip_v4.is_some(),
+                    IpAddr::V6(_) => t.eip_v6.is_some(),
+                };
+                if !has_eip {
+                    continue;
+                }
+                let fam = |n: &IpNet| n.addr().is_ipv6() == src.is_ipv6();
+                let mut mine: Vec<(IpNet, RuleAction)> = Vec::new();
+                for ex in p
+                    .fields
+                    .excluded_subnet
+                    .iter()
+                    .filter_map(|c| parse_cidr(c).ok())
+                    .filter(fam)
+                {
+                    if !covered(&taken, &ex) {
+                        mine.push((ex, RuleAction::Skip));
+                    }
+                }
+                let dsts: Vec<IpNet> = if p.fields.dest_subnet.is_empty() {
+                    vec![if src.is_ipv6() {
+                        "::/0".parse().unwrap()
+                    } else {
+                        "0.0.0.0/0".parse().unwrap()
+                    }]
+                } else {
+                    p.fields
+                        .dest_subnet
+                        .iter()
+                        .filter_map(|c| parse_cidr(c).ok())
+                        .filter(fam)
+                        .collect()
+                };
+                for d in dsts {
+                    if !covered(&taken, &d) {
+                        mine.push((d, RuleAction::Egress(*id)));
+                    }
+                }
+                for (dst, action) in mine {
+                    taken.push(dst);
+                    rules.insert(MatchRule { src, dst, action });
+                }
+            }
+        }
+    }
+    out.rules = rules.into_iter().collect();
+
+    // Port blocks, reply steering, owned EIPs.
+    for g in &view.gateways {
+        let Some(st) = &g.status else { continue };
+        let size = st.port_block_size.max(1);
+        let gw_name = g.metadata.name.clone().unwrap_or_default();
+        let is_eligible = eligible(g, view, me);
+        out.gateway_eligible |= is_eligible;
+        for b in &st.port_blocks {
+            let Ok(eip) = b.eip.parse::<IpAddr>() else {
+                continue;
+            };
+            if b.node == me {
+                out.port_blocks
+                    .entry(eip)
+                    .or_default()
+                    .extend(b.blocks.iter().map(|&i| {
+                        let first = (i as u32 * size as u32).min(65535) as u16;
+                        PortRange {
+                            block: i,
+                            first,
+                            last: (first as u32 + size as u32 - 1).min(65535) as u16,
+                        }
+                    }));
+            }
+            if is_eligible {
+                if let Some(ep) = tunnel_endpoint(view, &b.node) {
+                    for &i in &b.blocks {
+                        out.reply_steering.insert((eip, i), ep);
+                    }
+                }
+            }
+        }
+        if view.phase(me) == TunnelPhase::Ready {
+            for n in st.node_list.iter().filter(|n| n.name == me) {
+                for e in &n.eips {
+                    for a in [&e.ipv4, &e.ipv6] {
+                        if let Ok(ip) = a.parse::<IpAddr>() {
+                            out.owned_eips.insert(
+                                ip,
+                                OwnedEip {
+                                    gateway: gw_name.clone(),
+                                    epoch: e.epoch,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for v in out.port_blocks.values_mut() {
+        v.sort();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
