@@ -1,0 +1,121 @@
+//! A stand-alone speaker for interop tests and the benchmark, which need a
+//! process they can kill -9 and start again. The `egress` binary embeds
+//! the library instead.
+//!
+//! Usage: `bgp-speaker CONFIG.json`. Prints `ready` once listening, then
+//! one JSON line per best-route change, and a status JSON line for every
+//! line read on stdin. SIGTERM: stop for restart (connections closed
+//! without NOTIFICATION, so graceful-restart helpers keep our routes);
+//! SIGINT: Cease to every peer.
+//!
+//! ```json
+//! {"asn": 65000, "router_id": "10.0.0.1", "cluster_id": "1.1.1.1",
+//!  "listen": "10.0.0.1:179", "hold_time": 9, "restart_time": 30,
+//!  "restarting": true, "deferral_time": 10,
+//!  "peers": [{"address": "10.0.0.2", "asn": 65000, "client": true, "passive": true}],
+//!  "announce": [["10.244.1.0/24", "10.0.0.1"]]}
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use egress_bgp::gr::GrConfig;
+use egress_bgp::speaker::{PeerSpec, Speaker, SpeakerConfig};
+use egress_bgp::Prefix;
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[derive(Deserialize)]
+struct Config {
+    asn: u32,
+    router_id: Ipv4Addr,
+    cluster_id: Option<Ipv4Addr>,
+    listen: Option<SocketAddr>,
+    #[serde(default = "default_hold")]
+    hold_time: u16,
+    /// 0 turns graceful restart off.
+    #[serde(default = "default_restart")]
+    restart_time: u16,
+    #[serde(default)]
+    restarting: bool,
+    #[serde(default = "default_deferral")]
+    deferral_time: u64,
+    #[serde(default = "default_retry_ms")]
+    connect_retry_ms: u64,
+    #[serde(default)]
+    peers: Vec<PeerSpec>,
+    #[serde(default)]
+    announce: Vec<(Prefix, IpAddr)>,
+    /// Print best-route changes (off for large benchmark tables).
+    #[serde(default = "yes")]
+    print_routes: bool,
+}
+
+fn default_hold() -> u16 {
+    90
+}
+fn default_restart() -> u16 {
+    120
+}
+fn default_deferral() -> u64 {
+    60
+}
+fn default_retry_ms() -> u64 {
+    1000
+}
+fn yes() -> bool {
+    true
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args()
+        .nth(1)
+        .ok_or("usage: bgp-speaker CONFIG.json")?;
+    let c: Config = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut cfg = SpeakerConfig::new(c.asn, c.router_id);
+    cfg.cluster_id = c.cluster_id;
+    cfg.listen = c.listen;
+    cfg.hold_time = c.hold_time;
+    cfg.connect_retry = Duration::from_millis(c.connect_retry_ms);
+    cfg.restarting = c.restarting;
+    cfg.graceful_restart = (c.restart_time > 0).then(|| GrConfig {
+        restart_time: c.restart_time,
+        deferral_time: Duration::from_secs(c.deferral_time),
+        ..GrConfig::default()
+    });
+    cfg.peers = c.peers;
+    let speaker = Speaker::start(cfg).await?;
+    let h = speaker.handle();
+    for (prefix, nh) in c.announce {
+        h.announce(prefix, nh).await?;
+    }
+    let mut changes = h.subscribe().await?;
+    println!("ready");
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut stdin_open = true;
+    loop {
+        tokio::select! {
+            Some(change) = changes.recv() => {
+                if c.print_routes {
+                    println!("{}", serde_json::to_string(&change)?);
+                }
+            }
+            line = stdin.next_line(), if stdin_open => match line {
+                Ok(Some(_)) => println!("{}", serde_json::to_string(&h.status().await?)?),
+                _ => stdin_open = false,
+            },
+            _ = term.recv() => {
+                speaker.abort();
+                return Ok(());
+            }
+            _ = int.recv() => {
+                speaker.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
+}
