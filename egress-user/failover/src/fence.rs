@@ -137,6 +137,28 @@ impl Fence {
             .collect()
     }
 
+    /// EIPs the datastore still assigns to this node but that it withholds
+    /// because it fenced itself while holding them at that epoch. The agent
+    /// publishes this list (on its EgressTunnel) and the controller answers by
+    /// re-assigning each of them with a new epoch, to this node or another.
+    /// Needed because the agent fences a little before the controller's
+    /// timeout: a node that was silent for longer than `fence_after` but less
+    /// than the controller noticed is never evicted, and without this its
+    /// EIPs would stay assigned and unannounced.
+    pub fn awaiting_reconfirmation(&self) -> BTreeSet<Announcement> {
+        self.owned
+            .iter()
+            .filter(|(eip, epoch)| {
+                let seen = self.highest_seen.get(eip).copied().unwrap_or(0);
+                **epoch >= seen && self.fenced_epochs.get(eip).is_some_and(|f| **epoch <= *f)
+            })
+            .map(|(eip, epoch)| Announcement {
+                eip: *eip,
+                epoch: *epoch,
+            })
+            .collect()
+    }
+
     /// When [`Fence::announcements`] changes if nothing else happens: the
     /// fencing deadline, while it is ahead. The agent must re-evaluate (and
     /// withdraw) then, even if its datastore calls are still hanging.
@@ -465,6 +487,37 @@ mod tests {
                 },
             ],
         );
+    }
+
+    #[test]
+    fn withheld_eips_await_reconfirmation() {
+        let t0 = Instant::now();
+        let t = |v: u64| t0 + ms(v);
+        let mut f = Fence::with_fence_after("a", ms(900));
+        f.apply_assignments(
+            t(0),
+            [assign(1, "a", 3), assign(2, "a", 5), assign(3, "b", 1)],
+        );
+        f.on_heartbeat_renewed(t(0));
+        assert!(
+            f.awaiting_reconfirmation().is_empty(),
+            "nothing withheld while healthy"
+        );
+        // Silent from 900 ms; back at 1000 ms, before any controller timeout.
+        f.on_heartbeat_renewed(t(1000));
+        f.apply_assignments(
+            t(1010),
+            [assign(1, "a", 3), assign(2, "a", 5), assign(3, "b", 1)],
+        );
+        assert!(f.announcements(t(1010)).is_empty());
+        assert_eq!(f.awaiting_reconfirmation(), ann(&[(1, 3), (2, 5)]));
+        // The controller re-confirms EIP 1 here and moves EIP 2 away.
+        f.apply_assignments(
+            t(1100),
+            [assign(1, "a", 6), assign(2, "b", 7), assign(3, "b", 1)],
+        );
+        assert_eq!(f.announcements(t(1100)), ann(&[(1, 6)]));
+        assert!(f.awaiting_reconfirmation().is_empty());
     }
 
     #[test]

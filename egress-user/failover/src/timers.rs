@@ -65,7 +65,7 @@ pub enum TimerError {
 pub enum DurationParseError {
     #[error("empty duration")]
     Empty,
-    #[error("{0:?} is not a duration: expected a number with a unit (300ms, 5s, 1.5s, 1m, 1h) or a number of seconds")]
+    #[error("{0:?} is not a duration: expected numbers with units (300ms, 5s, 1.5s, 1m30s) or a number of seconds")]
     Malformed(String),
     #[error("{0:?} has an unknown unit (use ns, us, ms, s, m or h)")]
     UnknownUnit(String),
@@ -144,49 +144,64 @@ impl FailoverTimers {
     }
 }
 
-/// Parses "300ms", "5s", "1.5s", "1m", "2h", or a bare number of seconds
-/// ("5", as spidernet's chart values are written).
+/// Parses "300ms", "5s", "1.5s", "1m30s", "2h" (a sequence of numbers with
+/// units ns, us, ms, s, m, h, as the chart's schema allows), or a bare number
+/// of seconds ("5", as spidernet's chart values are written).
 pub fn parse_duration(input: &str) -> Result<Duration, DurationParseError> {
     let s = input.trim();
     if s.is_empty() {
         return Err(DurationParseError::Empty);
     }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let nanos_per_unit: u128 = match unit.trim() {
-        "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "" | "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        _ => return Err(DurationParseError::UnknownUnit(input.to_string())),
-    };
     let malformed = || DurationParseError::Malformed(input.to_string());
-    let (int, frac) = match number.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (number, ""),
-    };
-    if int.is_empty() && frac.is_empty() || frac.contains('.') {
-        return Err(malformed());
-    }
     let overflow = || DurationParseError::Overflow(input.to_string());
-    let int: u128 = if int.is_empty() {
-        0
-    } else {
-        int.parse().map_err(|_| overflow())?
-    };
-    let mut nanos = int.checked_mul(nanos_per_unit).ok_or_else(overflow)?;
-    // Fraction digits beyond nanosecond precision are dropped.
-    let mut scale = nanos_per_unit;
-    for digit in frac.bytes() {
-        scale /= 10;
-        nanos += u128::from(digit - b'0') * scale;
+    let mut rest = s;
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(num_len);
+        let unit_len = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        if number.is_empty() && unit.is_empty() {
+            // Neither a digit nor a letter: a sign, a space, punctuation.
+            return Err(malformed());
+        }
+        let nanos_per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" => 1_000,
+            "ms" => 1_000_000,
+            // A bare number is seconds, but only on its own ("5", not "1m5").
+            "" if s == number => 1_000_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(malformed()),
+            _ => return Err(DurationParseError::UnknownUnit(input.to_string())),
+        };
+        let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+        if int.is_empty() && frac.is_empty() || frac.contains('.') {
+            return Err(malformed());
+        }
+        let int: u128 = if int.is_empty() {
+            0
+        } else {
+            int.parse().map_err(|_| overflow())?
+        };
+        let mut nanos = int.checked_mul(nanos_per_unit).ok_or_else(overflow)?;
+        // Fraction digits beyond nanosecond precision are dropped.
+        let mut scale = nanos_per_unit;
+        for digit in frac.bytes() {
+            scale /= 10;
+            nanos += u128::from(digit - b'0') * scale;
+        }
+        total = total.checked_add(nanos).ok_or_else(overflow)?;
+        rest = after;
     }
-    let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| overflow())?;
-    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| overflow())?;
+    Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
 }
 
 /// Prints a duration the way [`parse_duration`] reads it ("300ms", "5s", "1.5s").
@@ -239,6 +254,10 @@ mod tests {
             ("5", ms(5000)),
             (" 15s ", ms(15000)),
             ("0.5ms", Duration::from_micros(500)),
+            ("1m30s", ms(90_000)),
+            ("1h1m1s1ms", ms(3_661_001)),
+            ("1.5m", ms(90_000)),
+            ("250us", Duration::from_micros(250)),
         ];
         for (input, want) in cases {
             assert_eq!(parse_duration(input).as_ref(), Ok(want), "{input}");
@@ -247,27 +266,29 @@ mod tests {
 
     #[test]
     fn rejects_bad_durations() {
-        assert_eq!(parse_duration(""), Err(DurationParseError::Empty));
-        assert!(matches!(
-            parse_duration("5x"),
-            Err(DurationParseError::UnknownUnit(_))
-        ));
-        assert!(matches!(
-            parse_duration("ms"),
-            Err(DurationParseError::Malformed(_))
-        ));
-        assert!(matches!(
-            parse_duration("1.2.3s"),
-            Err(DurationParseError::Malformed(_))
-        ));
-        assert!(matches!(
-            parse_duration("-5s"),
-            Err(DurationParseError::UnknownUnit(_))
-        ));
-        assert!(matches!(
-            parse_duration("99999999999999999999999999h"),
-            Err(DurationParseError::Overflow(_))
-        ));
+        use DurationParseError as E;
+        let kind = |r: Result<Duration, E>| match r {
+            Ok(_) => "ok",
+            Err(E::Empty) => "empty",
+            Err(E::Malformed(_)) => "malformed",
+            Err(E::UnknownUnit(_)) => "unit",
+            Err(E::Overflow(_)) => "overflow",
+        };
+        let cases = [
+            ("", "empty"),
+            ("  ", "empty"),
+            ("5x", "unit"),
+            ("5sec", "unit"),
+            ("ms", "malformed"),
+            ("1.2.3s", "malformed"),
+            ("-5s", "malformed"),
+            ("5 s", "malformed"),
+            ("1m30", "malformed"),
+            ("99999999999999999999999999h", "overflow"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(kind(parse_duration(input)), want, "{input:?}");
+        }
     }
 
     #[test]
