@@ -6,8 +6,10 @@
 //! changes only the network namespace: the host's /sys/fs/bpf stays visible,
 //! so maps pinned by an agent in a "node" can be read from outside.
 
+pub mod etcd;
 mod netns;
 mod process;
+pub mod topology;
 
 pub use netns::{link_veth, unique_name, Netns, PinDir};
 pub use process::{run, Proc};

@@ -31,6 +31,14 @@ impl Netns {
         run(&["ip", "netns", "add", &name])?;
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"])?;
+        // No duplicate address detection: addresses (link-local ones too) are
+        // usable at once, instead of about a second after each link comes up.
+        ns.exec(&[
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.accept_dad=0",
+            "net.ipv6.conf.default.accept_dad=0",
+        ])?;
         Ok(ns)
     }
 

@@ -1,0 +1,195 @@
+//! A small cluster in network namespaces: the underlay every end-to-end
+//! scenario, benchmark and the demo share.
+//!
+//! ```text
+//!   pod ns --veth-- node ns (worker or gateway) --veth-- fabric ns --veth-- server ns
+//!                     10.10.0.N/24                 br0 10.10.0.254      198.51.100.10
+//!                                                  198.51.100.1
+//! ```
+//! The fabric is the underlay switch (bridge `br0`) and the upstream router
+//! to the external server; etcd, FRR and controllers can run there. EIPs are
+//! taken from the underlay subnet (10.10.0.200-220, fd00:10::200-220), so in
+//! L2 mode the fabric finds an EIP's owner by ARP/NDP. Pod CIDRs are routed
+//! by the fabric to their node, so traffic outside any policy leaves with the
+//! pod's own address.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use anyhow::Result;
+
+use crate::netns::{link_veth, Netns};
+
+pub const UNDERLAY_PREFIX: &str = "10.10.0";
+pub const FABRIC_UNDERLAY_IP: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 254);
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub const SERVER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x10);
+
+/// The `i`-th EIP of the test pool (0-based), on the underlay subnet.
+pub fn eip(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 10, 0, 200 + i)
+}
+
+/// The `i`-th IPv6 EIP of the test pool.
+pub fn eip6(i: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0, 0, 0, 0, 0, 0x200 + u16::from(i))
+}
+
+pub struct Pod {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
+    /// The host-side veth in the node namespace.
+    pub host_veth: String,
+}
+
+pub struct Node {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
+    /// Index into the topology's nodes; also picks the pod CIDR 10.244.<index+1>.0/24.
+    pub index: u8,
+    pub uplink: String,
+    /// The fabric-side end of this node's uplink (cut it to kill the node's datapath).
+    pub fabric_port: String,
+    pub pods: Vec<Pod>,
+}
+
+impl Node {
+    pub fn pod_cidr(&self) -> String {
+        format!("10.244.{}.0/24", self.index + 1)
+    }
+    pub fn pod_cidr6(&self) -> String {
+        format!("fd00:244:{}::/64", self.index + 1)
+    }
+}
+
+pub struct Topology {
+    pub fabric: Netns,
+    pub server: Netns,
+    pub nodes: Vec<Node>,
+}
+
+impl Topology {
+    /// Builds the fabric, the server and one namespace per node name.
+    pub fn build(node_names: &[&str]) -> Result<Self> {
+        let fabric = Netns::new("fab")?;
+        let server = Netns::new("srv")?;
+        fabric.enable_forwarding()?;
+        fabric.bridge("br0")?;
+        fabric.addr("br0", &format!("{FABRIC_UNDERLAY_IP}/24"))?;
+        fabric.addr("br0", "fd00:10::254/64")?;
+        link_veth(&fabric, "srv0", &server, "eth0")?;
+        fabric.addr("srv0", "198.51.100.1/24")?;
+        fabric.addr("srv0", "2001:db8:100::1/64")?;
+        server.addr("eth0", &format!("{SERVER_IP}/24"))?;
+        server.addr("eth0", &format!("{SERVER_IP6}/64"))?;
+        server.route(&["default", "via", "198.51.100.1"])?;
+        server.route(&["default", "via", "2001:db8:100::1"])?;
+        let mut topo = Self {
+            fabric,
+            server,
+            nodes: Vec::new(),
+        };
+        for name in node_names {
+            topo.add_node(name)?;
+        }
+        Ok(topo)
+    }
+
+    fn add_node(&mut self, name: &str) -> Result<()> {
+        let index = self.nodes.len() as u8;
+        let ns = Netns::new(name)?;
+        ns.enable_forwarding()?;
+        let fabric_port = format!("n{index}");
+        link_veth(&ns, "eth0", &self.fabric, &fabric_port)?;
+        self.fabric
+            .ip(&["link", "set", &fabric_port, "master", "br0"])?;
+        let ip = Ipv4Addr::new(10, 10, 0, index + 1);
+        let ip6: Ipv6Addr = format!("fd00:10::{}", index + 1).parse()?;
+        ns.addr("eth0", &format!("{ip}/24"))?;
+        ns.addr("eth0", &format!("{ip6}/64"))?;
+        ns.route(&["default", "via", &FABRIC_UNDERLAY_IP.to_string()])?;
+        ns.route(&["default", "via", "fd00:10::254"])?;
+        let node = Node {
+            name: name.to_owned(),
+            ns,
+            ip,
+            ip6,
+            index,
+            uplink: "eth0".into(),
+            fabric_port,
+            pods: Vec::new(),
+        };
+        // The fabric routes each node's pod CIDRs to it (what BGP would teach it).
+        self.fabric
+            .route(&[&node.pod_cidr(), "via", &ip.to_string()])?;
+        self.fabric
+            .route(&[&node.pod_cidr6(), "via", &ip6.to_string()])?;
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    /// Adds a pod to node `node` (index), wired the way common CNIs do it: a
+    /// /32 (/128) on the pod's eth0, a default route to a link-local next hop
+    /// that the host veth answers by proxy ARP/NDP, and a host route back.
+    pub fn add_pod(&mut self, node: usize, name: &str) -> Result<&Pod> {
+        let n = &mut self.nodes[node];
+        let j = n.pods.len() as u8;
+        let ns = Netns::new(name)?;
+        let host_veth = format!("veth{}", j);
+        link_veth(&n.ns, &host_veth, &ns, "eth0")?;
+        let ip = Ipv4Addr::new(10, 244, n.index + 1, j + 2);
+        let ip6: Ipv6Addr = format!("fd00:244:{}::{}", n.index + 1, j + 2).parse()?;
+        ns.addr("eth0", &format!("{ip}/32"))?;
+        ns.addr("eth0", &format!("{ip6}/128"))?;
+        ns.route(&["169.254.1.1", "dev", "eth0", "scope", "link"])?;
+        ns.route(&["default", "via", "169.254.1.1", "dev", "eth0"])?;
+        ns.route(&["default", "via", "fe80::1", "dev", "eth0"])?;
+        n.ns.exec(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv4.conf.{host_veth}.proxy_arp=1"),
+        ])?;
+        n.ns.exec(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{host_veth}.proxy_ndp=1"),
+        ])?;
+        n.ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fe80::1/64",
+            "dev",
+            &host_veth,
+            "nodad",
+        ])?;
+        n.ns.route(&[&format!("{ip}/32"), "dev", &host_veth])?;
+        n.ns.route(&[&format!("{ip6}/128"), "dev", &host_veth])?;
+        n.pods.push(Pod {
+            name: name.to_owned(),
+            ns,
+            ip,
+            ip6,
+            host_veth,
+        });
+        Ok(n.pods.last().unwrap())
+    }
+
+    /// Cuts node `node` off the underlay (its fabric port goes down), as a
+    /// dead link or a dead machine looks from the outside.
+    pub fn cut_node(&self, node: usize) -> Result<()> {
+        self.fabric
+            .ip(&["link", "set", &self.nodes[node].fabric_port, "down"])
+            .map(|_| ())
+    }
+
+    /// Restores a cut node's link.
+    pub fn restore_node(&self, node: usize) -> Result<()> {
+        self.fabric
+            .ip(&["link", "set", &self.nodes[node].fabric_port, "up"])
+            .map(|_| ())
+    }
+}
