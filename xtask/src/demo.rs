@@ -52,7 +52,7 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let started = Instant::now();
     if !args.no_build {
-        crate::setup::run()?;
+        crate::setup::run(root)?;
         build_ebpf::build(root, true)?;
         step("build the egress binary");
         exec(&mut cargo(

@@ -2,6 +2,7 @@
 
 mod build_ebpf;
 mod demo;
+mod helm;
 mod setup;
 mod shell;
 mod test;
@@ -67,7 +68,7 @@ fn main() {
     };
     let root = workspace_root();
     let result = match cli.task {
-        Task::Setup => setup::run(),
+        Task::Setup => setup::run(&root),
         Task::BuildEbpf { release } => build_ebpf::build(&root, release).map(|_| ()),
         Task::Test { unprivileged } => test::run(&root, unprivileged),
         Task::Demo(args) => demo::run(&root, args),

@@ -41,7 +41,7 @@ const PACKAGES: &[&str] = &[
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-pub fn run() -> Result<()> {
+pub fn run(root: &std::path::Path) -> Result<()> {
     step("setup: toolchains");
     if !succeeds("rustup", &["run", "nightly", "rustc", "--version"]) {
         bail!(
@@ -86,18 +86,16 @@ pub fn run() -> Result<()> {
             );
             exec(
                 Command::new("cargo")
-                    .args([
-                        "install",
-                        "bpf-linker",
-                        "--locked",
-                        "--version",
-                        BPF_LINKER_VERSION,
-                    ])
+                    .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
                     .args(["--no-default-features", "--features", "llvm-22"])
                     .env("PATH", path),
             )?;
         }
     }
+
+    step("setup: helm (renders the chart in its tests)");
+    let helm = crate::helm::ensure_helm(root)?;
+    println!("present: {}", helm.display());
     Ok(())
 }
 

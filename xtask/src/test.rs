@@ -10,7 +10,7 @@ use crate::{
 };
 
 pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
-    setup::run()?;
+    setup::run(root)?;
     build_ebpf::build(root, true)?;
 
     step("format");
