@@ -1,15 +1,20 @@
 //! The I/O edge of the probes: one UDP socket, one [`Session`] per peer, run
 //! by a tokio task that reports session changes on a channel.
 //!
-//! Peers are configured on both ends (each gateway candidate adds the others,
-//! the controller adds every candidate); a packet from an address that is not
-//! a configured peer is dropped. Packets are matched to sessions by our
-//! discriminator once the peer knows it, by source address before that.
+//! Sessions are active (the peer was added with [`Prober::add_peer`]: we
+//! start the handshake and keep probing it until it is removed) or passive
+//! (with [`ProberConfig::accept_unknown_peers`], a Down packet from an unknown
+//! address opens a session that answers, and that is dropped once it goes
+//! down again). Gateway candidates add each other as active peers; the
+//! controller probes them actively and the agents answer passively, so
+//! agents need not know the controller replicas' addresses. Packets are
+//! matched to sessions by our discriminator once the peer knows it, by source
+//! address before that.
 //!
 //! Not done (yet): RFC 5881's TTL 255 check and binding to a device; the
 //! underlay is trusted as it is for VXLAN.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -33,14 +38,18 @@ pub struct ProberConfig {
     pub bind: SocketAddr,
     /// Intervals and multiplier of every session.
     pub session: SessionConfig,
+    /// Answer probes from addresses that were not added as peers.
+    pub accept_unknown_peers: bool,
 }
 
 impl ProberConfig {
-    /// Listens on `ip` at [`DEFAULT_PROBE_PORT`] with default intervals.
+    /// Listens on `ip` at [`DEFAULT_PROBE_PORT`] with default intervals,
+    /// probing only the peers it is given.
     pub fn new(ip: std::net::IpAddr) -> Self {
         Self {
             bind: SocketAddr::new(ip, DEFAULT_PROBE_PORT),
             session: SessionConfig::default(),
+            accept_unknown_peers: false,
         }
     }
 }
@@ -105,7 +114,9 @@ impl Prober {
         let worker = Worker {
             socket,
             config: config.session,
+            accept_unknown_peers: config.accept_unknown_peers,
             sessions: HashMap::new(),
+            passive: HashSet::new(),
             by_discriminator: HashMap::new(),
             next_discriminator: seed | 1,
             rng: seed | 1,
@@ -163,7 +174,10 @@ impl Prober {
 struct Worker {
     socket: UdpSocket,
     config: SessionConfig,
+    accept_unknown_peers: bool,
     sessions: HashMap<SocketAddr, Session>,
+    /// Sessions opened by the peer; dropped when they go down.
+    passive: HashSet<SocketAddr>,
     by_discriminator: HashMap<u32, SocketAddr>,
     next_discriminator: u32,
     rng: u32,
@@ -184,7 +198,11 @@ impl Worker {
                     Err(err) => warn!(%err, "probe receive failed"),
                 },
                 command = commands.recv() => match command {
-                    Some(Command::AddPeer(peer)) => self.add_peer(peer),
+                    Some(Command::AddPeer(peer)) => {
+                        // An added peer is active even if it opened the session.
+                        self.passive.remove(&peer);
+                        self.add_peer(peer);
+                    }
                     Some(Command::RemovePeer(peer)) => self.remove_peer(peer).await,
                     Some(Command::Shutdown(done)) => {
                         let peers: Vec<_> = self.sessions.keys().copied().collect();
@@ -226,6 +244,7 @@ impl Worker {
         let Some(mut session) = self.sessions.remove(&peer) else {
             return;
         };
+        self.passive.remove(&peer);
         self.by_discriminator.remove(&session.local_discriminator());
         let now = Instant::now().into_std();
         if let Some(event) = session.admin_down(now) {
@@ -253,9 +272,21 @@ impl Worker {
         } else {
             self.sessions.contains_key(&from).then_some(from)
         };
-        let Some(peer) = peer.filter(|p| *p == from) else {
-            debug!(%from, your_discriminator = pkt.your_discriminator, "probe packet from no configured peer");
-            return;
+        let peer = match peer {
+            Some(peer) if peer == from => peer,
+            None if self.accept_unknown_peers
+                && pkt.your_discriminator == 0
+                && pkt.state == SessionState::Down
+                && !self.sessions.contains_key(&from) =>
+            {
+                self.add_peer(from);
+                self.passive.insert(from);
+                from
+            }
+            _ => {
+                debug!(%from, your_discriminator = pkt.your_discriminator, "probe packet from no configured peer");
+                return;
+            }
         };
         let now = Instant::now().into_std();
         let Some(session) = self.sessions.get_mut(&peer) else {
@@ -272,6 +303,26 @@ impl Worker {
                 }
             }
             Err(err) => debug!(%peer, %err, "probe packet rejected"),
+        }
+        self.drop_dead_passive(peer);
+    }
+
+    /// A passive session that went down is forgotten: the peer opens a new
+    /// one if it is still there, and we stop sending to an address that may
+    /// be gone for good.
+    fn drop_dead_passive(&mut self, peer: SocketAddr) {
+        let down = self
+            .sessions
+            .get(&peer)
+            .is_some_and(|s| s.state() == SessionState::Down);
+        if down && self.passive.remove(&peer) {
+            if let Some(session) = self.sessions.remove(&peer) {
+                self.by_discriminator.remove(&session.local_discriminator());
+            }
+            self.states.send_modify(|s| {
+                s.remove(&peer);
+            });
+            debug!(%peer, "passive probe session closed");
         }
     }
 
@@ -299,6 +350,7 @@ impl Worker {
                 self.emit(peer, event, now);
             }
             self.publish_state(peer);
+            self.drop_dead_passive(peer);
         }
         for (peer, pkt) in due {
             self.send(peer, &pkt).await;
@@ -355,6 +407,7 @@ mod tests {
                 required_min_rx_ms: interval_ms,
                 detect_multiplier: 3,
             },
+            accept_unknown_peers: false,
         }
     }
 
@@ -442,6 +495,46 @@ mod tests {
             )
         );
         a.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_passive_prober_answers_and_forgets_a_dead_prober() {
+        let (active, mut active_events) = Prober::start(config(100)).await.unwrap();
+        let passive_config = ProberConfig {
+            accept_unknown_peers: true,
+            ..config(100)
+        };
+        let (passive, mut passive_events) = Prober::start(passive_config).await.unwrap();
+        // Only the active side knows its peer.
+        active.add_peer(passive.local_addr());
+        let up = next_event(&mut active_events, Duration::from_secs(5)).await;
+        assert_eq!(
+            (up.peer, up.event),
+            (passive.local_addr(), SessionEvent::SessionUp)
+        );
+        let up = next_event(&mut passive_events, Duration::from_secs(5)).await;
+        assert_eq!(
+            (up.peer, up.event),
+            (active.local_addr(), SessionEvent::SessionUp)
+        );
+        let active_addr = active.local_addr();
+        active.abort();
+        let down = next_event(&mut passive_events, Duration::from_millis(300 + 400)).await;
+        assert_eq!(
+            (down.peer, down.event),
+            (
+                active_addr,
+                SessionEvent::SessionDown {
+                    reason: DownReason::DetectTimeExpired
+                }
+            )
+        );
+        let mut states = passive.states();
+        tokio::time::timeout(Duration::from_secs(1), states.wait_for(|s| s.is_empty()))
+            .await
+            .expect("the dead passive session is dropped")
+            .unwrap();
+        passive.shutdown().await;
     }
 
     #[tokio::test]
