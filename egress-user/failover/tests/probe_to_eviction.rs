@@ -28,7 +28,6 @@ async fn a_dead_datapath_with_a_healthy_heartbeat_evicts() {
     let (gateway, _gateway_events) = Prober::start(config(true)).await.unwrap();
     controller.add_peer(gateway.local_addr());
 
-    let mut health = ProbeHealth::Unknown;
     let observe = |health: ProbeHealth, phase: TunnelPhase| NodeObservation {
         node: "gw1".into(),
         phase,
@@ -42,7 +41,7 @@ async fn a_dead_datapath_with_a_healthy_heartbeat_evicts() {
         .await
         .unwrap()
         .unwrap();
-    health = ProbeHealth::after(event.event);
+    let mut health = ProbeHealth::after(event.event);
     assert_eq!(health, ProbeHealth::Up);
     let d = evaluate(
         Instant::now(),
