@@ -4,7 +4,7 @@
 //!
 //! Usage: `bgp-speaker CONFIG.json`. Prints `ready` once listening, then
 //! one JSON line per best-route change, and a status JSON line for every
-//! line read on stdin. SIGTERM: stop for restart (connections closed
+//! line read on stdin (or in `status_file`, rewritten every 50 ms). SIGTERM: stop for restart (connections closed
 //! without NOTIFICATION, so graceful-restart helpers keep our routes);
 //! SIGINT: Cease to every peer.
 //!
@@ -50,6 +50,9 @@ struct Config {
     /// Print best-route changes (off for large benchmark tables).
     #[serde(default = "yes")]
     print_routes: bool,
+    /// Rewrite this file with the status JSON every 50 ms (for tests
+    /// that poll the speaker from outside).
+    status_file: Option<std::path::PathBuf>,
 }
 
 fn default_hold() -> u16 {
@@ -97,8 +100,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut int = signal(SignalKind::interrupt())?;
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut stdin_open = true;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         tokio::select! {
+            _ = tick.tick(), if c.status_file.is_some() => {
+                let path = c.status_file.as_ref().expect("checked");
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, serde_json::to_vec(&h.status().await?)?)?;
+                std::fs::rename(&tmp, path)?;
+            }
             Some(change) = changes.recv() => {
                 if c.print_routes {
                     println!("{}", serde_json::to_string(&change)?);

@@ -237,6 +237,9 @@ impl RibTask {
                 self.rib.withdraw_local(prefix);
             }
             RibMsg::Subscribe(tx) => {
+                // Changes not yet delivered are in the snapshot below; give
+                // them to the older subscribers first so nobody sees one twice.
+                self.flush_best_changes();
                 let snapshot = self.rib.loc_rib().map(|r| BestChange::Set {
                     prefix: r.prefix,
                     next_hop: r.next_hop,
@@ -455,12 +458,16 @@ impl RibTask {
 
     /// Sends queued Adj-RIB-Out changes, End-of-RIB after initial tables,
     /// and best-route changes to subscribers.
-    fn flush(&mut self) {
+    fn flush_best_changes(&mut self) {
         let changes = self.rib.take_best_changes();
         if !changes.is_empty() {
             self.subscribers
                 .retain(|s| changes.iter().all(|c| s.send(c.clone()).is_ok()));
         }
+    }
+
+    fn flush(&mut self) {
+        self.flush_best_changes();
         if self.rib.deferring() {
             return;
         }
