@@ -4,7 +4,8 @@
 //!
 //! Usage: `bgp-speaker CONFIG.json`. Prints `ready` once listening, then
 //! one JSON line per best-route change, and a status JSON line for every
-//! line read on stdin (or in `status_file`, rewritten every 50 ms). SIGTERM: stop for restart (connections closed
+//! line read on stdin (or, with the best routes, in `status_file`,
+//! rewritten every 50 ms). SIGTERM: stop for restart (connections closed
 //! without NOTIFICATION, so graceful-restart helpers keep our routes);
 //! SIGINT: Cease to every peer.
 //!
@@ -16,10 +17,12 @@
 //!  "announce": [["10.244.1.0/24", "10.0.0.1"]]}
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use egress_bgp::gr::GrConfig;
+use egress_bgp::rib::BestChange;
 use egress_bgp::speaker::{PeerSpec, Speaker, SpeakerConfig};
 use egress_bgp::Prefix;
 use serde::Deserialize;
@@ -101,17 +104,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut stdin_open = true;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
+    // The best routes, by prefix: (next hop, peer it came from).
+    let mut routes: BTreeMap<String, (IpAddr, Option<IpAddr>)> = BTreeMap::new();
     loop {
         tokio::select! {
             _ = tick.tick(), if c.status_file.is_some() => {
                 let path = c.status_file.as_ref().expect("checked");
                 let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, serde_json::to_vec(&h.status().await?)?)?;
+                let doc = serde_json::json!({"status": h.status().await?, "routes": routes});
+                std::fs::write(&tmp, serde_json::to_vec(&doc)?)?;
                 std::fs::rename(&tmp, path)?;
             }
             Some(change) = changes.recv() => {
                 if c.print_routes {
                     println!("{}", serde_json::to_string(&change)?);
+                }
+                if c.status_file.is_some() {
+                    match change {
+                        BestChange::Set { prefix, next_hop, from } => {
+                            routes.insert(prefix.to_string(), (next_hop, from));
+                        }
+                        BestChange::Removed { prefix } => {
+                            routes.remove(&prefix.to_string());
+                        }
+                    }
                 }
             }
             line = stdin.next_line(), if stdin_open => match line {

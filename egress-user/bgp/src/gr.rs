@@ -346,6 +346,18 @@ impl Restarter {
     }
 }
 
+/// The families whose End-of-RIB a restarting speaker waits for from this
+/// peer. None when graceful restart was not negotiated, and also when the
+/// peer itself has just restarted (R bit): RFC 4724 3 says not to wait
+/// for it then, which is what keeps two restarting speakers from waiting
+/// on each other.
+pub fn eor_to_wait_for(local: Option<&GracefulRestartCap>, peer: &Open) -> Option<Vec<Family>> {
+    if peer.graceful_restart().is_some_and(|c| c.restarting) {
+        return None;
+    }
+    negotiated_families(local, peer)
+}
+
 /// Families for which both OPENs carry graceful restart.
 pub fn negotiated_families(local: Option<&GracefulRestartCap>, peer: &Open) -> Option<Vec<Family>> {
     let local = local?;

@@ -274,3 +274,19 @@ fn end_of_rib_markers_per_family() {
     assert_eq!(m[0].end_of_rib_family(), Some(V4));
     assert_eq!(m[1].end_of_rib_family(), Some(V6));
 }
+
+#[test]
+fn restarting_peer_is_not_waited_for() {
+    let local = capability(&cfg(), true, &[V4]);
+    let mut restarting = peer_cap(&[(V4, true)], false);
+    restarting.restarting = true;
+    assert_eq!(
+        eor_to_wait_for(Some(&local), &open_with(Some(restarting))),
+        None
+    );
+    let steady = peer_cap(&[(V4, true)], false);
+    assert_eq!(
+        eor_to_wait_for(Some(&local), &open_with(Some(steady))),
+        Some(vec![V4])
+    );
+}

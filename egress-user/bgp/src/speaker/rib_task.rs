@@ -298,7 +298,7 @@ impl RibTask {
         tracing::info!(%peer, asn = neg.peer_asn, id = %neg.peer_id, "session established");
         self.rib.peer_up(peer, neg.peer_id, local_addr);
         self.helper_actions(peer, helper_actions);
-        let gr_families = gr::negotiated_families(local_gr.as_ref(), &neg.peer_open);
+        let gr_families = gr::eor_to_wait_for(local_gr.as_ref(), &neg.peer_open);
         let a = self.restarter.peer_up(peer, gr_families);
         self.restart_actions(a);
     }
