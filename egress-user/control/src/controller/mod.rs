@@ -8,7 +8,7 @@ mod view;
 
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{reconcile, ControllerConfig, Plan};
-pub use run::{run_controller, write_plan, RunConfig};
+pub use run::{gateway_eligible, run_controller, tick, write_plan, RunConfig, ELECTION, MANAGER};
 pub use view::{ClusterView, PolicyView};
 
 #[cfg(test)]

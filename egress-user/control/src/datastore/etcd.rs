@@ -402,19 +402,23 @@ impl Datastore for EtcdDatastore {
             election: lead.election.clone(),
         };
         let mut c = self.client();
-        let (mut keeper, mut stream) = c.lease_keep_alive(lead.token).await?;
-        keeper.keep_alive().await?;
-        match stream.message().await? {
-            Some(r) if r.ttl() > 0 => {}
-            _ => return Err(lost()),
-        }
         let path = format!("{}/leaders/{}", self.prefix, lead.election);
         let resp = c.get(path, None).await?;
         match resp.kvs().first() {
-            Some(kv) if kv.create_revision() as u64 == lead.term && kv.lease() == lead.token => {
-                Ok(())
-            }
-            _ => Err(lost()),
+            Some(kv) if kv.create_revision() as u64 == lead.term && kv.lease() == lead.token => {}
+            _ => return Err(lost()),
+        }
+        let (mut keeper, mut stream) = match c.lease_keep_alive(lead.token).await {
+            Ok(k) => k,
+            Err(e) if e.to_string().contains("not found") => return Err(lost()),
+            Err(e) => return Err(e.into()),
+        };
+        keeper.keep_alive().await?;
+        match stream.message().await {
+            Ok(Some(r)) if r.ttl() > 0 => Ok(()),
+            Ok(_) => Err(lost()),
+            Err(e) if e.to_string().contains("not found") => Err(lost()),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -1,0 +1,197 @@
+//! A real etcd for tests: random free ports, its own data folder, killed and
+//! removed on drop (also when the test panics).
+//!
+//! ```no_run
+//! let etcd = egress_tests::etcd::EtcdServer::start().unwrap();
+//! println!("{}", etcd.endpoint()); // http://127.0.0.1:PORT
+//! ```
+//!
+//! Optionally inside a network namespace ([`EtcdServer::start_in`]), for the
+//! multi-node tests: then it listens on the given address.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+pub struct EtcdServer {
+    child: Child,
+    dir: PathBuf,
+    client: SocketAddr,
+    netns: Option<String>,
+}
+
+/// A port the kernel says is free right now.
+fn free_port(ip: &str) -> Result<u16> {
+    let l = TcpListener::bind((ip, 0)).context("binding a probe socket")?;
+    Ok(l.local_addr()?.port())
+}
+
+impl EtcdServer {
+    /// Starts etcd on 127.0.0.1 and waits until it answers `/health`.
+    pub fn start() -> Result<Self> {
+        Self::spawn(None, "127.0.0.1")
+    }
+
+    /// Starts etcd inside network namespace `netns`, listening on `ip`
+    /// (an address of that namespace).
+    pub fn start_in(netns: &str, ip: &str) -> Result<Self> {
+        Self::spawn(Some(netns), ip)
+    }
+
+    fn spawn(netns: Option<&str>, ip: &str) -> Result<Self> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("egress-etcd-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // In a namespace the probe binds on the host; ports there are free
+        // anyway (fresh namespace), so any pair will do.
+        let (cport, pport) = if netns.is_some() {
+            (2379, 2380)
+        } else {
+            (free_port(ip)?, free_port(ip)?)
+        };
+        let curl = format!("http://{ip}:{cport}");
+        let purl = format!("http://{ip}:{pport}");
+        let name = format!("t{n}");
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcd"]);
+                c
+            }
+            None => Command::new("etcd"),
+        };
+        cmd.args(["--name", &name, "--data-dir"])
+            .arg(dir.join("data"))
+            .args([
+                "--listen-client-urls",
+                &curl,
+                "--advertise-client-urls",
+                &curl,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &purl,
+                "--initial-advertise-peer-urls",
+                &purl,
+            ])
+            .args(["--initial-cluster", &format!("{name}={purl}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log"))?);
+        let child = cmd
+            .spawn()
+            .context("starting etcd (is etcd-server installed?)")?;
+        let mut me = Self {
+            child,
+            dir,
+            client: format!("{ip}:{cport}").parse()?,
+            netns: netns.map(String::from),
+        };
+        me.wait_healthy(Duration::from_secs(20))?;
+        Ok(me)
+    }
+
+    /// Polls `/health` until etcd says it is healthy.
+    fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "etcd exited ({status}) before it was healthy: {}",
+                    self.log_tail()
+                );
+            }
+            if self.healthy() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "etcd at {} not healthy after {timeout:?}: {}",
+                    self.client,
+                    self.log_tail()
+                );
+            }
+            // Each probe blocks on connect/read; a failed one comes back
+            // at once, so pace the retries a little.
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+    }
+
+    fn healthy(&self) -> bool {
+        if let Some(ns) = &self.netns {
+            // The host cannot reach into the namespace: ask from inside.
+            return Command::new("ip")
+                .args(["netns", "exec", ns, "etcdctl", "--dial-timeout=1s"])
+                .arg(format!("--endpoints={}", self.endpoint()))
+                .args(["endpoint", "health"])
+                .env("ETCDCTL_API", "3")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+        let Ok(mut s) = TcpStream::connect_timeout(&self.client, Duration::from_millis(200)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = format!("GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", self.client);
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body.contains("\"health\":\"true\"")
+    }
+
+    /// `http://IP:PORT`, for clients.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().rev().take(5).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_answers_and_cleans_up() {
+        let dir;
+        {
+            let e = EtcdServer::start().unwrap();
+            dir = e.data_dir().to_path_buf();
+            assert!(e.healthy());
+            assert!(dir.exists());
+        }
+        assert!(!dir.exists(), "data folder removed on drop");
+    }
+}
