@@ -1,6 +1,7 @@
 //! Userspace of the egress gateway: the agent, controller and reflector
 //! roles, and the operator tools, behind the one `egress` binary.
 
+pub mod admin;
 pub mod cli;
 pub mod datapath;
 pub mod node;

@@ -17,6 +17,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Agent(args) => cli::agent::run(args).await,
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Controller => anyhow::bail!("`egress controller` is not built yet (issue 4)"),
-        Command::Reflector => anyhow::bail!("`egress reflector` is not built yet (issue 6)"),
+        Command::Reflector(args) => cli::reflector::run(args).await,
+        Command::Bgp(cmd) => cli::bgp::run(cmd).await,
     }
 }

@@ -1,7 +1,9 @@
 //! The `egress` command line: one binary, a subcommand per role and tool.
 
 pub mod agent;
+pub mod bgp;
 pub mod inspect;
+pub mod reflector;
 
 use clap::{Parser, Subcommand};
 
@@ -26,7 +28,10 @@ pub enum Command {
     /// Run the controller: EIP allocation, gateway election, heartbeat monitoring.
     Controller,
     /// Run a standalone BGP route reflector.
-    Reflector,
+    Reflector(reflector::ReflectorArgs),
+    /// Look at a running BGP speaker.
+    #[command(subcommand)]
+    Bgp(bgp::BgpCommand),
     /// Decode the pinned maps of this node.
     Inspect(inspect::InspectArgs),
 }

@@ -1,0 +1,56 @@
+//! `egress reflector`: a standalone BGP route reflector (the controller runs
+//! the same speaker in-process).
+
+use std::{net::SocketAddr, sync::Arc};
+
+use anyhow::Result;
+use clap::Args;
+use egress_bgp::speaker::Speaker;
+
+use super::bgp::{status_json, BgpArgs};
+use crate::admin::{self, Response};
+
+#[derive(Debug, Args)]
+pub struct ReflectorArgs {
+    #[command(flatten)]
+    pub bgp: BgpArgs,
+    /// Admin endpoint: /healthz, /readyz, /bgp/status.
+    #[arg(long, env = "EGRESS_ADMIN_ADDR", default_value = "127.0.0.1:9464")]
+    pub admin_addr: SocketAddr,
+}
+
+pub async fn run(args: ReflectorArgs) -> Result<()> {
+    let cfg = args.bgp.speaker_config(None)?;
+    let speaker = Speaker::start(cfg).await?;
+    let handle = speaker.handle();
+    let status_handle = handle.clone();
+    let (admin, _task) = admin::serve(
+        args.admin_addr,
+        Arc::new(move |path: String| {
+            let h = status_handle.clone();
+            Box::pin(async move {
+                match path.as_str() {
+                    "/healthz" | "/readyz" => match h.status().await {
+                        Ok(_) => Response::ok("text/plain", "ok\n".into()),
+                        Err(e) => Response::unavailable(&e.to_string()),
+                    },
+                    "/bgp/status" => match h.status().await {
+                        Ok(s) => Response::json(&status_json(&s)),
+                        Err(e) => Response::unavailable(&e.to_string()),
+                    },
+                    _ => Response::not_found(),
+                }
+            })
+        }),
+    )
+    .await?;
+    let listen = handle
+        .listen_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(%listen, %admin, "reflector running");
+    println!("ready bgp={listen} admin={admin}");
+    super::agent::shutdown_signal().await;
+    speaker.shutdown().await;
+    Ok(())
+}
