@@ -10,6 +10,7 @@ pub mod apply;
 pub mod bpffs;
 pub mod caps;
 pub mod desired;
+pub mod links;
 pub mod loader;
 pub mod stats;
 pub mod translate;

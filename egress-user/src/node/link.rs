@@ -13,6 +13,8 @@ pub struct ObservedLink {
     pub kind: String,
     pub up: bool,
     pub mtu: u32,
+    /// Hardware address, for Ethernet-like devices.
+    pub mac: Option<[u8; 6]>,
     /// Set when the device's peer lives in another network namespace (a pod's veth).
     pub peer_netns_id: Option<i32>,
     pub vxlan: Option<ObservedVxlan>,
@@ -36,6 +38,9 @@ impl ObservedLink {
             match attr {
                 LinkAttribute::IfName(n) => link.name = n.clone(),
                 LinkAttribute::Mtu(m) => link.mtu = *m,
+                LinkAttribute::Address(a) if a.len() == 6 => {
+                    link.mac = a.as_slice().try_into().ok()
+                }
                 LinkAttribute::LinkNetNsId(id) => link.peer_netns_id = Some(*id),
                 LinkAttribute::LinkInfo(infos) => read_link_info(infos, &mut link),
                 _ => {}

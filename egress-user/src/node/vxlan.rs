@@ -138,6 +138,7 @@ mod tests {
             kind: "vxlan".into(),
             up,
             mtu,
+            mac: None,
             peer_netns_id: None,
             vxlan: Some(ObservedVxlan { external, port }),
         }
