@@ -1,0 +1,943 @@
+//! Every datapath program run on crafted packets with BPF_PROG_TEST_RUN:
+//! one test per path and per drop reason. Output bytes are parsed and their
+//! checksums recomputed by etherparse, never by the code under test.
+//!
+//! Each test loads the embedded object with its own pin folder, so tests
+//! run in parallel without sharing maps.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use egress_common::{config::NatTimeouts, drops::*};
+use egress_tests::{Netns, PinDir};
+use egress_user::{
+    datapath::{
+        apply, stats, Cidr, Datapath, DesiredMaps, NodeConfig, OwnedEip, PolicyRule,
+        PortBlockGrant, ReplySteering,
+    },
+    EBPF_OBJECT,
+};
+use etherparse::{
+    icmpv4::DestUnreachableHeader, Icmpv4Type, Icmpv6Type, NetSlice, PacketBuilder, SlicedPacket,
+    TcpOptionElement, TransportSlice,
+};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+
+const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x05];
+const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x01];
+const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0e, 0x0a];
+const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x0e, 0x99];
+
+const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
+const POD_OTHER: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 6);
+const SERVER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+const EXCLUDED_DST: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 200);
+const CLUSTER_DST: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+const EIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const EIP_NO_BLOCKS: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
+const GW_TUNNEL: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 11);
+const WORKER_TUNNEL: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 21);
+const POD6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 5);
+const SERVER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xe, 0, 0, 0, 0, 0x10);
+const EIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xe, 0, 0, 0, 0, 0x100);
+
+const BLOCK_SIZE: u16 = 1024;
+const BLOCK: u16 = 40; // ports 40960..=41983
+const BLOCK6: u16 = 41;
+const MTU: u16 = 1450;
+
+fn cidr(s: &str) -> Cidr {
+    s.parse().unwrap()
+}
+
+/// A worker and gateway in one map set (the programs pick their part).
+fn desired() -> DesiredMaps {
+    DesiredMaps {
+        config: NodeConfig {
+            is_worker: true,
+            is_gateway: true,
+            vxlan_ifindex: 1,
+            vni: 4242,
+            uplink_ifindex: 1,
+            uplink_mac: UPLINK_MAC,
+            tunnel_mtu: MTU,
+            port_block_size: BLOCK_SIZE,
+            node_tunnel_ip: WORKER_TUNNEL,
+            timeouts: NatTimeouts::default(),
+        },
+        policies: vec![
+            PolicyRule {
+                id: 7,
+                priority: 10,
+                sources: vec![Cidr::host(POD.into()), Cidr::host(POD6.into())],
+                destinations: vec![],
+                excluded: vec![cidr("203.0.113.128/25")],
+                eip_v4: Some(EIP),
+                eip_v6: Some(EIP6),
+                gateway_tunnel_ip: GW_TUNNEL,
+                local_gateway: false,
+                use_node_ip: false,
+            },
+            // A policy whose EIP has no port block on this node.
+            PolicyRule {
+                id: 8,
+                priority: 5,
+                sources: vec![Cidr::host(POD.into())],
+                destinations: vec![cidr("192.0.2.0/24")],
+                excluded: vec![],
+                eip_v4: Some(EIP_NO_BLOCKS),
+                eip_v6: None,
+                gateway_tunnel_ip: GW_TUNNEL,
+                local_gateway: false,
+                use_node_ip: false,
+            },
+        ],
+        cluster_cidrs: vec![
+            cidr("10.96.0.0/12"),
+            cidr("10.244.0.0/16"),
+            cidr("fd00:244::/32"),
+        ],
+        port_blocks: vec![
+            PortBlockGrant {
+                eip: EIP.into(),
+                blocks: vec![BLOCK],
+            },
+            PortBlockGrant {
+                eip: EIP6.into(),
+                blocks: vec![BLOCK6],
+            },
+        ],
+        reply_steering: vec![
+            ReplySteering {
+                eip: EIP.into(),
+                block: BLOCK,
+                worker_tunnel_ip: WORKER_TUNNEL,
+                local: false,
+            },
+            ReplySteering {
+                eip: EIP6.into(),
+                block: BLOCK6,
+                worker_tunnel_ip: WORKER_TUNNEL,
+                local: false,
+            },
+        ],
+        owned_eips: vec![
+            OwnedEip {
+                eip: EIP.into(),
+                answer_neigh: true,
+                node_ip: false,
+                epoch: 1,
+            },
+            OwnedEip {
+                eip: EIP6.into(),
+                answer_neigh: true,
+                node_ip: false,
+                epoch: 1,
+            },
+        ],
+    }
+}
+
+struct Fixture {
+    dp: Datapath,
+    pins: PinDir,
+}
+
+fn fixture_with(d: &DesiredMaps) -> anyhow::Result<Fixture> {
+    let pins = PinDir::new("tr")?;
+    let mut dp = Datapath::load(EBPF_OBJECT, pins.path())?;
+    apply(&mut dp, d)?;
+    Ok(Fixture { dp, pins })
+}
+
+fn fixture() -> anyhow::Result<Fixture> {
+    fixture_with(&desired())
+}
+
+impl Fixture {
+    fn run(&mut self, prog: &str, pkt: &[u8]) -> anyhow::Result<(u32, Vec<u8>)> {
+        run_prog(&mut self.dp, prog, pkt)
+    }
+
+    fn drops(&self, reason: u32) -> u64 {
+        stats::read_drops(self.pins.path()).unwrap()[reason as usize]
+            .1
+            .packets
+    }
+
+    fn all_drops(&self) -> u64 {
+        stats::read_drops(self.pins.path())
+            .unwrap()
+            .iter()
+            .map(|(_, c)| c.packets)
+            .sum()
+    }
+}
+
+fn run_prog(dp: &mut Datapath, prog: &str, pkt: &[u8]) -> anyhow::Result<(u32, Vec<u8>)> {
+    let p: &mut SchedClassifier = dp.ebpf.program_mut(prog).unwrap().try_into()?;
+    if p.fd().is_err() {
+        p.load()?;
+    }
+    let mut out = vec![0u8; pkt.len() + 256];
+    let r = p.test_run(TestRunOptions {
+        data_in: Some(pkt),
+        data_out: Some(&mut out),
+        ..TestRunOptions::new()
+    })?;
+    out.truncate(r.data_size_out as usize);
+    Ok((r.return_value, out))
+}
+
+// ---------- packet builders ----------
+
+fn tcp4(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, syn: bool) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(POD_MAC, HOST_MAC)
+        .ipv4(src.octets(), dst.octets(), 64)
+        .tcp(sport, dport, 1000, 64240);
+    let b = if syn {
+        b.syn()
+            .options(&[
+                TcpOptionElement::MaximumSegmentSize(1460),
+                TcpOptionElement::Noop,
+                TcpOptionElement::WindowScale(7),
+            ])
+            .unwrap()
+    } else {
+        b.ack(5)
+    };
+    let mut v = Vec::new();
+    b.write(&mut v, b"hello").unwrap();
+    v
+}
+
+fn udp4(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(POD_MAC, HOST_MAC)
+        .ipv4(src.octets(), dst.octets(), 64)
+        .udp(sport, dport)
+        .write(&mut v, payload)
+        .unwrap();
+    v
+}
+
+fn icmp4_echo(src: Ipv4Addr, dst: Ipv4Addr, id: u16, reply: bool) -> Vec<u8> {
+    let mut v = Vec::new();
+    let b = PacketBuilder::ethernet2(POD_MAC, HOST_MAC).ipv4(src.octets(), dst.octets(), 64);
+    if reply {
+        b.icmpv4(Icmpv4Type::EchoReply(etherparse::IcmpEchoHeader {
+            id,
+            seq: 1,
+        }))
+        .write(&mut v, b"ping")
+        .unwrap();
+    } else {
+        b.icmpv4_echo_request(id, 1).write(&mut v, b"ping").unwrap();
+    }
+    v
+}
+
+fn tcp6(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(POD_MAC, HOST_MAC)
+        .ipv6(src.octets(), dst.octets(), 64)
+        .tcp(sport, dport, 1000, 64240)
+        .syn()
+        .options(&[TcpOptionElement::MaximumSegmentSize(1440)])
+        .unwrap()
+        .write(&mut v, b"")
+        .unwrap();
+    v
+}
+
+fn udp6(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(POD_MAC, HOST_MAC)
+        .ipv6(src.octets(), dst.octets(), 64)
+        .udp(sport, dport)
+        .write(&mut v, payload)
+        .unwrap();
+    v
+}
+
+fn icmp6_echo(src: Ipv6Addr, dst: Ipv6Addr, id: u16, reply: bool) -> Vec<u8> {
+    let mut v = Vec::new();
+    let b = PacketBuilder::ethernet2(POD_MAC, HOST_MAC).ipv6(src.octets(), dst.octets(), 64);
+    let hdr = etherparse::IcmpEchoHeader { id, seq: 1 };
+    let ty = if reply {
+        Icmpv6Type::EchoReply(hdr)
+    } else {
+        Icmpv6Type::EchoRequest(hdr)
+    };
+    b.icmpv6(ty).write(&mut v, b"ping6").unwrap();
+    v
+}
+
+// ---------- independent checks ----------
+
+/// What the checks found in a packet.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    src: IpAddr,
+    dst: IpAddr,
+    /// Ports, or (identifier, 0) / (0, identifier) for echo request / reply.
+    sport: u16,
+    dport: u16,
+    ttl: u8,
+}
+
+/// Parses an Ethernet frame and asserts every checksum in it with etherparse.
+fn check(frame: &[u8]) -> Seen {
+    let p = SlicedPacket::from_ethernet(frame).expect("output parses");
+    let (src, dst, ttl) = match &p.net {
+        Some(NetSlice::Ipv4(ip)) => {
+            let h = ip.header().to_header();
+            assert_eq!(
+                h.header_checksum,
+                h.calc_header_checksum(),
+                "IPv4 header checksum"
+            );
+            (
+                IpAddr::from(h.source),
+                IpAddr::from(h.destination),
+                h.time_to_live,
+            )
+        }
+        Some(NetSlice::Ipv6(ip)) => {
+            let h = ip.header().to_header();
+            (
+                IpAddr::from(h.source),
+                IpAddr::from(h.destination),
+                h.hop_limit,
+            )
+        }
+        other => panic!("not IP: {other:?}"),
+    };
+    let (s4, d4) = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => (Some(s.octets()), Some(d.octets())),
+        _ => (None, None),
+    };
+    let (s6, d6) = match (src, dst) {
+        (IpAddr::V6(s), IpAddr::V6(d)) => (s.octets(), d.octets()),
+        _ => ([0; 16], [0; 16]),
+    };
+    let (sport, dport) = match &p.transport {
+        Some(TransportSlice::Tcp(t)) => {
+            let want = match s4 {
+                Some(s) => t.calc_checksum_ipv4(s, d4.unwrap()).unwrap(),
+                None => t.calc_checksum_ipv6(s6, d6).unwrap(),
+            };
+            assert_eq!(t.checksum(), want, "TCP checksum");
+            (t.source_port(), t.destination_port())
+        }
+        Some(TransportSlice::Udp(u)) => {
+            let h = u.to_header();
+            if s4.is_some() && u.checksum() == 0 {
+                // The legal "no checksum" of IPv4 UDP: nothing to verify.
+            } else {
+                let want = match s4 {
+                    Some(s) => h
+                        .calc_checksum_ipv4_raw(s, d4.unwrap(), u.payload())
+                        .unwrap(),
+                    None => h.calc_checksum_ipv6_raw(s6, d6, u.payload()).unwrap(),
+                };
+                assert_eq!(u.checksum(), want, "UDP checksum");
+                assert_ne!(
+                    u.checksum(),
+                    0,
+                    "a computed UDP checksum is never written as 0"
+                );
+            }
+            (u.source_port(), u.destination_port())
+        }
+        Some(TransportSlice::Icmpv4(i)) => {
+            let want = i.icmp_type().calc_checksum(i.payload());
+            assert_eq!(i.checksum(), want, "ICMP checksum");
+            match i.icmp_type() {
+                Icmpv4Type::EchoRequest(e) => (e.id, 0),
+                Icmpv4Type::EchoReply(e) => (0, e.id),
+                _ => (0, 0),
+            }
+        }
+        Some(TransportSlice::Icmpv6(i)) => {
+            assert!(i.is_checksum_valid(s6, d6), "ICMPv6 checksum");
+            match i.icmp_type() {
+                Icmpv6Type::EchoRequest(e) => (e.id, 0),
+                Icmpv6Type::EchoReply(e) => (0, e.id),
+                _ => (0, 0),
+            }
+        }
+        other => panic!("no transport: {other:?}"),
+    };
+    Seen {
+        src,
+        dst,
+        sport,
+        dport,
+        ttl,
+    }
+}
+
+fn in_block(port: u16, block: u16) -> bool {
+    port / BLOCK_SIZE == block
+}
+
+/// The MSS option of a TCP SYN in a frame.
+fn mss_of(frame: &[u8]) -> Option<u16> {
+    let p = SlicedPacket::from_ethernet(frame).unwrap();
+    let Some(TransportSlice::Tcp(t)) = p.transport else {
+        return None;
+    };
+    t.options_iterator().find_map(|o| match o {
+        Ok(TcpOptionElement::MaximumSegmentSize(m)) => Some(m),
+        _ => None,
+    })
+}
+
+// ---------- worker, pod to outside ----------
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_snat_tcp_v4_first_packet_and_established_flow() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let (rc, out) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "redirected into the tunnel");
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP));
+    assert_eq!(s.dst, IpAddr::from(SERVER));
+    assert!(in_block(s.sport, BLOCK), "port {} from the block", s.sport);
+    assert_eq!(s.dport, 443);
+    assert_eq!(
+        mss_of(&out),
+        Some(MTU - 40),
+        "SYN MSS clamped to the tunnel"
+    );
+
+    // Established flow: the same translation, no new port.
+    let (rc, out2) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s2 = check(&out2);
+    assert_eq!((s2.src, s2.sport), (s.src, s.sport));
+    // A second connection gets another port.
+    let (_, out3) = fx.run("worker_egress", &tcp4(POD, SERVER, 40001, 443, true))?;
+    let s3 = check(&out3);
+    assert_ne!(s3.sport, s.sport);
+    assert!(in_block(s3.sport, BLOCK));
+
+    let per_policy = stats::read_policy_stats(fx.pins.path())?;
+    assert_eq!(per_policy[&7].egress_packets, 3);
+    let nat = stats::read_nat_use(fx.pins.path())?;
+    assert_eq!(nat.len(), 1);
+    assert_eq!(
+        (nat[0].eip, nat[0].entries, nat[0].ports_in_use),
+        (IpAddr::from(EIP), 2, 2)
+    );
+    assert_eq!(fx.all_drops(), 0);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_snat_udp_v4_with_and_without_checksum() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 5353, 53, b"query"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP));
+    assert!(in_block(s.sport, BLOCK));
+
+    let mut zero = udp4(POD, SERVER, 5354, 53, b"query");
+    let udp_csum = 14 + 20 + 6;
+    zero[udp_csum] = 0;
+    zero[udp_csum + 1] = 0;
+    let (rc, out) = fx.run("worker_egress", &zero)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(
+        &out[udp_csum..udp_csum + 2],
+        &[0, 0],
+        "a zero IPv4 UDP checksum stays zero"
+    );
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_snat_icmp_echo_v4_uses_identifier_as_port() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let (rc, out) = fx.run("worker_egress", &icmp4_echo(POD, SERVER, 77, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP));
+    assert!(
+        in_block(s.sport, BLOCK),
+        "identifier {} from the block",
+        s.sport
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_snat_v6_tcp_udp_icmpv6() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let (rc, out) = fx.run("worker_egress", &tcp6(POD6, SERVER6, 40000, 443))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP6));
+    assert!(in_block(s.sport, BLOCK6));
+    assert_eq!(mss_of(&out), Some(MTU - 60), "IPv6 SYN MSS clamped");
+
+    let (rc, out) = fx.run("worker_egress", &udp6(POD6, SERVER6, 5353, 53, b"q6"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP6));
+
+    let (rc, out) = fx.run("worker_egress", &icmp6_echo(POD6, SERVER6, 99, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!(s.src, IpAddr::from(EIP6));
+    assert!(in_block(s.sport, BLOCK6));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_passes_non_policy_excluded_and_cluster_traffic_untouched() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    for (i, pkt) in [
+        tcp4(POD_OTHER, SERVER, 40000, 443, true),
+        tcp4(POD, EXCLUDED_DST, 40000, 443, true),
+        tcp4(POD, CLUSTER_DST, 40000, 443, true),
+        udp6(
+            POD6,
+            Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 1),
+            1,
+            2,
+            b"x",
+        ),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (rc, out) = fx.run("worker_egress", pkt)?;
+        assert_eq!(rc, TC_ACT_OK, "packet {i}");
+        assert_eq!(&out, pkt, "packet {i}: bytes untouched");
+    }
+    assert_eq!(stats::read_nat_use(fx.pins.path())?.len(), 0);
+    Ok(())
+}
+
+// ---------- worker drops ----------
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_no_port_block() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    // Policy 8 wins for 192.0.2.0/24 and its EIP has no block here.
+    let (rc, _) = fx.run(
+        "worker_egress",
+        &udp4(POD, Ipv4Addr::new(192, 0, 2, 1), 1, 2, b"x"),
+    )?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_NO_PORT_BLOCK), 1);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_too_big_non_tcp_with_df() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let big = vec![0xab; 1500 - 20 - 8];
+    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1, 2, &big))?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_TOO_BIG), 1);
+    // The same size as TCP goes through (its MSS is clamped instead).
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_ports_exhausted() -> anyhow::Result<()> {
+    // One port per block and one block: a second flow to the same server
+    // and port finds no free port.
+    let mut d = desired();
+    d.config.port_block_size = 1;
+    d.port_blocks[0].blocks = vec![50000];
+    let mut fx = fixture_with(&d)?;
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(check(&out).sport, 50000);
+    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1);
+    // Another destination port may reuse the same EIP port.
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 54, b"c"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(check(&out).sport, 50000);
+    Ok(())
+}
+
+// ---------- worker, replies ----------
+
+/// Sends a flow out and returns the EIP port it got.
+fn open_flow(fx: &mut Fixture, pkt: &[u8]) -> u16 {
+    let (rc, out) = fx.run("worker_egress", pkt).unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    check(&out).sport
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_reverse_nat_tcp_udp_icmp_v4_and_v6() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let p = open_flow(&mut fx, &tcp4(POD, SERVER, 40000, 443, true));
+    let (rc, out) = fx.run("tunnel_ingress", &tcp4(SERVER, EIP, 443, p, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "delivered to the pod's veth");
+    let s = check(&out);
+    assert_eq!(
+        (s.src, s.dst, s.sport, s.dport),
+        (SERVER.into(), POD.into(), 443, 40000)
+    );
+
+    let p = open_flow(&mut fx, &udp4(POD, SERVER, 5353, 53, b"q"));
+    let (rc, out) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, p, b"answer"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!((s.dst, s.dport), (POD.into(), 5353));
+
+    let id = open_flow(&mut fx, &icmp4_echo(POD, SERVER, 77, false));
+    let (rc, out) = fx.run("tunnel_ingress", &icmp4_echo(SERVER, EIP, id, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!((s.dst, s.dport), (POD.into(), 77));
+
+    let p = open_flow(&mut fx, &udp6(POD6, SERVER6, 5353, 53, b"q"));
+    let (rc, out) = fx.run("tunnel_ingress", &udp6(SERVER6, EIP6, 53, p, b"a6"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!((s.dst, s.dport), (POD6.into(), 5353));
+
+    let id = open_flow(&mut fx, &icmp6_echo(POD6, SERVER6, 99, false));
+    let (rc, out) = fx.run("tunnel_ingress", &icmp6_echo(SERVER6, EIP6, id, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!((s.dst, s.dport), (POD6.into(), 99));
+
+    assert_eq!(
+        stats::read_policy_stats(fx.pins.path())?[&7].reply_packets,
+        5
+    );
+    assert_eq!(fx.all_drops(), 0);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_translates_icmp_frag_needed_by_the_quoted_packet() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let p = open_flow(&mut fx, &udp4(POD, SERVER, 5353, 53, b"quoted-query"));
+    // What the server (or a router) saw: EIP:p -> SERVER:53, quoted whole.
+    let mut quoted = Vec::new();
+    PacketBuilder::ipv4(EIP.octets(), SERVER.octets(), 63)
+        .udp(p, 53)
+        .write(&mut quoted, b"quoted-query")?;
+    let mut err = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, UPLINK_MAC)
+        .ipv4(SERVER.octets(), EIP.octets(), 64)
+        .icmpv4(Icmpv4Type::DestinationUnreachable(
+            DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1400 },
+        ))
+        .write(&mut err, &quoted)?;
+    let (rc, out) = fx.run("tunnel_ingress", &err)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out); // outer IPv4 + ICMP checksums
+    assert_eq!(s.dst, IpAddr::from(POD));
+    // The quoted packet now reads POD:5353 -> SERVER:53 with valid checksums.
+    let icmp_payload = &out[14 + 20 + 8..];
+    let q = SlicedPacket::from_ip(icmp_payload).expect("quoted packet parses");
+    let Some(NetSlice::Ipv4(qip)) = q.net else {
+        panic!("quoted not IPv4")
+    };
+    let qh = qip.header().to_header();
+    assert_eq!(
+        qh.header_checksum,
+        qh.calc_header_checksum(),
+        "quoted IPv4 checksum"
+    );
+    assert_eq!(qh.source, POD.octets());
+    let Some(TransportSlice::Udp(qu)) = q.transport else {
+        panic!("quoted not UDP")
+    };
+    assert_eq!(qu.source_port(), 5353);
+    let want = qu
+        .to_header()
+        .calc_checksum_ipv4_raw(qh.source, qh.destination, qu.payload())?;
+    assert_eq!(qu.checksum(), want, "quoted UDP checksum");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn worker_translates_icmpv6_packet_too_big() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let p = open_flow(&mut fx, &udp6(POD6, SERVER6, 5353, 53, b"q6"));
+    let mut quoted = Vec::new();
+    PacketBuilder::ipv6(EIP6.octets(), SERVER6.octets(), 63)
+        .udp(p, 53)
+        .write(&mut quoted, b"q6")?;
+    let mut err = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, UPLINK_MAC)
+        .ipv6(SERVER6.octets(), EIP6.octets(), 64)
+        .icmpv6(Icmpv6Type::PacketTooBig { mtu: 1280 })
+        .write(&mut err, &quoted)?;
+    let (rc, out) = fx.run("tunnel_ingress", &err)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out);
+    assert_eq!(s.dst, IpAddr::from(POD6));
+    let q = SlicedPacket::from_ip(&out[14 + 40 + 8..]).expect("quoted parses");
+    let Some(NetSlice::Ipv6(qip)) = q.net else {
+        panic!("quoted not IPv6")
+    };
+    let qh = qip.header().to_header();
+    assert_eq!(qh.source, POD6.octets());
+    let Some(TransportSlice::Udp(qu)) = q.transport else {
+        panic!("quoted not UDP")
+    };
+    assert_eq!(qu.source_port(), 5353);
+    let want = qu
+        .to_header()
+        .calc_checksum_ipv6_raw(qh.source, qh.destination, qu.payload())?;
+    assert_eq!(qu.checksum(), want, "quoted UDP checksum");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_no_nat_entry() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let (rc, _) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, 41000, b"stray"))?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_NO_NAT_ENTRY), 1);
+    Ok(())
+}
+
+// ---------- gateway ----------
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn gateway_steers_replies_by_port_block_into_the_tunnel() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    for pkt in [
+        tcp4(SERVER, EIP, 443, BLOCK * BLOCK_SIZE + 7, false),
+        icmp4_echo(SERVER, EIP, BLOCK * BLOCK_SIZE + 9, true),
+        udp6(SERVER6, EIP6, 53, BLOCK6 * BLOCK_SIZE + 1, b"r"),
+    ] {
+        let (rc, out) = fx.run("uplink_ingress", &pkt)?;
+        assert_eq!(rc, TC_ACT_REDIRECT, "steered into the tunnel");
+        assert_eq!(out, pkt, "the gateway does not touch the packet");
+    }
+    // Traffic to addresses that are not owned EIPs is not ours.
+    let other = udp4(SERVER, Ipv4Addr::new(198, 51, 100, 99), 53, 41000, b"x");
+    assert_eq!(fx.run("uplink_ingress", &other)?.0, TC_ACT_OK);
+    assert_eq!(fx.all_drops(), 0);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_no_steering_port_in_no_block() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let (rc, _) = fx.run("uplink_ingress", &udp4(SERVER, EIP, 53, 80, b"x"))?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_NO_STEERING), 1);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn use_node_ip_unsteered_ports_go_to_the_stack() -> anyhow::Result<()> {
+    let mut d = desired();
+    d.owned_eips[0].node_ip = true;
+    d.owned_eips[0].answer_neigh = false;
+    let mut fx = fixture_with(&d)?;
+    let pkt = tcp4(SERVER, EIP, 443, 22, false);
+    let (rc, out) = fx.run("uplink_ingress", &pkt)?;
+    assert_eq!(rc, TC_ACT_OK, "the node's own connection");
+    assert_eq!(out, pkt);
+    let (rc, _) = fx.run(
+        "uplink_ingress",
+        &tcp4(SERVER, EIP, 443, BLOCK * BLOCK_SIZE, false),
+    )?;
+    assert_eq!(
+        rc, TC_ACT_REDIRECT,
+        "ports of the reserved blocks are steered"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_no_config_without_block_size() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    // Bypass the translation's validation: write a config with block size 0.
+    let mut m = egress_user::datapath::translate::translate(&desired())?;
+    m.config.port_block_size = 0;
+    egress_user::datapath::apply::apply_contents(&mut fx.dp, &m)?;
+    let (rc, _) = fx.run("uplink_ingress", &udp4(SERVER, EIP, 53, 41000, b"x"))?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_NO_CONFIG), 1);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn gateway_answers_arp_for_owned_eips_only() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let arp = |tpa: Ipv4Addr| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&[0xff; 6]);
+        v.extend_from_slice(&PEER_MAC);
+        v.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        v.extend_from_slice(&PEER_MAC);
+        v.extend_from_slice(&SERVER.octets());
+        v.extend_from_slice(&[0; 6]);
+        v.extend_from_slice(&tpa.octets());
+        v
+    };
+    let (rc, out) = fx.run("uplink_ingress", &arp(EIP))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "reply sent back out of the uplink");
+    let p = SlicedPacket::from_ethernet(&out)?;
+    let Some(NetSlice::Arp(a)) = p.net else {
+        panic!("not ARP: {:?}", p.net)
+    };
+    assert_eq!(a.operation(), etherparse::ArpOperation::REPLY);
+    assert_eq!(a.sender_hw_addr(), &UPLINK_MAC);
+    assert_eq!(a.sender_protocol_addr(), &EIP.octets());
+    assert_eq!(a.target_hw_addr(), &PEER_MAC);
+    assert_eq!(a.target_protocol_addr(), &SERVER.octets());
+    assert_eq!(&out[0..6], &PEER_MAC);
+    assert_eq!(&out[6..12], &UPLINK_MAC);
+
+    let req = arp(Ipv4Addr::new(198, 51, 100, 99));
+    let (rc, out) = fx.run("uplink_ingress", &req)?;
+    assert_eq!((rc, out), (TC_ACT_OK, req), "not an owned EIP: untouched");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn gateway_answers_ndp_for_owned_eips() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let peer = Ipv6Addr::new(0x2001, 0xdb8, 0xe, 0, 0, 0, 0, 0x1);
+    let t = EIP6.octets();
+    let snm = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    );
+    let mut body = Vec::new();
+    body.extend_from_slice(&EIP6.octets());
+    body.extend_from_slice(&[1, 1]);
+    body.extend_from_slice(&PEER_MAC);
+    let mut ns = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, [0x33, 0x33, 0xff, t[13], t[14], t[15]])
+        .ipv6(peer.octets(), snm.octets(), 255)
+        .icmpv6(Icmpv6Type::Unknown {
+            type_u8: 135,
+            code_u8: 0,
+            bytes5to8: [0; 4],
+        })
+        .write(&mut ns, &body)?;
+    let (rc, out) = fx.run("uplink_ingress", &ns)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out); // ICMPv6 checksum by etherparse
+    assert_eq!((s.src, s.dst, s.ttl), (EIP6.into(), peer.into(), 255));
+    let icmp = &out[14 + 40..];
+    assert_eq!(icmp[0], 136, "neighbour advertisement");
+    assert_eq!(icmp[4] & 0x60, 0x60, "solicited + override");
+    assert_eq!(&icmp[8..24], &EIP6.octets());
+    assert_eq!(&icmp[24..26], &[2, 1], "target link-layer address option");
+    assert_eq!(&icmp[26..32], &UPLINK_MAC);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: creates a namespace and loads BPF programs"]
+fn gateway_forwards_decapsulated_packets_by_the_fib() -> anyhow::Result<()> {
+    // A namespace with an on-link route and a permanent neighbour for the
+    // server, so the FIB lookup succeeds with known MACs.
+    let ns = Netns::new("fib")?;
+    ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
+    ns.ip(&["link", "set", "up1", "up"])?;
+    ns.ip(&["link", "set", "up0", "address", "02:00:00:00:0e:01"])?;
+    ns.addr("up0", "203.0.113.1/24")?;
+    ns.addr("up0", "2001:db8:e::1/64")?;
+    ns.ip(&[
+        "neigh",
+        "add",
+        "203.0.113.10",
+        "lladdr",
+        "02:00:00:00:0e:10",
+        "dev",
+        "up0",
+        "nud",
+        "permanent",
+    ])?;
+    ns.ip(&[
+        "-6",
+        "neigh",
+        "add",
+        "2001:db8:e::10",
+        "lladdr",
+        "02:00:00:00:0e:10",
+        "dev",
+        "up0",
+        "nud",
+        "permanent",
+    ])?;
+    ns.enable_forwarding()?;
+    let pins = PinDir::new("trfib")?;
+    let pin_path = pins.path().to_owned();
+    let results = ns.enter(move || {
+        let mut dp = Datapath::load(EBPF_OBJECT, &pin_path)?;
+        apply(&mut dp, &desired())?;
+        let v4 = run_prog(
+            &mut dp,
+            "tunnel_ingress",
+            &udp4(EIP, SERVER, 41000, 53, b"fwd"),
+        )?;
+        let v6 = run_prog(
+            &mut dp,
+            "tunnel_ingress",
+            &udp6(EIP6, SERVER6, 41000, 53, b"fwd6"),
+        )?;
+        // Not from an owned EIP and no NAT entry: dropped, never forwarded.
+        let stray = run_prog(
+            &mut dp,
+            "tunnel_ingress",
+            &udp4(POD_OTHER, SERVER, 1, 53, b"x"),
+        )?;
+        Ok((v4, v6, stray))
+    })?;
+    let ((rc4, out4), (rc6, out6), (rc_stray, _)) = results;
+    for (rc, out) in [(rc4, &out4), (rc6, &out6)] {
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 0x0e, 0x10], "next hop MAC");
+        assert_eq!(&out[6..12], &[2, 0, 0, 0, 0x0e, 0x01], "uplink MAC");
+        let s = check(out);
+        assert_eq!(s.ttl, 63, "TTL / hop limit decremented");
+    }
+    assert_eq!(check(&out4).src, IpAddr::from(EIP), "source stays the EIP");
+    assert_eq!(rc_stray, TC_ACT_SHOT);
+    Ok(())
+}
