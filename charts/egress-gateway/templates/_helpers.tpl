@@ -82,10 +82,11 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 {{- fail (printf "feature.eipEvictionTimeout (%s) must be greater than feature.tunnelMonitorPeriod (%s) + feature.tunnelUpdatePeriod (%s): otherwise a healthy gateway whose heartbeat lands just after a check loses its EIPs" $f.eipEvictionTimeout $f.tunnelMonitorPeriod $f.tunnelUpdatePeriod) -}}
 {{- end -}}
 {{- $b := .Values.bgp -}}
-{{- if and $b.enabled (gt (int $b.holdTime) 0) -}}
-{{- if or (eq (int $b.keepaliveTime) 0) (ge (int $b.keepaliveTime) (int $b.holdTime)) -}}
-{{- fail (printf "bgp.keepaliveTime (%d) must be greater than 0 and less than bgp.holdTime (%d); a third of it is usual" (int $b.keepaliveTime) (int $b.holdTime)) -}}
+{{- if and $b.enabled (gt (int $b.holdTime) 0) (ge (int $b.keepaliveTime) (int $b.holdTime)) -}}
+{{- fail (printf "bgp.keepaliveTime (%d) must be less than bgp.holdTime (%d); a third of it is usual, 0 picks that" (int $b.keepaliveTime) (int $b.holdTime)) -}}
 {{- end -}}
+{{- if and $b.enabled $b.routerId (gt (int .Values.controller.replicas) 1) -}}
+{{- fail (printf "bgp.routerId (%s) is one fixed id, but controller.replicas is %d and every reflector needs its own: leave bgp.routerId empty (each reflector then uses its pod's IPv4 address)" $b.routerId (int .Values.controller.replicas)) -}}
 {{- end -}}
 {{- if and $b.enabled (eq (int $b.listenPort) (int .Values.metrics.port)) -}}
 {{- fail (printf "bgp.listenPort and metrics.port are both %d; the controller pods listen on both" (int $b.listenPort)) -}}
@@ -114,9 +115,6 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 - --bgp={{ .Values.bgp.enabled }}
 {{- if .Values.bgp.enabled }}
 - --bgp-asn={{ int64 .Values.bgp.asn }}
-{{- with .Values.bgp.routerId }}
-- --bgp-router-id={{ . }}
-{{- end }}
 - --bgp-hold-time={{ int64 .Values.bgp.holdTime }}
 - --bgp-keepalive-time={{ int64 .Values.bgp.keepaliveTime }}
 - --bgp-graceful-restart-time={{ int64 .Values.bgp.gracefulRestartTime }}
