@@ -10,4 +10,5 @@ pub mod agent_state;
 pub mod api;
 pub mod controller;
 pub mod datastore;
+pub mod manifest;
 pub mod validate;
