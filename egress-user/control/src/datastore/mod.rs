@@ -23,6 +23,7 @@ pub mod etcd;
 mod kind;
 pub mod kube;
 pub mod memory;
+mod open;
 pub mod typed;
 
 use std::time::Duration;
@@ -34,6 +35,7 @@ use serde_json::Value;
 
 pub use error::DatastoreError;
 pub use kind::Kind;
+pub use open::{open, DatastoreConfig};
 
 pub type Result<T, E = DatastoreError> = std::result::Result<T, E>;
 
