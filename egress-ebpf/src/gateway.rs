@@ -55,6 +55,12 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         return fib_forward(ctx, f);
     }
     let ifindex = reverse(ctx, f)?;
+    // A SYN-ACK through the tunnel: clamp the MSS the pod will use, so its
+    // segments fit the tunnel too.
+    if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && cfg.tunnel_mtu != 0 {
+        let hdrs = if f.v6 { 60 } else { 40 };
+        crate::worker::clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
+    }
     Ok(to_pod(ifindex))
 }
 

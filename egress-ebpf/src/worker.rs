@@ -23,7 +23,7 @@ pub fn worker_egress(mut ctx: TcContext) -> i32 {
 
 /// Clamps the MSS option of a TCP SYN to `max`.
 #[inline(never)]
-fn clamp_mss(ctx: &mut TcContext, f: &Flow, max: u16) {
+pub fn clamp_mss(ctx: &mut TcContext, f: &Flow, max: u16) {
     let doff: u8 = match ctx.load(f.l4_off + 12) {
         Ok(v) => v,
         Err(_) => return,

@@ -596,13 +596,15 @@ fn open_flow(fx: &mut Fixture, pkt: &[u8]) -> u16 {
 fn worker_reverse_nat_tcp_udp_icmp_v4_and_v6() -> anyhow::Result<()> {
     let mut fx = fixture()?;
     let p = open_flow(&mut fx, &tcp4(POD, SERVER, 40000, 443, true));
-    let (rc, out) = fx.run("tunnel_ingress", &tcp4(SERVER, EIP, 443, p, false))?;
+    // The server's SYN(-ACK) comes back with MSS 1460: clamped for the pod.
+    let (rc, out) = fx.run("tunnel_ingress", &tcp4(SERVER, EIP, 443, p, true))?;
     assert_eq!(rc, TC_ACT_REDIRECT, "delivered to the pod's veth");
     let s = check(&out);
     assert_eq!(
         (s.src, s.dst, s.sport, s.dport),
         (SERVER.into(), POD.into(), 443, 40000)
     );
+    assert_eq!(mss_of(&out), Some(MTU - 40), "SYN-ACK MSS clamped");
 
     let p = open_flow(&mut fx, &udp4(POD, SERVER, 5353, 53, b"q"));
     let (rc, out) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, p, b"answer"))?;
