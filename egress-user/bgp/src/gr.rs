@@ -20,7 +20,9 @@ pub struct GrConfig {
     /// How long a peer that came back may take to send End-of-RIB before
     /// its remaining stale routes are dropped.
     pub stale_time: Duration,
-    /// Longest wait for End-of-RIB from peers after our own restart.
+    /// Longest wait for End-of-RIB from peers after our own restart. Must
+    /// be shorter than `restart_time`, or peers drop our routes while we
+    /// still hold back.
     pub deferral_time: Duration,
     /// F bit. A route reflector is not in the forwarding path of the
     /// routes it reflects, so its restart does not disturb forwarding.
@@ -32,7 +34,7 @@ impl Default for GrConfig {
         GrConfig {
             restart_time: 120,
             stale_time: Duration::from_secs(360),
-            deferral_time: Duration::from_secs(360),
+            deferral_time: Duration::from_secs(60),
             forwarding_preserved: true,
         }
     }

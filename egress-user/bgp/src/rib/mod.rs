@@ -119,6 +119,24 @@ struct PeerState {
     adj_out: HashMap<Prefix, Arc<out::Exported>>,
     /// Adj-RIB-Out changes not yet sent; None is a withdrawal.
     pending: HashMap<Prefix, Option<Arc<out::Exported>>>,
+    /// One shared copy per distinct attribute set sent to this peer, so a
+    /// large table costs one entry per prefix, not one attribute copy.
+    interned: HashSet<Arc<out::Exported>>,
+}
+
+impl PeerState {
+    fn intern(&mut self, e: out::Exported) -> Arc<out::Exported> {
+        if let Some(a) = self.interned.get(&e) {
+            return a.clone();
+        }
+        // Forget attribute sets no prefix uses any more, now and then.
+        if self.interned.len() >= 1024 && self.interned.len().is_power_of_two() {
+            self.interned.retain(|a| Arc::strong_count(a) > 1);
+        }
+        let a = Arc::new(e);
+        self.interned.insert(a.clone());
+        a
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -178,6 +196,7 @@ impl Rib {
                 received: 0,
                 adj_out: HashMap::new(),
                 pending: HashMap::new(),
+                interned: HashSet::new(),
             },
         );
     }
@@ -487,7 +506,7 @@ impl Rib {
             p.pending.remove(&prefix);
             return;
         }
-        let exported = exported.map(Arc::new);
+        let exported = exported.map(|e| p.intern(e));
         match &exported {
             Some(e) => p.adj_out.insert(prefix, e.clone()),
             None => p.adj_out.remove(&prefix),

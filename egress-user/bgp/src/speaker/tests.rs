@@ -28,7 +28,7 @@ fn config(n: u8, restarting: bool) -> SpeakerConfig {
     c.graceful_restart = Some(GrConfig {
         restart_time: 30,
         stale_time: Duration::from_secs(30),
-        deferral_time: Duration::from_secs(30),
+        deferral_time: Duration::from_secs(20),
         forwarding_preserved: true,
     });
     c
@@ -323,4 +323,24 @@ async fn both_sides_active_settle_on_one_session() {
     .await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+#[tokio::test]
+async fn deferral_longer_than_restart_time_is_refused() {
+    let mut c = config(90, true);
+    c.graceful_restart = Some(GrConfig {
+        restart_time: 30,
+        deferral_time: Duration::from_secs(30),
+        ..GrConfig::default()
+    });
+    assert!(matches!(
+        Speaker::start(c).await,
+        Err(SpeakerError::Config(_))
+    ));
+    let mut c = config(90, true);
+    c.hold_time = 2;
+    assert!(matches!(
+        Speaker::start(c).await,
+        Err(SpeakerError::Config(_))
+    ));
 }
