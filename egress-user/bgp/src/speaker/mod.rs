@@ -224,6 +224,15 @@ impl Speaker {
                 "hold time must be 0 or at least 3".into(),
             ));
         }
+        if let Some(g) = &cfg.graceful_restart {
+            if g.deferral_time >= Duration::from_secs(g.restart_time.into()) {
+                return Err(SpeakerError::Config(
+                    "graceful restart: the deferral time must be shorter than the restart time, \
+                     or peers drop our routes before we send them again"
+                        .into(),
+                ));
+            }
+        }
         let sessions: SessionMap = Arc::default();
         let (listener, listen_addr) = match cfg.listen {
             Some(addr) => {
