@@ -1645,3 +1645,179 @@ fn helm3_lints_and_renders_the_same() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Every value is wired
+// ---------------------------------------------------------------------------
+
+/// Leaves of values.yaml: scalars, arrays, and the free-form maps.
+fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
+    match v.as_object() {
+        Some(map)
+            if !matches!(
+                prefix.rsplit('.').next(),
+                Some("resources" | "nodeSelector")
+            ) =>
+        {
+            for (k, child) in map {
+                let here = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(&here, child, out);
+            }
+        }
+        _ => out.push(prefix.to_owned()),
+    }
+}
+
+/// Changing any single value (to another valid one) changes what helm
+/// renders: no value is declared and then ignored by the templates. A new
+/// value must get a row here.
+#[test]
+fn every_value_changes_the_output() {
+    // (value, another valid value, what else it needs to be visible)
+    let table: Vec<(&str, Value, Value)> = vec![
+        (
+            "image.repository",
+            json!("registry.example/egress"),
+            json!({}),
+        ),
+        ("image.tag", json!("9.9.9"), json!({})),
+        ("image.pullPolicy", json!("Always"), json!({})),
+        ("imagePullSecrets", json!([{"name": "regcred"}]), json!({})),
+        ("nameOverride", json!("egw2"), json!({})),
+        ("fullnameOverride", json!("custom"), json!({})),
+        ("agent.privileged", json!(true), json!({})),
+        ("agent.pinDir", json!("/sys/fs/bpf/other"), json!({})),
+        (
+            "agent.resources",
+            json!({"requests": {"cpu": "1"}}),
+            json!({}),
+        ),
+        ("agent.tolerations", json!([]), json!({})),
+        ("agent.nodeSelector", json!({"egress": "yes"}), json!({})),
+        ("agent.priorityClassName", json!(""), json!({})),
+        ("agent.maxUnavailable", json!("10%"), json!({})),
+        ("controller.replicas", json!(3), json!({})),
+        (
+            "controller.resources",
+            json!({"requests": {"cpu": "1"}}),
+            json!({}),
+        ),
+        (
+            "controller.nodeSelector",
+            json!({"egress": "yes"}),
+            json!({}),
+        ),
+        (
+            "controller.tolerations",
+            json!([{"key": "dedicated", "operator": "Exists"}]),
+            json!({}),
+        ),
+        ("controller.priorityClassName", json!(""), json!({})),
+        ("controller.hostNetwork", json!(true), json!({})),
+        (
+            "controller.leaderElection.leaseDuration",
+            json!("20s"),
+            json!({}),
+        ),
+        ("feature.tunnelUpdatePeriod", json!("4s"), json!({})),
+        ("feature.tunnelMonitorPeriod", json!("4s"), json!({})),
+        ("feature.eipEvictionTimeout", json!("20s"), json!({})),
+        ("feature.gatewayFailover.enable", json!(false), json!({})),
+        (
+            "feature.gatewayFailover.probeIntervalMs",
+            json!(300),
+            json!({}),
+        ),
+        (
+            "feature.gatewayFailover.probeDetectMultiplier",
+            json!(5),
+            json!({}),
+        ),
+        ("feature.vxlan.id", json!(200), json!({})),
+        ("feature.vxlan.port", json!(7790), json!({})),
+        ("feature.vxlan.mtu", json!(1400), json!({})),
+        (
+            "feature.clusterCIDR.extraCidr",
+            json!(["10.96.0.0/12"]),
+            json!({}),
+        ),
+        ("bgp.enabled", json!(false), json!({})),
+        ("bgp.asn", json!(65001), json!({})),
+        (
+            "bgp.routerId",
+            json!("192.0.2.9"),
+            json!({"controller": {"replicas": 1}}),
+        ),
+        ("bgp.clusterId", json!("0.0.0.2"), json!({})),
+        ("bgp.listenAddress", json!("::"), json!({})),
+        ("bgp.listenPort", json!(1179), json!({})),
+        ("bgp.holdTime", json!(60), json!({})),
+        ("bgp.keepaliveTime", json!(20), json!({})),
+        ("bgp.gracefulRestartTime", json!(90), json!({})),
+        ("bgp.password.existingSecret", json!("bgp-md5"), json!({})),
+        (
+            "bgp.password.key",
+            json!("md5"),
+            json!({"bgp": {"password": {"existingSecret": "s"}}}),
+        ),
+        (
+            "bgp.upstreamPeers",
+            json!([{"address": "192.0.2.1", "asn": 65000}]),
+            json!({}),
+        ),
+        ("metrics.enabled", json!(false), json!({})),
+        ("metrics.port", json!(9478), json!({})),
+        ("log.level", json!("debug"), json!({})),
+        ("log.json", json!(true), json!({})),
+        ("rbac.agentOwnNodeOnly", json!(false), json!({})),
+    ];
+    let mut all = Vec::new();
+    leaves("", &default_values(), &mut all);
+    let listed: BTreeSet<&str> = table.iter().map(|(p, _, _)| *p).collect();
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|p| !listed.contains(p.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "values without a row in this test: {missing:?}"
+    );
+    let extra = ["--api-versions", VAP_API];
+    let mut ignored = Vec::new();
+    for (path, other, needs) in &table {
+        assert!(all.iter().any(|p| p == path), "{path} is not a value");
+        let mut changed = needs.clone();
+        set(&mut changed, path, other.clone());
+        let mut values = default_values();
+        merge(&mut values, &changed);
+        let errors = schema_errors(&values);
+        assert!(
+            errors.is_empty(),
+            "{path} = {other}: not a valid change: {errors:?}"
+        );
+        if render_with(needs, &extra) == render_with(&changed, &extra) {
+            ignored.push(format!("{path} = {other}"));
+        }
+    }
+    assert!(
+        ignored.is_empty(),
+        "values the templates ignore:\n{}",
+        ignored.join("\n")
+    );
+}
+
+/// Deep merge of `patch` into `base` (objects merge, anything else replaces).
+fn merge(base: &mut Value, patch: &Value) {
+    match (base.as_object_mut(), patch.as_object()) {
+        (Some(b), Some(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        _ => *base = patch.clone(),
+    }
+}
