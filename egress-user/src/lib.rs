@@ -2,6 +2,7 @@
 //! roles, and the operator tools, behind the one `egress` binary.
 
 pub mod admin;
+pub mod agent;
 pub mod cli;
 pub mod datapath;
 pub mod node;

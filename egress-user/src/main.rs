@@ -14,9 +14,14 @@ async fn main() {
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Agent(args) => cli::agent::run(args).await,
+        Command::Agent(args) => cli::agent::run(*args).await,
         Command::Inspect(args) => cli::inspect::run(args),
-        Command::Controller => anyhow::bail!("`egress controller` is not built yet (issue 4)"),
+        Command::Controller(args) => cli::controller::run(args).await,
+        Command::Crd(args) => cli::crd::run(args),
+        Command::Apply(args) => cli::apply::run(args).await,
+        Command::Get(args) => cli::get::run(args).await,
+        Command::Delete(args) => cli::delete::run(args).await,
+        Command::Pod(cmd) => cli::pod::run(cmd).await,
         Command::Reflector(args) => cli::reflector::run(args).await,
         Command::Bgp(cmd) => cli::bgp::run(cmd).await,
     }

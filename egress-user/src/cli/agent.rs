@@ -1,24 +1,126 @@
-//! `egress agent`: loads the datapath on this node and keeps it running.
+//! `egress agent`: the node agent. With `--node-name` it runs the full agent
+//! (datastore, maps, tunnel, announcements); with only `--count-iface` it
+//! runs the packet-counting probe, which needs no datastore.
 
-use std::path::PathBuf;
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use aya::programs::tc::TcAttachType;
 use clap::Args;
 use egress_common::maps::DEFAULT_PIN_DIR;
+use egress_failover::timers::FailoverTimers;
+use ipnet::IpNet;
 
-use crate::{datapath::Datapath, EBPF_OBJECT};
+use super::datastore::DatastoreArgs;
+use crate::{agent::AgentSettings, datapath::Datapath, node::vxlan::VxlanSpec, EBPF_OBJECT};
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// bpffs folder where this node's maps are pinned.
+    /// bpffs folder where this node's maps and links are pinned.
     #[arg(long, default_value = DEFAULT_PIN_DIR, env = "EGRESS_PIN_DIR")]
     pub pin_dir: PathBuf,
     /// Count the packets entering these interfaces (tc_count probe).
     #[arg(long = "count-iface")]
     pub count_ifaces: Vec<String>,
+    /// This node's name (the downward API's spec.nodeName in the chart).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// A node label, `key=value`; repeat. Gateways select nodes by label.
+    #[arg(long = "node-label", value_parser = parse_label)]
+    pub node_labels: Vec<(String, String)>,
+    /// The underlay interface.
+    #[arg(long, default_value = "eth0", env = "EGRESS_UPLINK")]
+    pub uplink: String,
+    /// The tunnel endpoint address (default: the uplink's first IPv4 address).
+    #[arg(long)]
+    pub tunnel_ip: Option<Ipv4Addr>,
+    /// VXLAN device name.
+    #[arg(long, default_value = "egress.vxlan")]
+    pub vxlan_name: String,
+    /// VXLAN network identifier.
+    #[arg(long, default_value_t = 100)]
+    pub vxlan_id: u32,
+    /// VXLAN UDP port.
+    #[arg(long, default_value_t = 4789)]
+    pub vxlan_port: u16,
+    /// MTU of the tunnel device (underlay MTU minus 50).
+    #[arg(long, default_value_t = 1450)]
+    pub mtu: u32,
+    /// This node's pod CIDRs (where the datastore does not know them).
+    #[arg(long = "pod-cidr")]
+    pub pod_cidrs: Vec<IpNet>,
+    /// Service CIDRs: never sent to a gateway.
+    #[arg(long = "service-cidr")]
+    pub service_cidrs: Vec<IpNet>,
+    /// Other CIDRs that must never go through a gateway.
+    #[arg(long = "extra-cidr")]
+    pub extra_cidrs: Vec<IpNet>,
+    /// Heartbeat renewal period (spidernet's tunnelUpdatePeriod).
+    #[arg(long, default_value = "5s")]
+    pub tunnel_update_period: String,
+    /// Controller check period (spidernet's tunnelMonitorPeriod); validated against the other two.
+    #[arg(long, default_value = "5s")]
+    pub tunnel_monitor_period: String,
+    /// Time without heartbeat after which EIPs move (spidernet's eipEvictionTimeout).
+    #[arg(long, default_value = "15s")]
+    pub eip_eviction_timeout: String,
+    /// Do not answer ARP/NDP for owned EIPs (BGP mode only).
+    #[arg(long)]
+    pub no_l2_announce: bool,
+    /// Admin endpoint: /healthz, /readyz, /state.
+    #[arg(long, env = "EGRESS_ADMIN_ADDR", default_value = "127.0.0.1:9465")]
+    pub admin_addr: SocketAddr,
+    #[command(flatten)]
+    pub datastore: DatastoreArgs,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("--node-label {s:?}: expected key=value"))
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let Some(node) = args.node_name.clone() else {
+        if args.count_ifaces.is_empty() {
+            anyhow::bail!("--node-name (or NODE_NAME) is required to run the agent");
+        }
+        return run_count_probe(args).await;
+    };
+    let timers = FailoverTimers::parse(
+        &args.tunnel_update_period,
+        &args.tunnel_monitor_period,
+        &args.eip_eviction_timeout,
+    )?;
+    let ds = args.datastore.connect().await?;
+    let settings = AgentSettings {
+        node,
+        labels: args.node_labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+        uplink: args.uplink.clone(),
+        tunnel_ip: args.tunnel_ip,
+        vxlan: VxlanSpec {
+            name: args.vxlan_name.clone(),
+            port: args.vxlan_port,
+            mtu: args.mtu,
+        },
+        vni: args.vxlan_id,
+        pod_cidrs: args.pod_cidrs.clone(),
+        service_cidrs: args.service_cidrs.clone(),
+        extra_cidrs: args.extra_cidrs.clone(),
+        timers,
+        l2_announce: !args.no_l2_announce,
+        pin_dir: args.pin_dir.clone(),
+        admin_addr: args.admin_addr,
+        resync: Duration::from_secs(30),
+    };
+    crate::agent::run(settings, ds).await
+}
+
+async fn run_count_probe(args: AgentArgs) -> anyhow::Result<()> {
     let mut datapath = Datapath::load(EBPF_OBJECT, &args.pin_dir)?;
     for iface in &args.count_ifaces {
         datapath.attach_tc("tc_count", iface, TcAttachType::Ingress)?;

@@ -71,9 +71,11 @@ pub fn parse_peer(s: &str) -> Result<PeerSpec, String> {
             None if part == "client" => spec.client = true,
             None if part == "passive" => spec.passive = true,
             None if part == "next-hop-self" => spec.next_hop_self = true,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "peer {s:?}: unknown option {part:?} (asn=, port=, client, passive, next-hop-self)"
-            )),
+            ))
+            }
         }
     }
     spec.asn = asn.ok_or_else(|| format!("peer {s:?}: asn=N is required"))?;

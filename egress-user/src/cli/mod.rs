@@ -1,8 +1,15 @@
 //! The `egress` command line: one binary, a subcommand per role and tool.
 
 pub mod agent;
+pub mod apply;
 pub mod bgp;
+pub mod controller;
+pub mod crd;
+pub mod datastore;
+pub mod delete;
+pub mod get;
 pub mod inspect;
+pub mod pod;
 pub mod reflector;
 
 use clap::{Parser, Subcommand};
@@ -24,9 +31,20 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node agent: owns this node's BPF programs and maps.
-    Agent(agent::AgentArgs),
+    Agent(Box<agent::AgentArgs>),
     /// Run the controller: EIP allocation, gateway election, heartbeat monitoring.
-    Controller,
+    Controller(controller::ControllerArgs),
+    /// Print the CRDs generated from the API types.
+    Crd(crd::CrdArgs),
+    /// Create or update objects from a YAML file (checked in full first).
+    Apply(apply::ApplyArgs),
+    /// List or show objects.
+    Get(get::GetArgs),
+    /// Delete an object.
+    Delete(delete::DeleteArgs),
+    /// Register pods (clusters without Kubernetes).
+    #[command(subcommand)]
+    Pod(pod::PodCommand),
     /// Run a standalone BGP route reflector.
     Reflector(reflector::ReflectorArgs),
     /// Look at a running BGP speaker.

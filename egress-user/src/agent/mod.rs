@@ -1,0 +1,12 @@
+//! The node agent: keeps this node's programs, maps, tunnel device and
+//! announcements in step with the datastore.
+//!
+//! - [`adapt`]: pure mapping from the control plane's node view to the maps.
+//! - [`register`]: the node's own records (node, EgressTunnel).
+//! - [`runtime`]: the loop that ties datastore, fence, netlink and maps together.
+
+pub mod adapt;
+pub mod register;
+pub mod runtime;
+
+pub use runtime::{run, AgentSettings};

@@ -1,0 +1,104 @@
+//! The records an agent keeps about its own node: the node record (labels,
+//! addresses, pod CIDRs) and its EgressTunnel (tunnel endpoint, MAC, parent
+//! interface, phase).
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
+use egress_control::{
+    api::NodeRecord,
+    datastore::{typed, Datastore, DatastoreError, Kind, ObjectKey, StatusPatch},
+};
+use serde_json::json;
+
+/// Field manager of the agent's writes.
+pub const MANAGER: &str = "egress-agent";
+
+/// What the agent says about itself.
+#[derive(Clone, Debug)]
+pub struct SelfDescription {
+    pub node: NodeRecord,
+    pub tunnel_ip: Ipv4Addr,
+    pub mac: [u8; 6],
+    pub parent: String,
+}
+
+pub fn mac_string(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Writes the node record and the EgressTunnel with phase Ready.
+pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
+    typed::apply(ds, Kind::Node, typed::node_object(&me.node))
+        .await
+        .with_context(|| format!("registering node {}", me.node.name))?;
+    let key = ObjectKey::cluster(&me.node.name);
+    if ds.get(Kind::EgressTunnel, &key).await?.is_none() {
+        let tunnel = json!({
+            "apiVersion": egress_control::api::API_VERSION,
+            "kind": "EgressTunnel",
+            "metadata": { "name": me.node.name },
+            "spec": {},
+        });
+        match ds.create(Kind::EgressTunnel, tunnel).await {
+            Ok(_) => {}
+            Err(DatastoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e).context("creating the EgressTunnel"),
+        }
+    }
+    let status = json!({
+        "tunnel": {
+            "ipv4": me.tunnel_ip.to_string(),
+            "mac": mac_string(&me.mac),
+            "parent": { "name": me.parent },
+        },
+        "phase": "Ready",
+    });
+    ds.write_status(
+        Kind::EgressTunnel,
+        &key,
+        &StatusPatch {
+            manager: MANAGER.into(),
+            owned: vec!["tunnel".into(), "phase".into()],
+            status,
+        },
+    )
+    .await
+    .context("writing the EgressTunnel status")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_control::datastore::memory::MemoryDatastore;
+
+    #[tokio::test]
+    async fn registration_writes_node_and_ready_tunnel_and_is_idempotent() {
+        let ds = MemoryDatastore::new();
+        let me = SelfDescription {
+            node: NodeRecord {
+                name: "w1".into(),
+                addresses: vec!["10.10.0.1".into()],
+                ready: true,
+                ..Default::default()
+            },
+            tunnel_ip: "10.10.0.1".parse().unwrap(),
+            mac: [2, 0, 0, 0, 0, 1],
+            parent: "eth0".into(),
+        };
+        register(&ds, &me).await.unwrap();
+        register(&ds, &me).await.unwrap();
+        let view = typed::load_view(&ds).await.unwrap();
+        assert_eq!(view.nodes.len(), 1);
+        let t = view.tunnel("w1").expect("tunnel registered");
+        let st = t.status.as_ref().unwrap();
+        assert_eq!(st.tunnel.ipv4, "10.10.0.1");
+        assert_eq!(st.tunnel.mac, "02:00:00:00:00:01");
+        assert_eq!(st.tunnel.parent.name, "eth0");
+        assert_eq!(format!("{:?}", st.phase), "Ready");
+    }
+}

@@ -1,0 +1,358 @@
+//! The agent's loop. One task owns the maps; everything that can change them
+//! (datastore events, link events, the fence's deadlines, a periodic resync)
+//! only marks the state dirty, and one reconcile pass then computes the whole
+//! desired state and writes the difference.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use egress_common::maps::{PROG_TUNNEL_INGRESS, PROG_UPLINK_INGRESS, PROG_WORKER_EGRESS};
+use egress_control::{
+    agent_state::{self, AgentConfig},
+    api::NodeRecord,
+    controller::ClusterView,
+    datastore::{typed::load_view, Datastore, Kind, WatchStream},
+};
+use egress_failover::{
+    fence::{Assignment, Fence},
+    timers::FailoverTimers,
+};
+use futures::{stream::SelectAll, StreamExt};
+use ipnet::IpNet;
+use tokio::time::Instant;
+
+use super::{
+    adapt::{desired_maps, NodeFacts},
+    register::{register, SelfDescription},
+};
+use crate::{
+    admin::{self, Response},
+    datapath::{apply, links, Datapath, DesiredMaps, PinnedMaps},
+    node::{
+        announce,
+        vxlan::{self, VxlanSpec},
+        watch::{LinkEvent, LinkWatch},
+    },
+    EBPF_OBJECT,
+};
+
+/// Everything the agent is told at start.
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    pub node: String,
+    pub labels: BTreeMap<String, String>,
+    pub uplink: String,
+    /// Tunnel endpoint; the uplink's first IPv4 address when not given.
+    pub tunnel_ip: Option<Ipv4Addr>,
+    pub vxlan: VxlanSpec,
+    pub vni: u32,
+    pub pod_cidrs: Vec<IpNet>,
+    pub service_cidrs: Vec<IpNet>,
+    pub extra_cidrs: Vec<IpNet>,
+    pub timers: FailoverTimers,
+    /// Answer ARP/NDP and send gratuitous announcements for owned EIPs.
+    pub l2_announce: bool,
+    pub pin_dir: PathBuf,
+    pub admin_addr: SocketAddr,
+    /// A full reconcile at least this often, whatever the watches say.
+    pub resync: Duration,
+}
+
+/// What the admin endpoint shows.
+#[derive(Default, serde::Serialize)]
+struct Published {
+    ready: bool,
+    reconciles: u64,
+    last_error: Option<String>,
+    fenced: bool,
+    announced: Vec<IpAddr>,
+    policies: usize,
+    written: usize,
+    removed: usize,
+}
+
+/// Every EIP assignment in the view, for the fence.
+pub fn assignments(view: &ClusterView) -> Vec<Assignment> {
+    let mut out = Vec::new();
+    for g in &view.gateways {
+        for n in g.status.iter().flat_map(|s| &s.node_list) {
+            for e in &n.eips {
+                for ip in [&e.ipv4, &e.ipv6] {
+                    if let Ok(eip) = ip.parse::<IpAddr>() {
+                        out.push(Assignment {
+                            eip,
+                            node: n.name.clone(),
+                            epoch: e.epoch,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+async fn first_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
+    use rtnetlink::packet_route::address::AddressAttribute;
+    let mut addrs = handle
+        .address()
+        .get()
+        .set_link_index_filter(ifindex)
+        .execute();
+    while let Some(msg) = futures::TryStreamExt::try_next(&mut addrs).await? {
+        for attr in &msg.attributes {
+            if let AddressAttribute::Address(IpAddr::V4(a)) = attr {
+                return Ok(Some(*a));
+            }
+        }
+    }
+    Ok(None)
+}
+
+async fn watch_all(ds: &dyn Datastore) -> Result<SelectAll<WatchStream>> {
+    let mut all = SelectAll::new();
+    for kind in Kind::ALL {
+        let (_, rev) = ds.list(kind).await?;
+        all.push(ds.watch(kind, rev + 1).await?);
+    }
+    Ok(all)
+}
+
+pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
+    s.timers.validate()?;
+    let (conn, handle, _) = rtnetlink::new_connection().context("opening netlink")?;
+    tokio::spawn(conn);
+
+    // The kernel edge first: a node whose datapath cannot come up must not
+    // register as Ready.
+    let mut dp = Datapath::load(EBPF_OBJECT, &s.pin_dir)?;
+    let vxlan_ifindex = vxlan::ensure(&handle, &s.vxlan).await?;
+    let uplink = vxlan::find_link(&handle, &s.uplink)
+        .await?
+        .with_context(|| format!("uplink interface {} does not exist (--uplink)", s.uplink))?;
+    let uplink_mac = uplink
+        .mac
+        .with_context(|| format!("uplink {} has no Ethernet address", s.uplink))?;
+    let tunnel_ip = match s.tunnel_ip {
+        Some(ip) => ip,
+        None => first_ipv4(&handle, uplink.index)
+            .await?
+            .with_context(|| format!("uplink {} has no IPv4 address; set --tunnel-ip", s.uplink))?,
+    };
+    links::attach_ingress(&mut dp, PROG_TUNNEL_INGRESS, &s.vxlan.name, vxlan_ifindex)?;
+    links::attach_ingress(&mut dp, PROG_UPLINK_INGRESS, &s.uplink, uplink.index)?;
+    let mut link_watch = LinkWatch::start().await?;
+    let mut maps = PinnedMaps::open(&s.pin_dir)?;
+    let facts = NodeFacts {
+        tunnel_ip,
+        vxlan_ifindex,
+        uplink_ifindex: uplink.index,
+        uplink_mac,
+        vni: s.vni,
+        tunnel_mtu: s.vxlan.mtu as u16,
+        l2_announce: s.l2_announce,
+    };
+
+    let me = SelfDescription {
+        node: NodeRecord {
+            name: s.node.clone(),
+            labels: s.labels.clone(),
+            addresses: vec![tunnel_ip.to_string()],
+            pod_cidrs: s.pod_cidrs.iter().map(|c| c.to_string()).collect(),
+            ready: true,
+        },
+        tunnel_ip,
+        mac: uplink_mac,
+        parent: s.uplink.clone(),
+    };
+    register(ds.as_ref(), &me).await?;
+    tracing::info!(node = %s.node, %tunnel_ip, "registered; datapath attached");
+
+    let published = Arc::new(Mutex::new(Published::default()));
+    let (admin, _admin_task) = admin::serve(s.admin_addr, admin_handler(published.clone())).await?;
+    println!("ready node={} tunnel={} admin={}", s.node, tunnel_ip, admin);
+
+    let cfg = AgentConfig {
+        node: s.node.clone(),
+        service_cidrs: s.service_cidrs.clone(),
+        extra_cidrs: s.extra_cidrs.clone(),
+        pod_cidrs: s.pod_cidrs.clone(),
+    };
+    let mut fence = Fence::new(&s.node, &s.timers);
+    let mut view = ClusterView::default();
+    let mut have_view = false;
+    let mut announced: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut eligible = false;
+    let mut watches: Option<SelectAll<WatchStream>> = None;
+    let mut heartbeat = tokio::time::interval(s.timers.tunnel_update_period);
+    let mut resync = tokio::time::interval(s.resync);
+    let shutdown = super::super::cli::agent::shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut dirty = true;
+
+    loop {
+        if watches.is_none() {
+            match watch_all(ds.as_ref()).await {
+                Ok(w) => {
+                    watches = Some(w);
+                    dirty = true;
+                }
+                Err(e) => tracing::warn!(error = %e, "datastore watch failed; retrying"),
+            }
+        }
+        if dirty {
+            dirty = false;
+            match load_view(ds.as_ref()).await {
+                Ok(v) => {
+                    view = v;
+                    have_view = true;
+                    fence.apply_assignments(std::time::Instant::now(), assignments(&view));
+                }
+                Err(e) => {
+                    // Keep the last view; the fence alone decides what may still be announced.
+                    tracing::warn!(error = %e, "reading the datastore failed; keeping the last view");
+                    published.lock().unwrap().last_error = Some(e.to_string());
+                }
+            }
+            if have_view {
+                let nd = agent_state::desired(&view, &cfg);
+                eligible = nd.gateway_eligible;
+                let now = std::time::Instant::now();
+                let allowed: BTreeSet<IpAddr> =
+                    fence.announcements(now).iter().map(|a| a.eip).collect();
+                let (desired, skipped) = desired_maps(&view, &nd, &facts, &allowed);
+                for sk in &skipped {
+                    tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
+                }
+                let now_announced: BTreeSet<IpAddr> =
+                    desired.owned_eips.iter().map(|o| o.eip).collect();
+                match apply(&mut maps, &desired) {
+                    Ok(report) => {
+                        let mut p = published.lock().unwrap();
+                        p.ready = true;
+                        p.reconciles += 1;
+                        p.last_error = None;
+                        p.fenced = fence.is_fenced(now);
+                        p.announced = now_announced.iter().copied().collect();
+                        p.policies = desired.policies.len();
+                        p.written = report.total_written();
+                        p.removed = report.total_removed();
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "writing the maps failed");
+                        published.lock().unwrap().last_error = Some(e.to_string());
+                    }
+                }
+                announce_new(&facts, &desired, &announced, &now_announced, s.l2_announce);
+                for gone in announced.difference(&now_announced) {
+                    tracing::info!(eip = %gone, "no longer announcing");
+                }
+                announced = now_announced;
+            }
+        }
+
+        let fence_deadline = fence
+            .next_deadline(std::time::Instant::now())
+            .map(Instant::from_std);
+        tokio::select! {
+            _ = &mut shutdown => break,
+            ev = link_watch.next() => match ev {
+                Some(LinkEvent::Present(link)) if link.is_pod_veth() => {
+                    match links::attach_ingress(&mut dp, PROG_WORKER_EGRESS, &link.name, link.index) {
+                        Ok(how) => tracing::info!(iface = %link.name, ?how, "worker program on pod veth"),
+                        Err(e) => tracing::error!(iface = %link.name, error = %format!("{e:#}"), "attaching to pod veth failed"),
+                    }
+                }
+                Some(LinkEvent::Removed(link)) => links::forget_interface(&s.pin_dir, link.index),
+                Some(_) => {}
+                None => anyhow::bail!("the netlink link watch ended"),
+            },
+            ev = next_watch_event(&mut watches) => {
+                if ev.is_err() {
+                    watches = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                dirty = true;
+            }
+            _ = heartbeat.tick(), if eligible => {
+                let sent = std::time::Instant::now();
+                match ds.renew_heartbeat(&s.node, s.timers.eip_eviction_timeout).await {
+                    Ok(_) => fence.on_heartbeat_renewed(sent),
+                    Err(e) => tracing::warn!(error = %e, "heartbeat renewal failed"),
+                }
+                // Renewals move the fence's deadline; the announcements may change.
+                dirty = true;
+            }
+            _ = sleep_until_opt(fence_deadline) => dirty = true,
+            _ = resync.tick() => dirty = true,
+        }
+    }
+    tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
+    Ok(())
+}
+
+async fn next_watch_event(w: &mut Option<SelectAll<WatchStream>>) -> Result<()> {
+    match w {
+        Some(s) => match s.next().await {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e.into()),
+            None => anyhow::bail!("watch ended"),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Gratuitous ARP / unsolicited NA for every EIP this node just took over.
+fn announce_new(
+    facts: &NodeFacts,
+    desired: &DesiredMaps,
+    before: &BTreeSet<IpAddr>,
+    now: &BTreeSet<IpAddr>,
+    l2: bool,
+) {
+    if !l2 {
+        return;
+    }
+    for eip in now.difference(before) {
+        let node_ip = desired
+            .owned_eips
+            .iter()
+            .any(|o| o.eip == *eip && o.node_ip);
+        if node_ip {
+            continue;
+        }
+        match announce::announce(facts.uplink_ifindex, facts.uplink_mac, *eip) {
+            Ok(()) => tracing::info!(eip = %eip, "took over; announced with gratuitous ARP/NA"),
+            Err(e) => tracing::warn!(eip = %eip, error = %e, "gratuitous announcement failed"),
+        }
+    }
+}
+
+fn admin_handler(published: Arc<Mutex<Published>>) -> admin::Handler {
+    Arc::new(move |path: String| {
+        let published = published.clone();
+        Box::pin(async move {
+            let p = published.lock().unwrap();
+            match path.as_str() {
+                "/healthz" => Response::ok("text/plain", "ok\n".into()),
+                "/readyz" if p.ready => Response::ok("text/plain", "ok\n".into()),
+                "/readyz" => Response::unavailable("the first reconcile has not finished"),
+                "/state" => Response::json(&*p),
+                _ => Response::not_found(),
+            }
+        })
+    })
+}

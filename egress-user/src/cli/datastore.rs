@@ -1,0 +1,51 @@
+//! `--datastore` flags shared by every process that talks to the datastore.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use egress_control::datastore::{etcd::EtcdDatastore, Datastore};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The objects as JSON in etcd (standalone clusters, the project's own tests).
+    Etcd,
+    /// The Kubernetes API server (CRDs, Leases).
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatastoreArgs {
+    /// Where the objects live.
+    #[arg(long, value_enum, env = "EGRESS_DATASTORE", default_value = "etcd")]
+    pub datastore: Backend,
+    /// etcd endpoints, comma separated (with --datastore etcd).
+    #[arg(
+        long,
+        env = "EGRESS_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix of every object in etcd.
+    #[arg(long, env = "EGRESS_ETCD_PREFIX", default_value = "/egress")]
+    pub etcd_prefix: String,
+}
+
+impl DatastoreArgs {
+    pub async fn connect(&self) -> Result<Arc<dyn Datastore>> {
+        match self.datastore {
+            Backend::Etcd => {
+                let ds = EtcdDatastore::connect(&self.etcd_endpoints, &self.etcd_prefix)
+                    .await
+                    .with_context(|| {
+                        format!("connecting to etcd at {}", self.etcd_endpoints.join(","))
+                    })?;
+                Ok(Arc::new(ds))
+            }
+            Backend::Kubernetes => anyhow::bail!(
+                "--datastore kubernetes is not wired into the binary yet; use --datastore etcd"
+            ),
+        }
+    }
+}
