@@ -1821,3 +1821,88 @@ fn merge(base: &mut Value, patch: &Value) {
         _ => *base = patch.clone(),
     }
 }
+
+// ---------------------------------------------------------------------------
+// The flags the chart passes: the contract with the `egress` binary
+// ---------------------------------------------------------------------------
+
+/// Every flag `egress agent` may get from the chart (over all combinations).
+const AGENT_FLAGS: &[&str] = &[
+    "bgp",
+    "bgp-asn",
+    "bgp-graceful-restart-time",
+    "bgp-hold-time",
+    "bgp-keepalive-time",
+    "bgp-reflector-port",
+    "bgp-reflectors",
+    "bgp-router-id",
+    "datastore",
+    "eip-eviction-timeout",
+    "extra-cidr",
+    "gateway-failover",
+    "lease-namespace",
+    "log-json",
+    "metrics-port",
+    "mtu",
+    "node-name",
+    "pin-dir",
+    "probe-detect-multiplier",
+    "probe-interval-ms",
+    "tunnel-monitor-period",
+    "tunnel-update-period",
+    "vxlan-id",
+    "vxlan-port",
+];
+
+/// Every flag `egress controller` may get from the chart.
+const CONTROLLER_FLAGS: &[&str] = &[
+    "bgp",
+    "bgp-asn",
+    "bgp-cluster-id",
+    "bgp-graceful-restart-time",
+    "bgp-hold-time",
+    "bgp-keepalive-time",
+    "bgp-listen",
+    "bgp-peer",
+    "bgp-router-id",
+    "datastore",
+    "eip-eviction-timeout",
+    "gateway-failover",
+    "leader-election-lease-duration",
+    "leader-election-lease-name",
+    "lease-namespace",
+    "log-json",
+    "metrics-port",
+    "probe-detect-multiplier",
+    "probe-interval-ms",
+    "tunnel-monitor-period",
+    "tunnel-update-period",
+];
+
+/// The chart passes exactly these flags (a change here must be agreed with
+/// the binary's command line), each as `--name=value` or a bare `--name`,
+/// after the subcommand.
+#[test]
+fn flags_are_the_agreed_ones() {
+    let mut agent_seen = BTreeSet::new();
+    let mut controller_seen = BTreeSet::new();
+    for (name, overrides) in combinations() {
+        let objs = render(&overrides);
+        for (spec, sub, seen) in [
+            (agent(&objs), "agent", &mut agent_seen),
+            (controller(&objs), "controller", &mut controller_seen),
+        ] {
+            let c = &spec.containers[0];
+            let args = c.args.clone().unwrap();
+            assert_eq!(args[0], sub, "{name}: subcommand first");
+            for a in &args[1..] {
+                assert!(a.starts_with("--"), "{name}: {a:?} is not a --flag");
+                assert!(!a.contains(' '), "{name}: {a:?} holds a space");
+            }
+            seen.extend(flags(c).into_keys());
+        }
+    }
+    let want = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(agent_seen, want(AGENT_FLAGS), "agent flags");
+    assert_eq!(controller_seen, want(CONTROLLER_FLAGS), "controller flags");
+}

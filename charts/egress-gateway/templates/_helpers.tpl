@@ -105,9 +105,6 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 - --probe-interval-ms={{ int64 .Values.feature.gatewayFailover.probeIntervalMs }}
 - --probe-detect-multiplier={{ int64 .Values.feature.gatewayFailover.probeDetectMultiplier }}
 {{- end }}
-- --vxlan-id={{ int64 .Values.feature.vxlan.id }}
-- --vxlan-port={{ int64 .Values.feature.vxlan.port }}
-- --mtu={{ int64 .Values.feature.vxlan.mtu }}
 - --metrics-port={{ int64 .Values.metrics.port }}
 {{- if .Values.log.json }}
 - --log-json
