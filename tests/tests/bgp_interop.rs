@@ -479,6 +479,17 @@ impl Router {
     }
 }
 
+/// One peer's entry in our speaker's status document.
+fn peer_status(doc: &Value, addr: Ipv4Addr) -> Result<Value> {
+    doc["status"]["peers"]
+        .as_array()
+        .context("peers")?
+        .iter()
+        .find(|p| p["address"] == addr.to_string())
+        .cloned()
+        .with_context(|| format!("no peer {addr} in {doc}"))
+}
+
 fn bird_proto(a: Ipv4Addr) -> String {
     format!("p{}", a.to_string().replace('.', "_"))
 }
@@ -719,13 +730,18 @@ fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
     // 1. We restart; they help.
     ours.kill9();
     let restart_at = Instant::now();
+    wait_until("them to notice our crash", Duration::from_secs(20), || {
+        anyhow::ensure!(
+            count_present(&theirs, &ours_route)? == 1,
+            "{kind:?} dropped our route"
+        );
+        Ok(!theirs.established()?.contains(&rr))
+    })?;
     ours.spawn()?;
-    let mut polls = 0;
     wait_until(
         "session back after our restart",
         Duration::from_secs(40),
         || {
-            polls += 1;
             anyhow::ensure!(
                 count_present(&theirs, &ours_route)? == 1,
                 "{kind:?} dropped our route {:?} after our restart",
@@ -735,7 +751,25 @@ fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
         },
     )
     .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    assert!(polls > 1, "the restart was observed");
+    // The restart is over once we stopped deferring, hold their route
+    // again, and the observer has nothing stale from us.
+    wait_until("our restart to complete", Duration::from_secs(40), || {
+        anyhow::ensure!(
+            count_present(&theirs, &ours_route)? == 1,
+            "{kind:?} dropped our route"
+        );
+        let doc = ours.ours_doc()?;
+        let peer = peer_status(&doc, ip(11))?;
+        let obs = peer_status(&observer.ours_doc()?, rr)?;
+        Ok(doc["status"]["deferring"] == false
+            && peer["received"] == 1
+            && obs["stale"] == 0
+            && obs["state"] == "Established")
+    })?;
+    anyhow::ensure!(
+        count_present(&observer, &their_route)? == 1,
+        "observer lost their route"
+    );
 
     // 2. They restart; we help, and keep reflecting their route.
     theirs.kill9();
@@ -760,14 +794,7 @@ fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
             count_present(&observer, &their_route)? == 1,
             "observer lost their route"
         );
-        let doc = ours.ours_doc()?;
-        let peer = doc["status"]["peers"]
-            .as_array()
-            .context("peers")?
-            .iter()
-            .find(|p| p["address"] == "10.99.0.11")
-            .cloned()
-            .context("peer")?;
+        let peer = peer_status(&ours.ours_doc()?, ip(11))?;
         Ok(peer["stale"] == 0 && peer["received"] == 1)
     })?;
     Ok(())
