@@ -87,15 +87,23 @@ fn nlri_budget(family: Family, attrs: &PathAttributes) -> usize {
     (attr_room.saturating_sub(size) / per_prefix).max(1)
 }
 
+/// Prefixes sharing one attribute set.
+type Group = (Arc<Exported>, Vec<Prefix>);
+
 /// Groups pending changes by attribute set into UPDATE messages.
 pub(crate) fn pack(pending: HashMap<Prefix, Option<Arc<Exported>>>) -> Vec<Update> {
     let mut withdrawn: [Vec<Prefix>; 2] = [Vec::new(), Vec::new()];
-    let mut groups: HashMap<(Family, Arc<Exported>), Vec<Prefix>> = HashMap::new();
+    // Attribute sets are interned per peer, so the pointer identifies one.
+    let mut groups: HashMap<(Family, *const Exported), Group> = HashMap::new();
     for (prefix, e) in pending {
         let fam = prefix.family();
         match e {
             None => withdrawn[fam as usize].push(prefix),
-            Some(e) => groups.entry((fam, e)).or_default().push(prefix),
+            Some(e) => groups
+                .entry((fam, Arc::as_ptr(&e)))
+                .or_insert_with(|| (e.clone(), Vec::new()))
+                .1
+                .push(prefix),
         }
     }
     let mut out = Vec::new();
@@ -117,7 +125,7 @@ pub(crate) fn pack(pending: HashMap<Prefix, Option<Arc<Exported>>>) -> Vec<Updat
             });
         }
     }
-    for ((fam, e), mut list) in groups {
+    for ((fam, _), (e, mut list)) in groups {
         list.sort();
         let budget = nlri_budget(fam, &e.attrs);
         for chunk in list.chunks(budget) {
