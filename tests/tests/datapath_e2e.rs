@@ -1,0 +1,599 @@
+//! The datapath end to end on the real kernel: two workers with two pods
+//! each, two gateways, an external server, all in namespaces joined by an
+//! underlay bridge and an external bridge. The test loads the programs into
+//! each node, fills the maps directly (through `datapath::apply`) and sends
+//! real TCP, UDP and ping traffic, IPv4 and IPv6, from the pods.
+//!
+//! ```text
+//!  p11 p12        p21 p22
+//!   |   |          |   |
+//!  [ w1 ]         [ w2 ]        [ g1 ]   [ g2 ]      (eth0 on the underlay bridge "ul")
+//!     \______________\____________/________/
+//!                  [ fab ] router                     (ul 10.100.0.1, ext 203.0.113.1)
+//!                     |  "ext" bridge: g1 eth1, g2 eth1, srv
+//!                  [ srv ] 203.0.113.10 / .50 / .200, 2001:db8:e::10
+//! ```
+//!
+//! Policy 1 (priority 10): p11 and p21 -> 203.0.113.0/24 and 2001:db8:e::/64,
+//! excluding 203.0.113.192/26, via EIP1 (203.0.113.100, 2001:db8:e::100) on g1.
+//! Policy 2 (priority 5, wins): p21 -> 203.0.113.50/32 via EIP2 (203.0.113.101) on g2.
+//! p12 and p22 are in no policy.
+
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use egress_tests::{link_veth, Netns, PinDir};
+use egress_user::{
+    datapath::{
+        apply, stats, Cidr, Datapath, DesiredMaps, NodeConfig, OwnedEip, PolicyRule,
+        PortBlockGrant, ReplySteering,
+    },
+    EBPF_OBJECT,
+};
+
+const VXLAN: &str = "egress.vx";
+const VNI: u32 = 7;
+const BLOCK_SIZE: u16 = 1024;
+
+const EIP1: &str = "203.0.113.100";
+const EIP1_6: &str = "2001:db8:e::100";
+const EIP2: &str = "203.0.113.101";
+const SRV: &str = "203.0.113.10";
+const SRV_POLICY2: &str = "203.0.113.50";
+const SRV_EXCLUDED: &str = "203.0.113.200";
+const SRV6: &str = "2001:db8:e::10";
+
+/// A small echo server: TCP on every address, UDP on the listed ones; it
+/// prints the peer of every connection / datagram ("peer tcp ADDR").
+const SERVER_PY: &str = r#"
+import socket, sys, threading
+port = int(sys.argv[1])
+def norm(a):
+    return a[7:] if a.startswith("::ffff:") else a
+def tcp():
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("::", port)); s.listen(64)
+    while True:
+        c, a = s.accept()
+        print("peer tcp", norm(a[0]), flush=True)
+        def echo(c=c):
+            while True:
+                d = c.recv(65536)
+                if not d: break
+                c.sendall(d)
+            c.close()
+        threading.Thread(target=echo, daemon=True).start()
+def udp(addr):
+    # One socket per address, so a reply leaves from the address asked.
+    s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, port))
+    while True:
+        d, a = s.recvfrom(65536)
+        print("peer udp", norm(a[0]), flush=True)
+        s.sendto(d, a)
+threading.Thread(target=tcp, daemon=True).start()
+for addr in sys.argv[2:]:
+    threading.Thread(target=udp, args=(addr,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+/// Client: `proto host port`; sends a message, prints "reply ok" when the echo matches.
+const CLIENT_PY: &str = r#"
+import socket, sys
+proto, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+msg = b"hello from the pod"
+if proto == "tcp":
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        d = s.recv(100)
+        if not d: break
+        got += d
+else:
+    s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(1)
+    got = b""
+    for _ in range(5):
+        s.sendto(msg, (host, port))
+        try:
+            got, _ = s.recvfrom(100); break
+        except socket.timeout:
+            pass
+print("reply ok" if got == msg else "reply bad %r" % got)
+"#;
+
+const PORT: &str = "8080";
+
+fn cidr(s: &str) -> Cidr {
+    s.parse().unwrap()
+}
+
+fn ip4(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+/// `ip -j link show dev` of a namespace: (ifindex, MAC).
+fn link_info(ns: &Netns, dev: &str) -> Result<(u32, [u8; 6])> {
+    let out = ns.ip(&["-j", "link", "show", "dev", dev])?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let ifindex = v[0]["ifindex"].as_u64().context("ifindex")? as u32;
+    let mac_s = v[0]["address"].as_str().context("address")?;
+    let mut mac = [0u8; 6];
+    for (i, b) in mac_s.split(':').enumerate() {
+        mac[i] = u8::from_str_radix(b, 16)?;
+    }
+    Ok((ifindex, mac))
+}
+
+/// A node: its namespace, pin folder and the loaded datapath (kept alive:
+/// dropping it detaches the programs).
+struct Node {
+    ns: Netns,
+    _pins: PinDir,
+    dp: Option<Datapath>,
+}
+
+impl Node {
+    fn new(label: &str) -> Result<Self> {
+        Ok(Self {
+            ns: Netns::new(label)?,
+            _pins: PinDir::new(label)?,
+            dp: None,
+        })
+    }
+
+    /// Loads the programs, writes `desired` and attaches (program, iface) pairs,
+    /// all from a thread inside the node's namespace.
+    fn start(&mut self, desired: DesiredMaps, attach: Vec<(&'static str, String)>) -> Result<()> {
+        let pins: PathBuf = self._pins.path().to_owned();
+        let dp = self.ns.enter(move || {
+            let mut dp = Datapath::load(EBPF_OBJECT, &pins)?;
+            apply(&mut dp, &desired)?;
+            for (what, iface) in attach {
+                match what {
+                    "pod" => dp.attach_pod_veth(&iface)?,
+                    "vxlan" => dp.attach_vxlan(&iface)?,
+                    "uplink" => dp.attach_uplink(&iface)?,
+                    _ => unreachable!(),
+                }
+            }
+            Ok(dp)
+        })?;
+        self.dp = Some(dp);
+        Ok(())
+    }
+}
+
+struct Pod {
+    ns: Netns,
+    v4: String,
+    v6: String,
+}
+
+struct Topology {
+    // Field order is drop order: nodes (and their programs) go before the fabric.
+    w1: Node,
+    w2: Node,
+    g1: Node,
+    g2: Node,
+    pods: Vec<Pod>,
+    srv: Netns,
+    fab: Netns,
+}
+
+fn underlay_ip(n: u8) -> (String, String) {
+    (format!("10.100.0.{n}"), format!("fd00:100::{n}"))
+}
+
+fn join_bridge(fab: &Netns, node: &Netns, node_if: &str, fab_if: &str, bridge: &str) -> Result<()> {
+    link_veth(node, node_if, fab, fab_if)?;
+    fab.ip(&["link", "set", fab_if, "master", bridge])?;
+    Ok(())
+}
+
+fn add_vxlan(ns: &Netns) -> Result<u32> {
+    ns.ip(&[
+        "link", "add", VXLAN, "type", "vxlan", "external", "dstport", "4789",
+    ])?;
+    ns.ip(&["link", "set", VXLAN, "up"])?;
+    Ok(link_info(ns, VXLAN)?.0)
+}
+
+fn build() -> Result<Topology> {
+    let fab = Netns::new("fab")?;
+    fab.bridge("ul")?;
+    fab.bridge("ext")?;
+    fab.addr("ul", "10.100.0.1/24")?;
+    fab.addr("ul", "fd00:100::1/64")?;
+    fab.addr("ext", "203.0.113.1/24")?;
+    fab.addr("ext", "2001:db8:e::1/64")?;
+    fab.enable_forwarding()?;
+
+    let srv = Netns::new("srv")?;
+    join_bridge(&fab, &srv, "eth0", "srv", "ext")?;
+    for a in [
+        "203.0.113.10/24",
+        "203.0.113.50/24",
+        "203.0.113.200/24",
+        "2001:db8:e::10/64",
+    ] {
+        srv.addr("eth0", a)?;
+    }
+    srv.route(&["default", "via", "203.0.113.1"])?;
+    srv.route(&["default", "via", "2001:db8:e::1"])?;
+
+    let mut w1 = Node::new("w1")?;
+    let mut w2 = Node::new("w2")?;
+    let mut g1 = Node::new("g1")?;
+    let mut g2 = Node::new("g2")?;
+    for (node, n, fab_if) in [
+        (&w1, 21u8, "w1"),
+        (&w2, 22, "w2"),
+        (&g1, 11, "g1"),
+        (&g2, 12, "g2"),
+    ] {
+        join_bridge(&fab, &node.ns, "eth0", fab_if, "ul")?;
+        let (v4, v6) = underlay_ip(n);
+        node.ns.addr("eth0", &format!("{v4}/24"))?;
+        node.ns.addr("eth0", &format!("{v6}/64"))?;
+        node.ns.enable_forwarding()?;
+    }
+    for (g, n, fab_if) in [(&g1, 2u8, "g1x"), (&g2, 3, "g2x")] {
+        join_bridge(&fab, &g.ns, "eth1", fab_if, "ext")?;
+        g.ns.addr("eth1", &format!("203.0.113.{n}/24"))?;
+        g.ns.addr("eth1", &format!("2001:db8:e::{n}/64"))?;
+    }
+    for w in [&w1, &w2] {
+        w.ns.route(&["default", "via", "10.100.0.1"])?;
+        w.ns.route(&["default", "via", "fd00:100::1"])?;
+    }
+    // Pods: /32 and /128 addresses behind a host-side gateway address.
+    let mut pods = Vec::new();
+    for (w, wn, idx) in [(&w1, 1u8, 1u8), (&w1, 1, 2), (&w2, 2, 1), (&w2, 2, 2)] {
+        let label = format!("p{wn}{idx}");
+        let ns = Netns::new(&label)?;
+        let host_if = format!("vp{wn}{idx}");
+        link_veth(&ns, "eth0", &w.ns, &host_if)?;
+        let v4 = format!("10.244.{wn}.{wn}{idx}");
+        let v6 = format!("fd00:244:{wn}::{wn}{idx}");
+        let gw4 = format!("10.244.{wn}.1");
+        let gw6 = format!("fd00:244:{wn}::1");
+        w.ns.addr(&host_if, &format!("{gw4}/32"))?;
+        w.ns.addr(&host_if, &format!("{gw6}/128"))?;
+        w.ns.route(&[&format!("{v4}/32"), "dev", &host_if])?;
+        w.ns.route(&[&format!("{v6}/128"), "dev", &host_if])?;
+        ns.addr("eth0", &format!("{v4}/32"))?;
+        ns.addr("eth0", &format!("{v6}/128"))?;
+        ns.route(&[&gw4, "dev", "eth0"])?;
+        ns.route(&["default", "via", &gw4])?;
+        ns.route(&[&gw6, "dev", "eth0"])?;
+        ns.route(&["default", "via", &gw6])?;
+        pods.push(Pod { ns, v4, v6 });
+    }
+    for (net, via) in [
+        ("10.244.1.0/24", "10.100.0.21"),
+        ("10.244.2.0/24", "10.100.0.22"),
+        ("fd00:244:1::/64", "fd00:100::21"),
+        ("fd00:244:2::/64", "fd00:100::22"),
+    ] {
+        fab.route(&[net, "via", via])?;
+    }
+
+    // VXLAN devices and the maps.
+    let policies = |w_local: Option<&str>| {
+        let _ = w_local;
+        vec![
+            PolicyRule {
+                id: 1,
+                priority: 10,
+                sources: vec![
+                    cidr("10.244.1.11/32"),
+                    cidr("fd00:244:1::11/128"),
+                    cidr("10.244.2.21/32"),
+                    cidr("fd00:244:2::21/128"),
+                ],
+                destinations: vec![cidr("203.0.113.0/24"), cidr("2001:db8:e::/64")],
+                excluded: vec![cidr("203.0.113.192/26")],
+                eip_v4: Some(ip4(EIP1)),
+                eip_v6: Some(EIP1_6.parse().unwrap()),
+                gateway_tunnel_ip: ip4("10.100.0.11"),
+                local_gateway: false,
+                use_node_ip: false,
+            },
+            PolicyRule {
+                id: 2,
+                priority: 5,
+                sources: vec![cidr("10.244.2.21/32")],
+                destinations: vec![cidr("203.0.113.50/32")],
+                excluded: vec![],
+                eip_v4: Some(ip4(EIP2)),
+                eip_v6: None,
+                gateway_tunnel_ip: ip4("10.100.0.12"),
+                local_gateway: false,
+                use_node_ip: false,
+            },
+        ]
+    };
+    let cluster = vec![
+        cidr("10.244.0.0/16"),
+        cidr("10.100.0.0/24"),
+        cidr("fd00:244::/32"),
+        cidr("fd00:100::/64"),
+    ];
+    // Blocks: w1 holds block 40 of EIP1 (v4 and v6); w2 holds 41 of EIP1 and 42 of EIP2.
+    let steering = vec![
+        ReplySteering {
+            eip: EIP1.parse()?,
+            block: 40,
+            worker_tunnel_ip: ip4("10.100.0.21"),
+            local: false,
+        },
+        ReplySteering {
+            eip: EIP1_6.parse()?,
+            block: 40,
+            worker_tunnel_ip: ip4("10.100.0.21"),
+            local: false,
+        },
+        ReplySteering {
+            eip: EIP1.parse()?,
+            block: 41,
+            worker_tunnel_ip: ip4("10.100.0.22"),
+            local: false,
+        },
+        ReplySteering {
+            eip: EIP1_6.parse()?,
+            block: 41,
+            worker_tunnel_ip: ip4("10.100.0.22"),
+            local: false,
+        },
+        ReplySteering {
+            eip: EIP2.parse()?,
+            block: 42,
+            worker_tunnel_ip: ip4("10.100.0.22"),
+            local: false,
+        },
+    ];
+    let worker_blocks = |w: u8| -> Result<Vec<PortBlockGrant>> {
+        Ok(if w == 1 {
+            vec![
+                PortBlockGrant {
+                    eip: EIP1.parse()?,
+                    blocks: vec![40],
+                },
+                PortBlockGrant {
+                    eip: EIP1_6.parse()?,
+                    blocks: vec![40],
+                },
+            ]
+        } else {
+            vec![
+                PortBlockGrant {
+                    eip: EIP1.parse()?,
+                    blocks: vec![41],
+                },
+                PortBlockGrant {
+                    eip: EIP1_6.parse()?,
+                    blocks: vec![41],
+                },
+                PortBlockGrant {
+                    eip: EIP2.parse()?,
+                    blocks: vec![42],
+                },
+            ]
+        })
+    };
+    for (w, wn) in [(&mut w1, 1u8), (&mut w2, 2)] {
+        let vx = add_vxlan(&w.ns)?;
+        let desired = DesiredMaps {
+            config: NodeConfig {
+                is_worker: true,
+                is_gateway: false,
+                vxlan_ifindex: vx,
+                vni: VNI,
+                node_tunnel_ip: ip4(&underlay_ip(20 + wn).0),
+                port_block_size: BLOCK_SIZE,
+                tunnel_mtu: 1450,
+                ..Default::default()
+            },
+            policies: policies(None),
+            cluster_cidrs: cluster.clone(),
+            port_blocks: worker_blocks(wn)?,
+            ..Default::default()
+        };
+        let attach = vec![
+            ("vxlan", VXLAN.to_string()),
+            ("pod", format!("vp{wn}1")),
+            ("pod", format!("vp{wn}2")),
+        ];
+        w.start(desired, attach)?;
+    }
+    for (g, gn, owned) in [
+        (&mut g1, 11u8, vec![EIP1, EIP1_6]),
+        (&mut g2, 12, vec![EIP2]),
+    ] {
+        let vx = add_vxlan(&g.ns)?;
+        let (uplink, mac) = link_info(&g.ns, "eth1")?;
+        let desired = DesiredMaps {
+            config: NodeConfig {
+                is_worker: false,
+                is_gateway: true,
+                vxlan_ifindex: vx,
+                vni: VNI,
+                uplink_ifindex: uplink,
+                uplink_mac: mac,
+                node_tunnel_ip: ip4(&underlay_ip(gn).0),
+                port_block_size: BLOCK_SIZE,
+                tunnel_mtu: 1450,
+                ..Default::default()
+            },
+            reply_steering: steering.clone(),
+            owned_eips: owned
+                .iter()
+                .map(|e| OwnedEip {
+                    eip: e.parse().unwrap(),
+                    answer_neigh: true,
+                    node_ip: false,
+                    epoch: 1,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        g.start(
+            desired,
+            vec![("vxlan", VXLAN.to_string()), ("uplink", "eth1".to_string())],
+        )?;
+    }
+    Ok(Topology {
+        w1,
+        w2,
+        g1,
+        g2,
+        pods,
+        srv,
+        fab,
+    })
+}
+
+/// What the nodes' maps and neighbour tables say, for a failure message.
+fn diagnostics(t: &Topology) -> String {
+    let mut s = String::new();
+    for n in [&t.w1, &t.w2, &t.g1, &t.g2] {
+        let p = n._pins.path();
+        let drops: Vec<_> = stats::read_drops(p)
+            .map(|d| d.into_iter().filter(|(_, c)| c.packets > 0).collect())
+            .unwrap_or_default();
+        s += &format!(
+            "{}: drops {:?} policy {:?} nat {:?}\n",
+            n.ns.name(),
+            drops,
+            stats::read_policy_stats(p).ok(),
+            stats::read_nat_use(p).ok()
+        );
+    }
+    s += &t.srv.ip(&["neigh"]).unwrap_or_default();
+    s
+}
+
+/// Runs the client in a pod and returns the source address the server saw.
+fn exchange(
+    t: &Topology,
+    server: &mut egress_tests::Proc,
+    pod: usize,
+    proto: &str,
+    dst: &str,
+) -> Result<String> {
+    let out = t.pods[pod]
+        .ns
+        .exec(&["python3", "-c", CLIENT_PY, proto, dst, PORT])
+        .with_context(|| format!("pod {pod} {proto} to {dst}"))?;
+    if out.trim() != "reply ok" {
+        anyhow::bail!("pod {pod} {proto} to {dst}: {out}\n{}", diagnostics(t));
+    }
+    let line = server.wait_for_line(&format!("peer {proto}"), Duration::from_secs(10))?;
+    Ok(line.rsplit(' ').next().unwrap_or_default().to_string())
+}
+
+#[test]
+#[ignore = "needs root: creates namespaces and loads BPF programs"]
+fn pods_reach_the_server_through_eips_and_back() -> Result<()> {
+    let t = build()?;
+    let mut server = t.srv.spawn(&[
+        "python3",
+        "-u",
+        "-c",
+        SERVER_PY,
+        PORT,
+        SRV,
+        SRV_POLICY2,
+        SRV_EXCLUDED,
+        SRV6,
+    ])?;
+    server.wait_for_line("ready", Duration::from_secs(10))?;
+
+    // p11 (w1, policy 1): TCP and UDP, v4 and v6, through g1 as EIP1.
+    assert_eq!(exchange(&t, &mut server, 0, "tcp", SRV)?, EIP1);
+    assert_eq!(exchange(&t, &mut server, 0, "udp", SRV)?, EIP1);
+    assert_eq!(exchange(&t, &mut server, 0, "tcp", SRV6)?, EIP1_6);
+    assert_eq!(exchange(&t, &mut server, 0, "udp", SRV6)?, EIP1_6);
+    // p21 (w2): policy 1 through g1 with w2's block, and policy 2 (wins for .50) through g2.
+    assert_eq!(exchange(&t, &mut server, 2, "tcp", SRV)?, EIP1);
+    assert_eq!(exchange(&t, &mut server, 2, "udp", SRV_POLICY2)?, EIP2);
+    assert_eq!(exchange(&t, &mut server, 2, "tcp", SRV_POLICY2)?, EIP2);
+    // Normal path: a pod in no policy, and a destination in excludedSubnet.
+    assert_eq!(exchange(&t, &mut server, 1, "tcp", SRV)?, t.pods[1].v4);
+    assert_eq!(exchange(&t, &mut server, 3, "udp", SRV6)?, t.pods[3].v6);
+    assert_eq!(
+        exchange(&t, &mut server, 0, "tcp", SRV_EXCLUDED)?,
+        t.pods[0].v4
+    );
+
+    // Ping, v4 and v6: echo replies come back through the EIP.
+    t.pods[0]
+        .ns
+        .exec(&["ping", "-c", "2", "-i", "0.2", "-W", "2", SRV])?;
+    t.pods[0]
+        .ns
+        .exec(&["ping", "-6", "-c", "2", "-i", "0.2", "-W", "2", SRV6])?;
+    t.pods[2]
+        .ns
+        .exec(&["ping", "-c", "2", "-i", "0.2", "-W", "2", SRV_POLICY2])?;
+
+    // The counters saw it: NAT use per EIP on the workers, policy counters both ways.
+    let w1_pins = t.w1._pins.path();
+    let nat = stats::read_nat_use(w1_pins)?;
+    let eips: Vec<String> = nat.iter().map(|n| n.eip.to_string()).collect();
+    assert!(
+        eips.contains(&EIP1.to_string()) && eips.contains(&EIP1_6.to_string()),
+        "{nat:?}"
+    );
+    let ps = stats::read_policy_stats(w1_pins)?;
+    assert!(
+        ps[&1].egress_packets > 0 && ps[&1].reply_packets > 0,
+        "{ps:?}"
+    );
+    let ps2 = stats::read_policy_stats(t.w2._pins.path())?;
+    assert!(
+        ps2[&2].egress_packets > 0 && ps2[&2].reply_packets > 0,
+        "{ps2:?}"
+    );
+    for n in [&t.w1, &t.w2, &t.g1, &t.g2] {
+        let drops: u64 = stats::read_drops(n._pins.path())?
+            .iter()
+            .map(|(_, c)| c.packets)
+            .sum();
+        assert_eq!(drops, 0, "no drops on {}", n.ns.name());
+    }
+    let _ = (&t.fab, &t.srv);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: creates namespaces and loads BPF programs"]
+fn multi_megabyte_tcp_with_mss_1400_completes() -> Result<()> {
+    let t = build()?;
+    let mut server = t
+        .srv
+        .spawn(&["iperf3", "-s", "-1", "-p", "5201", "--forceflush"])?;
+    server.wait_for_line("Server listening", Duration::from_secs(10))?;
+    let started = Instant::now();
+    let out = t.pods[0].ns.exec(&[
+        "iperf3", "-c", SRV, "-p", "5201", "-M", "1400", "-n", "8M", "-J",
+    ])?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let received = v["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .context("bytes received")?;
+    assert!(received >= 8 * 1024 * 1024, "received {received} bytes");
+    let seen = server.wait_for_line("Accepted connection from", Duration::from_secs(10))?;
+    assert!(seen.contains(EIP1), "the server saw {seen}");
+    eprintln!("8 MiB with MSS 1400 in {:?}", started.elapsed());
+    Ok(())
+}
