@@ -211,7 +211,11 @@ fn tcp_source(
     interval: Duration,
     deadline: Option<Instant>,
 ) -> std::io::Result<serde_json::Value> {
+    let started = Instant::now();
     let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
+    let connect = started.elapsed();
+    // The run's duration counts from the established connection.
+    let deadline = deadline.map(|d| d + connect);
     s.set_nodelay(true)?;
     // Long enough to ride out a gateway failover: TCP retransmits meanwhile.
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -250,5 +254,6 @@ fn tcp_source(
     Ok(serde_json::json!({
         "role": "tcp-source", "sent": sent, "echoed": echoed, "survived": failure.is_none(),
         "failure": failure, "max_gap_ms": gaps.max_ms(), "local": local.to_string(),
+        "connect_ms": connect.as_secs_f64() * 1000.0,
     }))
 }

@@ -1,0 +1,302 @@
+//! A whole cluster on the shared topology: a real etcd and the controller in
+//! the fabric namespace, one real agent per node, pods registered in the
+//! datastore. The e2e tests, the failover scenarios and the demo build on it.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    etcd::EtcdServer,
+    netns::PinDir,
+    process::Proc,
+    topology::{Topology, FABRIC_UNDERLAY_IP},
+};
+
+/// Label that the example EgressGateway selects.
+pub const GATEWAY_LABEL: &str = "egress-gateway=true";
+/// Port of every agent's admin endpoint, on each node's own loopback.
+pub const AGENT_ADMIN: &str = "127.0.0.1:9465";
+
+/// The failover timers, as the flags of both controller and agents.
+#[derive(Clone, Debug)]
+pub struct Timers {
+    pub update: String,
+    pub monitor: String,
+    pub eviction: String,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            update: "5s".into(),
+            monitor: "5s".into(),
+            eviction: "15s".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub workers: usize,
+    pub gateways: usize,
+    pub pods_per_worker: usize,
+    pub controllers: usize,
+    pub timers: Timers,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            gateways: 2,
+            pods_per_worker: 2,
+            controllers: 1,
+            timers: Timers::default(),
+        }
+    }
+}
+
+pub struct Cluster {
+    pub topo: Topology,
+    pub etcd: EtcdServer,
+    pub controllers: Vec<Option<Proc>>,
+    pub agents: Vec<Option<Proc>>,
+    pins: Vec<PinDir>,
+    egress: PathBuf,
+    spec: ClusterSpec,
+}
+
+impl Cluster {
+    /// Builds the topology and starts etcd, the controllers and the agents.
+    /// Nodes are `w1..` (workers) then `g1..` (gateways, labelled
+    /// [`GATEWAY_LABEL`]); every worker's pods are registered in the
+    /// datastore, the first one of each labelled `app=web`.
+    pub fn start(egress: &Path, spec: ClusterSpec) -> Result<Self> {
+        let names: Vec<String> = (1..=spec.workers)
+            .map(|i| format!("w{i}"))
+            .chain((1..=spec.gateways).map(|i| format!("g{i}")))
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut topo = Topology::build(&refs)?;
+        for w in 0..spec.workers {
+            for p in 0..spec.pods_per_worker {
+                topo.add_pod(w, &format!("p{}{}", w + 1, p + 1))?;
+            }
+        }
+        let etcd = EtcdServer::start_in(topo.fabric.name(), &FABRIC_UNDERLAY_IP.to_string())?;
+        let mut cluster = Self {
+            topo,
+            etcd,
+            controllers: Vec::new(),
+            agents: Vec::new(),
+            pins: Vec::new(),
+            egress: egress.to_owned(),
+            spec: spec.clone(),
+        };
+        for i in 0..spec.controllers {
+            let c = cluster.spawn_controller(i)?;
+            cluster.controllers.push(Some(c));
+        }
+        for i in 0..cluster.topo.nodes.len() {
+            cluster.pins.push(PinDir::new(&format!("pin{i}"))?);
+            let a = cluster.spawn_agent(i)?;
+            cluster.agents.push(Some(a));
+        }
+        for w in 0..spec.workers {
+            for p in 0..spec.pods_per_worker {
+                let pod = &cluster.topo.nodes[w].pods[p];
+                let node = cluster.topo.nodes[w].name.clone();
+                let labels = if p == 0 { "app=web" } else { "app=other" };
+                let ips = format!("{},{}", pod.ip, pod.ip6);
+                let name = pod.name.clone();
+                cluster.egress(&[
+                    "pod", "add", &name, "-n", "default", "-l", labels, "--node", &node, "--ip",
+                    &ips,
+                ])?;
+            }
+        }
+        Ok(cluster)
+    }
+
+    fn etcd_flags(&self) -> Vec<String> {
+        vec![
+            "--datastore".into(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            self.etcd.endpoint(),
+        ]
+    }
+
+    fn spawn_controller(&self, i: usize) -> Result<Proc> {
+        let t = &self.spec.timers;
+        let id = format!("controller-{i}");
+        let mut args: Vec<String> = vec![
+            "controller".into(),
+            "--identity".into(),
+            id,
+            "--tunnel-update-period".into(),
+            t.update.clone(),
+            "--tunnel-monitor-period".into(),
+            t.monitor.clone(),
+            "--eip-eviction-timeout".into(),
+            t.eviction.clone(),
+        ];
+        args.extend(self.etcd_flags());
+        let egress = self.egress.to_string_lossy().into_owned();
+        let mut argv: Vec<&str> = vec![&egress];
+        argv.extend(args.iter().map(String::as_str));
+        let mut p = self.topo.fabric.spawn(&argv)?;
+        p.wait_for_line("started", Duration::from_secs(20))?;
+        Ok(p)
+    }
+
+    /// Starts (again) the agent of node `i`.
+    pub fn spawn_agent(&self, i: usize) -> Result<Proc> {
+        let node = &self.topo.nodes[i];
+        let t = &self.spec.timers;
+        let pin = self.pins[i].path().to_string_lossy().into_owned();
+        let mut args: Vec<String> = vec![
+            "agent".into(),
+            "--node-name".into(),
+            node.name.clone(),
+            "--pin-dir".into(),
+            pin,
+            "--uplink".into(),
+            node.uplink.clone(),
+            "--pod-cidr".into(),
+            node.pod_cidr(),
+            "--pod-cidr".into(),
+            node.pod_cidr6(),
+            "--tunnel-update-period".into(),
+            t.update.clone(),
+            "--tunnel-monitor-period".into(),
+            t.monitor.clone(),
+            "--eip-eviction-timeout".into(),
+            t.eviction.clone(),
+            "--admin-addr".into(),
+            AGENT_ADMIN.into(),
+        ];
+        if node.name.starts_with('g') {
+            args.extend(["--node-label".into(), GATEWAY_LABEL.into()]);
+        }
+        args.extend(self.etcd_flags());
+        let egress = self.egress.to_string_lossy().into_owned();
+        let mut argv: Vec<&str> = vec![&egress];
+        argv.extend(args.iter().map(String::as_str));
+        let mut p = node.ns.spawn(&argv)?;
+        p.wait_for_line("ready node=", Duration::from_secs(30))
+            .with_context(|| format!("agent of {}", node.name))?;
+        Ok(p)
+    }
+
+    /// Runs an `egress` CLI command against the cluster's datastore (from the fabric).
+    pub fn egress(&self, args: &[&str]) -> Result<String> {
+        let egress = self.egress.to_string_lossy().into_owned();
+        let flags = self.etcd_flags();
+        let mut argv: Vec<&str> = vec![&egress];
+        argv.extend_from_slice(args);
+        argv.extend(flags.iter().map(String::as_str));
+        self.topo.fabric.exec(&argv)
+    }
+
+    /// `egress apply -f FILE`.
+    pub fn apply(&self, file: &Path) -> Result<String> {
+        self.egress(&["apply", "-f", &file.to_string_lossy()])
+    }
+
+    /// The `/state` document of node `i`'s agent.
+    pub fn agent_state(&self, i: usize) -> Result<serde_json::Value> {
+        self.topo.nodes[i].ns.enter(|| {
+            let mut s = TcpStream::connect(AGENT_ADMIN)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(b"GET /state HTTP/1.1\r\nconnection: close\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+            Ok(serde_json::from_str(body)?)
+        })
+    }
+
+    /// Index of the node whose agent announces `eip` (none, or the first if several).
+    pub fn announcers(&self, eip: &str) -> Vec<usize> {
+        (0..self.topo.nodes.len())
+            .filter(|&i| self.agents[i].is_some())
+            .filter(|&i| {
+                self.agent_state(i)
+                    .ok()
+                    .and_then(|s| s["announced"].as_array().cloned())
+                    .is_some_and(|a| a.iter().any(|e| e == eip))
+            })
+            .collect()
+    }
+
+    /// Kills node `i`'s agent (SIGKILL, as a crash).
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut p) = self.agents[i].take() {
+            p.kill();
+        }
+    }
+
+    /// Kills controller `i`.
+    pub fn kill_controller(&mut self, i: usize) {
+        if let Some(mut p) = self.controllers[i].take() {
+            p.kill();
+        }
+    }
+}
+
+/// Polls `check` until it returns true; fails with `what` after `timeout`.
+pub fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    let start = Instant::now();
+    let mut last_err = None;
+    while start.elapsed() < timeout {
+        match check() {
+            Ok(true) => return Ok(start.elapsed()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match last_err {
+        Some(e) => bail!("{what}: not reached within {timeout:?} (last error: {e:#})"),
+        None => bail!("{what}: not reached within {timeout:?}"),
+    }
+}
+
+/// The repository's example objects folder.
+pub fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples")
+}
+
+/// Runs `egress-traffic` in a namespace to completion (with a duration) and returns its report.
+pub fn traffic_report(
+    ns: &crate::Netns,
+    args: &[&str],
+    duration_s: f64,
+) -> Result<serde_json::Value> {
+    let bin = crate::traffic_bin()?;
+    let bin = bin.to_string_lossy().into_owned();
+    let env = format!("EGRESS_TRAFFIC_DURATION_S={duration_s}");
+    let mut argv = vec!["env", env.as_str(), bin.as_str()];
+    argv.extend_from_slice(args);
+    let out = match ns.exec(&argv) {
+        Ok(o) => o,
+        Err(e) => bail!("egress-traffic {}: {e:#}", args.join(" ")),
+    };
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"role\""))
+        .context("no report line")?;
+    Ok(serde_json::from_str(line)?)
+}
