@@ -143,9 +143,14 @@ fn apply_get_delete_pods_and_controller_on_etcd() {
 
     // The controller leads and reports that the gateway has no Ready node
     // (no agent registered a tunnel): a condition and an event.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut ctl = cli.cmd(&[
         "controller",
-        "--lease-ttl",
+        "--leader-election-lease-duration",
         "2s",
         "--tunnel-update-period",
         "200ms",
@@ -153,6 +158,8 @@ fn apply_get_delete_pods_and_controller_on_etcd() {
         "200ms",
         "--eip-eviction-timeout",
         "1s",
+        "--metrics-port",
+        &metrics_port.to_string(),
     ]);
     ctl.env("EGRESS_CONTROLLER_ID", "c1");
     let mut ctl = Proc::spawn(ctl, "egress controller".into()).unwrap();
@@ -169,6 +176,9 @@ fn apply_get_delete_pods_and_controller_on_etcd() {
         std::thread::park_timeout(Duration::from_millis(50)); // polling the CLI, not a synchronisation
     }
     assert!(cli.ok(&["get", "events"]).contains("NoReadyGatewayNode"));
+    let metrics = http_get(metrics_port, "/metrics");
+    assert!(metrics.contains("egress_controller_leader 1"), "{metrics}");
+    assert!(http_get(metrics_port, "/healthz").ends_with("ok\n"));
     let st = ctl.terminate().unwrap();
     assert!(st.success(), "controller exits cleanly on SIGTERM: {st}");
 
@@ -178,4 +188,13 @@ fn apply_get_delete_pods_and_controller_on_etcd() {
     assert!(!ok && err.contains("not found"), "{err}");
     let (ok, _, err) = cli.run(&["get", "gadgets"]);
     assert!(!ok && err.contains("unknown kind"), "{err}");
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
 }

@@ -1,12 +1,19 @@
 //! `egress controller`: leader-elected EIP allocation, gateway election,
 //! port blocks and heartbeat monitoring.
 
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
-use egress_control::controller::{run_controller, ControllerConfig, RunConfig, TimerConfig};
+use egress_control::controller::{
+    run_controller_with_stats, ControllerConfig, LoopStats, RunConfig, TimerConfig,
+};
+use egress_control::datastore::{kube::KubeDatastore, Datastore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::datastore::DatastoreArgs;
+use super::datastore::{Backend, DatastoreArgs};
 
 /// Parses `5`, `1.5`, `5s`, `500ms`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -27,16 +34,38 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
+/// Connects to the datastore the flags name; the Kubernetes backend keeps
+/// its Leases (and events about cluster-scoped objects) in `lease_namespace`.
+pub async fn connect(
+    args: &DatastoreArgs,
+    lease_namespace: &str,
+) -> anyhow::Result<Arc<dyn Datastore>> {
+    match args.datastore {
+        Backend::Kubernetes => Ok(Arc::new(
+            KubeDatastore::try_default(lease_namespace)
+                .await
+                .context("connecting to the Kubernetes API server")?,
+        )),
+        Backend::Etcd => args.connect().await,
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ControllerArgs {
     #[command(flatten)]
     pub datastore: DatastoreArgs,
+    /// Namespace of the Leases (leader election, heartbeats) on Kubernetes.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "egress-system")]
+    pub lease_namespace: String,
     /// This replica's name in the election (default: hostname-pid).
     #[arg(long, env = "EGRESS_CONTROLLER_ID")]
     pub identity: Option<String>,
     /// Leader lease time.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub lease_ttl: Duration,
+    #[arg(long, alias = "lease-ttl", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+    /// Name of the election (the Lease name on Kubernetes).
+    #[arg(long, default_value = "egress-controller")]
+    pub leader_election_lease_name: String,
     /// How often agents renew their heartbeat.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub tunnel_update_period: Duration,
@@ -49,6 +78,17 @@ pub struct ControllerArgs {
     /// Ports per port block.
     #[arg(long, default_value_t = 1024)]
     pub port_block_size: u16,
+    /// Port of the HTTP endpoint with /metrics and /healthz (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_port: u16,
+    /// Datapath probing of gateway candidates (issue 5; the controller-side
+    /// prober is not part of this binary yet: the agents probe each other).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub gateway_failover: bool,
+    #[arg(long, default_value_t = 200)]
+    pub probe_interval_ms: u64,
+    #[arg(long, default_value_t = 3)]
+    pub probe_detect_multiplier: u32,
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -63,30 +103,80 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         "--port-block-size: {} must be a power of two from 64 to 16384",
         args.port_block_size
     );
-    let identity = args.identity.unwrap_or_else(|| {
+    let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let ds = args.datastore.connect().await?;
+    let ds = connect(&args.datastore, &args.lease_namespace).await?;
     let cfg = RunConfig {
         identity,
-        lease_ttl: args.lease_ttl,
+        election: args.leader_election_lease_name.clone(),
+        lease_ttl: args.leader_election_lease_duration,
         timers,
         controller: ControllerConfig {
             port_block_size: args.port_block_size,
             first_port: 1024,
         },
     };
+    let stats = Arc::new(LoopStats::default());
+    if args.metrics_port != 0 {
+        let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.metrics_port))
+            .await
+            .with_context(|| format!("--metrics-port {}", args.metrics_port))?;
+        tokio::spawn(serve_metrics(listener, stats.clone()));
+    }
     println!("controller {} started", cfg.identity);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // SIGINT or SIGTERM: resign, so another replica takes over at once.
-    run_controller(ds, cfg, async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    })
+    run_controller_with_stats(
+        ds,
+        cfg,
+        async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        },
+        stats,
+    )
     .await
+}
+
+/// A minimal HTTP endpoint: `/healthz` answers 200 while the process runs;
+/// anything else gets the metrics in the Prometheus text format.
+async fn serve_metrics(listener: tokio::net::TcpListener, stats: Arc<LoopStats>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let body = if req.starts_with("GET /healthz") {
+                "ok\n".to_string()
+            } else {
+                format!(
+                    "# TYPE egress_controller_leader gauge\negress_controller_leader {}\n\
+                     # TYPE egress_controller_term gauge\negress_controller_term {}\n\
+                     # TYPE egress_controller_passes_total counter\negress_controller_passes_total {}\n\
+                     # TYPE egress_controller_writes_total counter\negress_controller_writes_total {}\n\
+                     # TYPE egress_controller_errors_total counter\negress_controller_errors_total {}\n",
+                    u8::from(stats.leader.load(Relaxed)),
+                    stats.term.load(Relaxed),
+                    stats.passes.load(Relaxed),
+                    stats.writes.load(Relaxed),
+                    stats.errors.load(Relaxed),
+                )
+            };
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
 }
 
 #[cfg(test)]

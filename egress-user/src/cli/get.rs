@@ -116,7 +116,7 @@ fn print_rows(rows: &[Vec<String>]) {
 }
 
 pub async fn run(args: GetArgs) -> anyhow::Result<()> {
-    let ds = args.datastore.connect().await?;
+    let ds = super::controller::connect(&args.datastore, "egress-system").await?;
     if args.kind == "events" || args.kind == "event" || args.kind == "ev" {
         let evs = ds.events().await?;
         match args.output {

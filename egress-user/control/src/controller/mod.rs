@@ -8,7 +8,10 @@ mod view;
 
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{reconcile, ControllerConfig, Plan};
-pub use run::{gateway_eligible, run_controller, tick, write_plan, RunConfig, ELECTION, MANAGER};
+pub use run::{
+    gateway_eligible, run_controller, run_controller_with_stats, tick, write_plan, LoopStats,
+    RunConfig, ELECTION, MANAGER,
+};
 pub use view::{ClusterView, PolicyView};
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ pub const ELECTION: &str = "egress-controller";
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     pub identity: String,
+    /// Election name (the Lease name on Kubernetes).
+    pub election: String,
     pub lease_ttl: Duration,
     pub timers: TimerConfig,
     pub controller: ControllerConfig,
@@ -32,6 +34,7 @@ impl Default for RunConfig {
     fn default() -> Self {
         Self {
             identity: format!("controller-{}", std::process::id()),
+            election: ELECTION.into(),
             lease_ttl: Duration::from_secs(15),
             timers: TimerConfig::default(),
             controller: ControllerConfig::default(),
@@ -177,6 +180,16 @@ pub async fn tick(
     Ok(n)
 }
 
+/// What the loop reports for metrics and health checks.
+#[derive(Debug, Default)]
+pub struct LoopStats {
+    pub leader: std::sync::atomic::AtomicBool,
+    pub term: std::sync::atomic::AtomicU64,
+    pub passes: std::sync::atomic::AtomicU64,
+    pub writes: std::sync::atomic::AtomicU64,
+    pub errors: std::sync::atomic::AtomicU64,
+}
+
 /// Campaigns, and while leader reconciles on every change and every
 /// monitor period. Returns when `shutdown` completes (resigning first).
 pub async fn run_controller(
@@ -184,13 +197,24 @@ pub async fn run_controller(
     cfg: RunConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_controller_with_stats(ds, cfg, shutdown, Arc::default()).await
+}
+
+/// [`run_controller`], counting into `stats`.
+pub async fn run_controller_with_stats(
+    ds: Arc<dyn Datastore>,
+    cfg: RunConfig,
+    shutdown: impl Future<Output = ()>,
+    stats: Arc<LoopStats>,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
     cfg.timers.validate()?;
     tokio::pin!(shutdown);
     loop {
         // Campaign.
         let lead = loop {
             if let Some(l) = ds
-                .try_acquire(ELECTION, &cfg.identity, cfg.lease_ttl)
+                .try_acquire(&cfg.election, &cfg.identity, cfg.lease_ttl)
                 .await?
             {
                 break l;
@@ -201,6 +225,8 @@ pub async fn run_controller(
             }
         };
         tracing::info!(identity = %cfg.identity, term = lead.term, "leading");
+        stats.leader.store(true, Relaxed);
+        stats.term.store(lead.term, Relaxed);
         println!("controller {} leading, term {}", cfg.identity, lead.term);
         let mut monitor = HeartbeatMonitor::new(Instant::now());
         let mut watches = SelectAll::new();
@@ -213,12 +239,21 @@ pub async fn run_controller(
         loop {
             if let Err(e) = ds.renew_leadership(&lead).await {
                 tracing::warn!("lost leadership: {e}");
+                stats.leader.store(false, Relaxed);
                 break;
             }
+            stats.passes.fetch_add(1, Relaxed);
             match tick(ds.as_ref(), &mut monitor, &cfg).await {
-                Ok(n) if n > 0 => tracing::debug!(writes = n, "reconciled"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!("reconcile failed: {e}"),
+                Ok(n) => {
+                    stats.writes.fetch_add(n as u64, Relaxed);
+                    if n > 0 {
+                        tracing::debug!(writes = n, "reconciled");
+                    }
+                }
+                Err(e) => {
+                    stats.errors.fetch_add(1, Relaxed);
+                    tracing::warn!("reconcile failed: {e}");
+                }
             }
             tokio::select! {
                 _ = &mut shutdown => {
