@@ -23,7 +23,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 
 use crate::api::{EgressGateway, TunnelPhase};
-use crate::controller::ClusterView;
+use crate::controller::{ClusterView, PolicyIndex};
 use crate::datastore::{Kind, ObjectKey};
 use crate::validate::parse_cidr;
 
@@ -232,8 +232,8 @@ pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
             .map(|e| e.epoch)
             .unwrap_or(0)
     };
-    let mut active = Vec::new();
-    for p in &views {
+    let mut active: BTreeMap<usize, u32> = BTreeMap::new();
+    for (vi, p) in views.iter().enumerate() {
         let Some(st) = p.status else { continue };
         if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
             continue;
@@ -265,19 +265,19 @@ pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
                 epoch: epoch_of(&gw, &st.node, &v4, &v6),
             },
         );
-        active.push((p, id));
+        active.insert(vi, id);
     }
 
     // Match rules for local pods.
     let mut rules = BTreeSet::new();
+    let index = PolicyIndex::new(&views);
     for pod in view.pods.iter().filter(|p| p.node == me) {
         let nsl = view.namespace_labels(&pod.namespace);
         for src in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
             let mut taken: Vec<IpNet> = Vec::new();
-            for (p, id) in &active {
-                if !p.selects(pod, &nsl) {
-                    continue;
-                }
+            for vi in index.selecting(&views, pod, &nsl) {
+                let Some(id) = active.get(&vi) else { continue };
+                let p = &views[vi];
                 let t = &out.policies[id];
                 let has_eip = match src {
                     IpAddr::V4(_) => t.eip_v4.is_some(),

@@ -1,18 +1,20 @@
 //! The controller: pure reconcile functions over plain data, and the thin
 //! leader-elected loop that runs them against a datastore.
 
+mod cache;
 mod heartbeat;
 mod reconcile;
 pub(crate) mod run;
 mod view;
 
+pub use cache::{sizes, Changed, ViewCache};
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{reconcile, ControllerConfig, Plan};
 pub use run::{
     gateway_eligible, run_controller, run_controller_with_stats, tick, write_plan, LoopStats,
     RunConfig, ELECTION, MANAGER,
 };
-pub use view::{ClusterView, PolicyView};
+pub use view::{ClusterView, PolicyIndex, PolicyView};
 
 #[cfg(test)]
 pub(crate) mod tests;

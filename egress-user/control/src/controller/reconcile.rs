@@ -10,7 +10,7 @@ use crate::api::*;
 use crate::datastore::{Event, Kind, ObjectKey};
 use crate::validate::{self, IpPool};
 
-use super::view::{gateway_created, ClusterView, PolicyView};
+use super::view::{gateway_created, ClusterView, PolicyIndex, PolicyView};
 
 /// Knobs of the allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,6 +194,24 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
         by_gw.entry(gw_name).or_default().push(p);
     }
 
+    // Which policies select each pod (for port-block demand), once.
+    let index = PolicyIndex::new(&policies);
+    let mut selected: Vec<(&PodRecord, Vec<(Kind, ObjectKey)>)> = Vec::new();
+    for pod in &view.pods {
+        if pod.node.is_empty() || pod.ips.is_empty() {
+            continue;
+        }
+        let nsl = view.namespace_labels(&pod.namespace);
+        let sel = index.selecting(&policies, pod, &nsl);
+        if !sel.is_empty() {
+            selected.push((
+                pod,
+                sel.into_iter()
+                    .map(|i| (policies[i].kind, policies[i].key.clone()))
+                    .collect(),
+            ));
+        }
+    }
     for g in &gateways {
         let name = g.metadata.name.clone().unwrap_or_default();
         let Some((p4, p6)) = pools_by_gw.get(&name) else {
@@ -201,7 +219,7 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
         };
         let empty = Vec::new();
         let pols = by_gw.get(&name).unwrap_or(&empty);
-        reconcile_gateway(view, cfg, g, p4, p6, pols, &mut plan);
+        reconcile_gateway(view, cfg, g, p4, p6, pols, &selected, &mut plan);
     }
     plan
 }
@@ -214,6 +232,7 @@ fn reconcile_gateway(
     p4: &IpPool,
     p6: &IpPool,
     pols: &[&PolicyView<'_>],
+    selected: &[(&PodRecord, Vec<(Kind, ObjectKey)>)],
     plan: &mut Plan,
 ) {
     let gw_name = g.metadata.name.clone().unwrap_or_default();
@@ -491,6 +510,7 @@ fn reconcile_gateway(
     let first_block = (cfg.first_port as u32).div_ceil(size) as u16;
     let n_blocks = (65536 / size) as u16;
     let mut demand: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut unit_addrs: BTreeMap<(Kind, ObjectKey), Vec<String>> = BTreeMap::new();
     for (u, ps) in &units {
         let addrs: Vec<String> = if u.node_ip_of.is_some() {
             let Some((node, _)) = placed.get(u) else {
@@ -508,13 +528,14 @@ fn reconcile_gateway(
                 .cloned()
                 .collect()
         };
-        for pod in &view.pods {
-            if pod.node.is_empty() || pod.ips.is_empty() {
-                continue;
-            }
-            let nsl = view.namespace_labels(&pod.namespace);
-            if ps.iter().any(|p| p.selects(pod, &nsl)) {
-                for a in &addrs {
+        for p in ps {
+            unit_addrs.insert((p.kind, p.key.clone()), addrs.clone());
+        }
+    }
+    for (pod, sel) in selected {
+        for kk in sel {
+            if let Some(addrs) = unit_addrs.get(kk) {
+                for a in addrs {
                     demand
                         .entry(a.clone())
                         .or_default()

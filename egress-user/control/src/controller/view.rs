@@ -176,3 +176,49 @@ impl ClusterView {
 pub(crate) fn gateway_created(g: &EgressGateway) -> i128 {
     created(&g.metadata)
 }
+
+/// Finds the policies that select a pod without testing every policy:
+/// policies with `matchLabels` are indexed by their first label.
+pub struct PolicyIndex {
+    by_label: BTreeMap<(String, String), Vec<usize>>,
+    rest: Vec<usize>,
+}
+
+impl PolicyIndex {
+    /// `views` in order of precedence (as [`ClusterView::policy_views`] gives them).
+    pub fn new(views: &[PolicyView<'_>]) -> Self {
+        let mut by_label: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        let mut rest = Vec::new();
+        for (i, p) in views.iter().enumerate() {
+            match p
+                .fields
+                .pod_selector
+                .and_then(|s| s.match_labels.iter().next())
+            {
+                Some((k, v)) => by_label.entry((k.clone(), v.clone())).or_default().push(i),
+                None => rest.push(i),
+            }
+        }
+        Self { by_label, rest }
+    }
+
+    /// Indices (into `views`, ascending = precedence order) of the policies
+    /// that select `pod`.
+    pub fn selecting(
+        &self,
+        views: &[PolicyView<'_>],
+        pod: &PodRecord,
+        ns_labels: &BTreeMap<String, String>,
+    ) -> Vec<usize> {
+        let mut out: Vec<usize> = self.rest.clone();
+        for (k, v) in &pod.labels {
+            if let Some(l) = self.by_label.get(&(k.clone(), v.clone())) {
+                out.extend(l);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out.retain(|&i| views[i].selects(pod, ns_labels));
+        out
+    }
+}

@@ -1,0 +1,227 @@
+//! A [`ClusterView`] kept current from watch events: list every kind once,
+//! then apply each change in place (no relist, no full decode).
+
+use std::collections::BTreeMap;
+
+use futures::stream::{SelectAll, StreamExt};
+use serde::de::DeserializeOwned;
+
+use super::ClusterView;
+use crate::datastore::typed::{decode, namespace_record, node_record, pod_record};
+use crate::datastore::{Datastore, Kind, ObjectKey, Result, Stored, WatchEvent, WatchStream};
+
+/// What changed in one batch of events, so callers recompute only that.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// Nodes whose pods changed (only pods changed for them).
+    pub pod_nodes: Vec<String>,
+    /// Something other than pods changed: everything may be affected.
+    pub global: bool,
+}
+
+/// The view plus the watches that keep it current.
+pub struct ViewCache {
+    pub view: ClusterView,
+    watches: SelectAll<WatchStream>,
+}
+
+fn key_of_meta(m: &kube::core::ObjectMeta) -> ObjectKey {
+    ObjectKey {
+        namespace: m.namespace.clone().unwrap_or_default(),
+        name: m.name.clone().unwrap_or_default(),
+    }
+}
+
+fn upsert<T: DeserializeOwned>(v: &mut Vec<T>, s: &Stored, key: impl Fn(&T) -> ObjectKey) {
+    let Ok(obj) = decode::<T>(s) else { return };
+    match v.iter_mut().find(|o| key(o) == s.key) {
+        Some(o) => *o = obj,
+        None => v.push(obj),
+    }
+}
+
+impl ViewCache {
+    /// Lists every kind and opens a watch from each list's revision.
+    pub async fn start(ds: &dyn Datastore) -> Result<Self> {
+        let mut view = ClusterView::default();
+        let mut watches = SelectAll::new();
+        for k in Kind::ALL {
+            let (items, rev) = ds.list(k).await?;
+            for s in &items {
+                Self::put(&mut view, s);
+            }
+            watches.push(ds.watch(k, rev).await?);
+        }
+        Ok(Self { view, watches })
+    }
+
+    fn put(view: &mut ClusterView, s: &Stored) {
+        match s.kind {
+            Kind::EgressGateway => upsert(&mut view.gateways, s, |o| key_of_meta(&o.metadata)),
+            Kind::EgressPolicy => upsert(&mut view.policies, s, |o| key_of_meta(&o.metadata)),
+            Kind::EgressClusterPolicy => {
+                upsert(&mut view.cluster_policies, s, |o| key_of_meta(&o.metadata))
+            }
+            Kind::EgressTunnel => upsert(&mut view.tunnels, s, |o| key_of_meta(&o.metadata)),
+            Kind::Node => {
+                let r = node_record(&s.value);
+                match view.nodes.iter_mut().find(|n| n.name == r.name) {
+                    Some(n) => *n = r,
+                    None => view.nodes.push(r),
+                }
+            }
+            Kind::Pod => {
+                let r = pod_record(&s.value);
+                match view
+                    .pods
+                    .iter_mut()
+                    .find(|p| p.name == r.name && p.namespace == r.namespace)
+                {
+                    Some(p) => *p = r,
+                    None => view.pods.push(r),
+                }
+            }
+            Kind::Namespace => {
+                let r = namespace_record(&s.value);
+                match view.namespaces.iter_mut().find(|n| n.name == r.name) {
+                    Some(n) => *n = r,
+                    None => view.namespaces.push(r),
+                }
+            }
+        }
+    }
+
+    /// Applies one event; returns the node of a changed pod, if a pod.
+    pub fn apply(&mut self, ev: &WatchEvent, changed: &mut Changed) {
+        let v = &mut self.view;
+        match ev {
+            WatchEvent::Put(s) => {
+                if s.kind == Kind::Pod {
+                    let r = pod_record(&s.value);
+                    if let Some(old) = v
+                        .pods
+                        .iter()
+                        .find(|p| p.name == r.name && p.namespace == r.namespace)
+                    {
+                        changed.pod_nodes.push(old.node.clone());
+                    }
+                    changed.pod_nodes.push(r.node.clone());
+                } else {
+                    changed.global = true;
+                }
+                Self::put(v, s);
+            }
+            WatchEvent::Deleted { kind, key, .. } => {
+                let m = |meta: &kube::core::ObjectMeta| key_of_meta(meta) != *key;
+                match kind {
+                    Kind::EgressGateway => v.gateways.retain(|o| m(&o.metadata)),
+                    Kind::EgressPolicy => v.policies.retain(|o| m(&o.metadata)),
+                    Kind::EgressClusterPolicy => v.cluster_policies.retain(|o| m(&o.metadata)),
+                    Kind::EgressTunnel => v.tunnels.retain(|o| m(&o.metadata)),
+                    Kind::Node => v.nodes.retain(|n| n.name != key.name),
+                    Kind::Namespace => v.namespaces.retain(|n| n.name != key.name),
+                    Kind::Pod => {
+                        if let Some(p) = v
+                            .pods
+                            .iter()
+                            .find(|p| p.name == key.name && p.namespace == key.namespace)
+                        {
+                            changed.pod_nodes.push(p.node.clone());
+                        }
+                        v.pods
+                            .retain(|p| !(p.name == key.name && p.namespace == key.namespace));
+                    }
+                }
+                if *kind != Kind::Pod {
+                    changed.global = true;
+                }
+            }
+        }
+    }
+
+    /// Waits for the next change, then takes every change already queued.
+    /// `None` when the watches ended; an error when one failed (start over).
+    pub async fn next_batch(&mut self) -> Option<Result<Changed>> {
+        let mut changed = Changed::default();
+        let first = self.watches.next().await?;
+        match first {
+            Ok(ev) => self.apply(&ev, &mut changed),
+            Err(e) => return Some(Err(e)),
+        }
+        while let Some(Some(ev)) = futures::FutureExt::now_or_never(self.watches.next()) {
+            match ev {
+                Ok(ev) => self.apply(&ev, &mut changed),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        changed.pod_nodes.sort();
+        changed.pod_nodes.dedup();
+        Some(Ok(changed))
+    }
+}
+
+/// Counts of objects per kind, for logs.
+pub fn sizes(v: &ClusterView) -> BTreeMap<&'static str, usize> {
+    BTreeMap::from([
+        ("gateways", v.gateways.len()),
+        ("policies", v.policies.len() + v.cluster_policies.len()),
+        ("tunnels", v.tunnels.len()),
+        ("nodes", v.nodes.len()),
+        ("pods", v.pods.len()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::PodRecord;
+    use crate::datastore::memory::MemoryDatastore;
+    use crate::datastore::typed::pod_object;
+
+    #[tokio::test]
+    async fn follows_changes_in_place() {
+        let ds = MemoryDatastore::new();
+        let pod = |name: &str, node: &str| PodRecord {
+            name: name.into(),
+            namespace: "d".into(),
+            node: node.into(),
+            ips: vec!["10.0.0.1".into()],
+            ..Default::default()
+        };
+        ds.create(Kind::Pod, pod_object(&pod("a", "n1")))
+            .await
+            .unwrap();
+        let mut c = ViewCache::start(&ds).await.unwrap();
+        assert_eq!(c.view.pods.len(), 1);
+        let cur = ds
+            .get(Kind::Pod, &ObjectKey::namespaced("d", "a"))
+            .await
+            .unwrap()
+            .unwrap();
+        ds.update(Kind::Pod, pod_object(&pod("a", "n2")), cur.revision)
+            .await
+            .unwrap();
+        ds.create(Kind::Pod, pod_object(&pod("b", "n3")))
+            .await
+            .unwrap();
+        let ch = c.next_batch().await.unwrap().unwrap();
+        let mut all = ch.pod_nodes.clone();
+        if all.len() < 3 {
+            all.extend(c.next_batch().await.unwrap().unwrap().pod_nodes);
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all, ["n1", "n2", "n3"]);
+        assert_eq!(
+            c.view.pods.iter().find(|p| p.name == "a").unwrap().node,
+            "n2"
+        );
+        ds.delete(Kind::Pod, &ObjectKey::namespaced("d", "a"), None)
+            .await
+            .unwrap();
+        let ch = c.next_batch().await.unwrap().unwrap();
+        assert_eq!(ch.pod_nodes, ["n2"]);
+        assert!(!ch.global);
+        assert_eq!(c.view.pods.len(), 1);
+    }
+}
