@@ -114,7 +114,7 @@ mod tests {
             prefix: "192.0.2.10/32".parse().unwrap(),
             next_hop: IpAddr::V4(Ipv4Addr::from(peer)),
             attrs: Arc::new(attrs),
-            source: RouteSource::Peer(src),
+            source: RouteSource::Peer(Arc::new(src)),
             stale: false,
         }
     }

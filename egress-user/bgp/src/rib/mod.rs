@@ -37,7 +37,8 @@ pub struct PeerSource {
 pub enum RouteSource {
     /// Announced through the handle by the agent.
     Local,
-    Peer(PeerSource),
+    /// Shared by all routes of one session.
+    Peer(Arc<PeerSource>),
 }
 
 impl RouteSource {
@@ -110,18 +111,93 @@ pub struct ImportReport {
     pub looped: usize,
 }
 
+/// The Adj-RIB-Out of a peer is not stored: it is by definition the
+/// export of the Loc-RIB towards that peer ([`Rib::adj_rib_out`]), so only
+/// its changes are queued. That saves one table per peer.
 struct PeerState {
     cfg: PeerConfig,
     /// Set while a session is Established.
     session: Option<SessionInfo>,
     received: usize,
-    /// What the peer has been told (Adj-RIB-Out).
-    adj_out: HashMap<Prefix, Arc<out::Exported>>,
+    /// Size of the Adj-RIB-Out, kept up to date as changes are queued.
+    advertised: usize,
     /// Adj-RIB-Out changes not yet sent; None is a withdrawal.
     pending: HashMap<Prefix, Option<Arc<out::Exported>>>,
-    /// One shared copy per distinct attribute set sent to this peer, so a
-    /// large table costs one entry per prefix, not one attribute copy.
+    /// One shared copy per distinct attribute set sent to this peer, so
+    /// pending changes cost one pointer each, and packing can group by it.
     interned: HashSet<Arc<out::Exported>>,
+    /// The last few exports, by source attributes: the prefixes of one
+    /// UPDATE all share them, so one export serves them all.
+    memo: Vec<(MemoKey, Option<Arc<out::Exported>>)>,
+}
+
+/// Holding the Arc keeps the pointer from being reused while memoized.
+struct MemoKey {
+    attrs: Arc<PathAttributes>,
+    next_hop: IpAddr,
+    from: Option<IpAddr>,
+}
+
+impl MemoKey {
+    fn matches(&self, r: &Route) -> bool {
+        Arc::ptr_eq(&self.attrs, &r.attrs)
+            && self.next_hop == r.next_hop
+            && self.from == r.source.peer_addr()
+    }
+}
+
+const MEMO_SIZE: usize = 4;
+
+/// The route as this peer sees it (None: not sent), memoized and interned.
+fn export_to(rib: &RibConfig, p: &mut PeerState, r: Option<&Route>) -> Option<Arc<out::Exported>> {
+    let r = r?;
+    let session = p.session.as_ref()?;
+    if let Some((_, e)) = p.memo.iter().find(|(k, _)| k.matches(r)) {
+        return e.clone();
+    }
+    let ebgp = p.cfg.asn != rib.local_asn;
+    let e = out::export(rib, &p.cfg, ebgp, session.local_addr, r).map(|e| p.intern(e));
+    if p.memo.len() == MEMO_SIZE {
+        p.memo.remove(0);
+    }
+    p.memo.push((
+        MemoKey {
+            attrs: r.attrs.clone(),
+            next_hop: r.next_hop,
+            from: r.source.peer_addr(),
+        },
+        e.clone(),
+    ));
+    e
+}
+
+/// Queues for `p` the change of `prefix` from `old` to `new` best route.
+fn queue_change(
+    rib: &RibConfig,
+    p: &mut PeerState,
+    prefix: Prefix,
+    old: Option<&Route>,
+    new: Option<&Route>,
+) {
+    if p.session.is_none() {
+        return;
+    }
+    let before = export_to(rib, p, old);
+    let after = export_to(rib, p, new);
+    let same = match (&before, &after) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    };
+    if same {
+        return;
+    }
+    match (before.is_some(), after.is_some()) {
+        (false, true) => p.advertised += 1,
+        (true, false) => p.advertised = p.advertised.saturating_sub(1),
+        _ => {}
+    }
+    p.pending.insert(prefix, after);
 }
 
 impl PeerState {
@@ -194,9 +270,10 @@ impl Rib {
                 cfg,
                 session: None,
                 received: 0,
-                adj_out: HashMap::new(),
+                advertised: 0,
                 pending: HashMap::new(),
                 interned: HashSet::new(),
+                memo: Vec::new(),
             },
         );
     }
@@ -219,11 +296,11 @@ impl Rib {
             router_id,
             local_addr,
         });
-        p.adj_out.clear();
         p.pending.clear();
-        let prefixes: Vec<Prefix> = self.loc.keys().copied().collect();
-        for prefix in prefixes {
-            self.queue_export(addr, prefix);
+        p.memo.clear();
+        p.advertised = 0;
+        for (prefix, r) in &self.loc {
+            queue_change(&self.cfg, p, *prefix, None, Some(r));
         }
     }
 
@@ -234,8 +311,9 @@ impl Rib {
             return;
         };
         p.session = None;
-        p.adj_out.clear();
         p.pending.clear();
+        p.memo.clear();
+        p.advertised = 0;
         if keep_as_stale {
             self.mark_stale(addr);
         } else {
@@ -296,11 +374,11 @@ impl Rib {
         touched.len()
     }
 
-    fn source_of(&self, addr: IpAddr) -> Option<PeerSource> {
+    fn source_of(&self, addr: IpAddr) -> Option<Arc<PeerSource>> {
         let p = self.peers.get(&addr)?;
         let mut s = p.source()?;
         s.ebgp = self.is_ebgp(&p.cfg);
-        Some(s)
+        Some(Arc::new(s))
     }
 
     /// Applies one UPDATE received from an Established peer.
@@ -453,8 +531,8 @@ impl Rib {
         if self.candidates.get(&prefix).is_some_and(|r| r.is_empty()) {
             self.candidates.remove(&prefix);
         }
-        let old = self.loc.get(&prefix);
-        if old == new.as_ref() {
+        let old = self.loc.get(&prefix).cloned();
+        if old == new {
             return;
         }
         match new {
@@ -466,8 +544,9 @@ impl Rib {
                 };
                 // Only attribute or staleness changes: the agent's map
                 // entry stays the same, so do not bother it.
-                let same_for_agent =
-                    old.is_some_and(|o| o.next_hop == r.next_hop && o.source == r.source);
+                let same_for_agent = old
+                    .as_ref()
+                    .is_some_and(|o| o.next_hop == r.next_hop && o.source == r.source);
                 if !same_for_agent {
                     self.best_changes.push(change);
                 }
@@ -478,40 +557,10 @@ impl Rib {
                 self.best_changes.push(BestChange::Removed { prefix });
             }
         }
-        let peers: Vec<IpAddr> = self.peers.keys().copied().collect();
-        for addr in peers {
-            self.queue_export(addr, prefix);
+        let new = self.loc.get(&prefix);
+        for p in self.peers.values_mut() {
+            queue_change(&self.cfg, p, prefix, old.as_ref(), new);
         }
-    }
-
-    /// Works out what `addr` should hold for `prefix` and queues the
-    /// difference against what it was told.
-    fn queue_export(&mut self, addr: IpAddr, prefix: Prefix) {
-        let best = self.loc.get(&prefix);
-        let Some(p) = self.peers.get(&addr) else {
-            return;
-        };
-        let Some(session) = &p.session else { return };
-        let ebgp = self.is_ebgp(&p.cfg);
-        let exported =
-            best.and_then(|r| out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, r));
-        let p = self.peers.get_mut(&addr).expect("looked up above");
-        let current = p.adj_out.get(&prefix);
-        let unchanged = match (&exported, current) {
-            (Some(e), Some(c)) => **c == *e,
-            (None, None) => true,
-            _ => false,
-        };
-        if unchanged {
-            p.pending.remove(&prefix);
-            return;
-        }
-        let exported = exported.map(|e| p.intern(e));
-        match &exported {
-            Some(e) => p.adj_out.insert(prefix, e.clone()),
-            None => p.adj_out.remove(&prefix),
-        };
-        p.pending.insert(prefix, exported);
     }
 
     /// RFC 2918: the peer asked for everything again.
@@ -519,14 +568,10 @@ impl Rib {
         let Some(p) = self.peers.get_mut(&addr) else {
             return;
         };
-        let all: Vec<(Prefix, Arc<out::Exported>)> = p
-            .adj_out
-            .iter()
-            .filter(|(k, _)| k.family() == family)
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
-        for (k, v) in all {
-            p.pending.insert(k, Some(v));
+        for (prefix, r) in self.loc.iter().filter(|(k, _)| k.family() == family) {
+            if let Some(e) = export_to(&self.cfg, p, Some(r)) {
+                p.pending.insert(*prefix, Some(e));
+            }
         }
     }
 
@@ -569,17 +614,23 @@ impl Rib {
             .filter(move |r| r.source.peer_addr() == Some(addr))
     }
 
-    /// What was advertised to one peer: prefix and the attributes sent.
+    /// The Adj-RIB-Out of a peer: the Loc-RIB as exported to it (prefix,
+    /// next hop and attributes it is told). Empty without a session.
     pub fn adj_rib_out(&self, addr: IpAddr) -> Vec<(Prefix, IpAddr, PathAttributes)> {
-        self.peers
-            .get(&addr)
-            .map(|p| {
-                p.adj_out
-                    .iter()
-                    .map(|(k, e)| (*k, e.next_hop, e.attrs.clone()))
-                    .collect()
+        let Some(p) = self.peers.get(&addr) else {
+            return Vec::new();
+        };
+        let Some(session) = &p.session else {
+            return Vec::new();
+        };
+        let ebgp = self.is_ebgp(&p.cfg);
+        self.loc
+            .iter()
+            .filter_map(|(k, r)| {
+                out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, r)
+                    .map(|e| (*k, e.next_hop, e.attrs))
             })
-            .unwrap_or_default()
+            .collect()
     }
 
     pub fn loc_rib_len(&self) -> usize {
@@ -595,7 +646,7 @@ impl Rib {
     pub fn prefix_counts(&self, addr: IpAddr) -> (usize, usize) {
         self.peers
             .get(&addr)
-            .map(|p| (p.received, p.adj_out.len()))
+            .map(|p| (p.received, p.advertised))
             .unwrap_or_default()
     }
 }

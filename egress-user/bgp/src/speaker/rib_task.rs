@@ -93,6 +93,9 @@ struct RibTask {
     self_tx: mpsc::Sender<RibMsg>,
 }
 
+/// Messages handled between two flushes at most.
+const FLUSH_EVERY: usize = 64;
+
 pub(super) async fn run(
     cfg: SpeakerConfig,
     mut rx: mpsc::Receiver<RibMsg>,
@@ -137,9 +140,11 @@ pub(super) async fn run(
             return;
         }
         t.handle(m);
-        // Work through whatever queued up before sending, so that bursts
-        // of UPDATEs leave in few, full messages.
-        while let Ok(m) = rx.try_recv() {
+        // Work through what queued up before sending, so that bursts of
+        // UPDATEs leave in few, full messages; but not too much at once,
+        // which would only hold more pending changes in memory.
+        for _ in 0..FLUSH_EVERY {
+            let Ok(m) = rx.try_recv() else { break };
             if matches!(m, RibMsg::Shutdown) {
                 t.flush();
                 t.shutdown();
