@@ -50,6 +50,15 @@ pub fn to_pod(ifindex: u32) -> i32 {
     unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
 }
 
+/// Hands the packet to the kernel's own forwarding. A frame decapsulated
+/// from the tunnel carries the inner MAC of the pod's side, so it is marked
+/// as addressed to this host first (the stack drops "other host" frames).
+#[inline(always)]
+pub fn to_stack(ctx: &TcContext) -> i32 {
+    let _ = ctx.change_type(0); // PACKET_HOST
+    TC_ACT_OK as i32
+}
+
 /// Forwards by the FIB: decrements TTL / hop limit, writes the MACs and
 /// redirects; without a neighbour entry lets the kernel resolve it. Anything
 /// the FIB cannot forward goes to the stack (TC_ACT_OK), which also sends
@@ -63,7 +72,9 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     p.l4_protocol = f.proto;
     p.sport = f.sport.to_be();
     p.dport = f.dport.to_be();
-    p.__bindgen_anon_1.tot_len = f.l3_len as u16;
+    // tot_len 0: the kernel checks the skb itself against the egress MTU,
+    // which is right for GRO/GSO packets (larger than the MTU, segmented later).
+    p.__bindgen_anon_1.tot_len = 0;
     if f.v6 {
         p.family = AF_INET6;
         let mut s = [0u32; 4];
@@ -104,7 +115,7 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     };
     let rc = rc as u32;
     if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
-        return Ok(TC_ACT_OK as i32);
+        return Ok(to_stack(ctx));
     }
     // TTL / hop limit.
     if f.v6 {
@@ -112,14 +123,14 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
             .load(ETH_LEN + IPV6_HOP_LIMIT)
             .map_err(|_| DROP_MALFORMED)?;
         if hl <= 1 {
-            return Ok(TC_ACT_OK as i32);
+            return Ok(to_stack(ctx));
         }
         ctx.store(ETH_LEN + IPV6_HOP_LIMIT, &(hl - 1), 0)
             .map_err(|_| DROP_HELPER)?;
     } else {
         let word: [u8; 2] = ctx.load(ETH_LEN + IPV4_TTL).map_err(|_| DROP_MALFORMED)?;
         if word[0] <= 1 {
-            return Ok(TC_ACT_OK as i32);
+            return Ok(to_stack(ctx));
         }
         let new = [word[0] - 1, word[1]];
         ctx.store(ETH_LEN + IPV4_TTL, &new, 0)

@@ -584,14 +584,22 @@ fn multi_megabyte_tcp_with_mss_1400_completes() -> Result<()> {
         .spawn(&["iperf3", "-s", "-1", "-p", "5201", "--forceflush"])?;
     server.wait_for_line("Server listening", Duration::from_secs(10))?;
     let started = Instant::now();
-    let out = t.pods[0].ns.exec(&[
-        "iperf3", "-c", SRV, "-p", "5201", "-M", "1400", "-n", "8M", "-J",
-    ])?;
+    // `timeout` bounds a stalled transfer; the test then fails with diagnostics.
+    let out = t.pods[0]
+        .ns
+        .exec(&[
+            "timeout", "30", "iperf3", "-c", SRV, "-p", "5201", "-M", "1400", "-n", "8M", "-J",
+        ])
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", diagnostics(&t)))?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
     let received = v["end"]["sum_received"]["bytes"]
         .as_u64()
         .context("bytes received")?;
-    assert!(received >= 8 * 1024 * 1024, "received {received} bytes");
+    let sent = v["end"]["sum_sent"]["bytes"].as_u64().unwrap_or(0);
+    assert!(
+        received >= 8 * 1024 * 1024,
+        "received {received} of {sent} bytes"
+    );
     let seen = server.wait_for_line("Accepted connection from", Duration::from_secs(10))?;
     assert!(seen.contains(EIP1), "the server saw {seen}");
     eprintln!("8 MiB with MSS 1400 in {:?}", started.elapsed());
