@@ -218,19 +218,23 @@ pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
     // Policies and their targets.
     let views = view.policy_views();
     let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
+    // (gateway, node, ipv4, ipv6) -> epoch of that assignment.
+    let mut epochs: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
+    for g in &view.gateways {
+        let (Some(name), Some(st)) = (g.metadata.name.as_deref(), g.status.as_ref()) else {
+            continue;
+        };
+        for n in &st.node_list {
+            for e in &n.eips {
+                epochs.insert(
+                    (name, n.name.as_str(), e.ipv4.as_str(), e.ipv6.as_str()),
+                    e.epoch,
+                );
+            }
+        }
+    }
     let epoch_of = |gw: &str, node: &str, v4: &str, v6: &str| -> u64 {
-        view.gateways
-            .iter()
-            .filter(|g| g.metadata.name.as_deref() == Some(gw))
-            .filter_map(|g| g.status.as_ref())
-            .flat_map(|s| s.node_list.iter().filter(|n| n.name == node))
-            .flat_map(|n| n.eips.iter())
-            .find(|e| {
-                (e.ipv4 == v4 && e.ipv6 == v6)
-                    || (e.ipv4.is_empty() && e.ipv6.is_empty() && v4.is_empty())
-            })
-            .map(|e| e.epoch)
-            .unwrap_or(0)
+        epochs.get(&(gw, node, v4, v6)).copied().unwrap_or(0)
     };
     let mut active: BTreeMap<usize, u32> = BTreeMap::new();
     for (vi, p) in views.iter().enumerate() {

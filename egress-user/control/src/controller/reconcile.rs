@@ -274,6 +274,8 @@ fn reconcile_gateway(
     // 1. An EIP per policy, in order of precedence.
     let mut units: BTreeMap<Unit, Vec<&PolicyView<'_>>> = BTreeMap::new();
     let mut addr_unit: BTreeMap<String, Unit> = BTreeMap::new();
+    // How many policies use each address so far.
+    let mut addr_users: BTreeMap<String, usize> = BTreeMap::new();
     let idx = |pool: &IpPool, s: &str| s.parse::<IpAddr>().ok().and_then(|ip| pool.index_of(ip));
     for p in pols {
         let kk = (p.kind, p.key.clone());
@@ -318,7 +320,7 @@ fn reconcile_gateway(
                 // The first index free in both pools; all taken: the least shared.
                 let used = |pool: &IpPool, i: u128| {
                     pool.nth(i)
-                        .map(|ip| units_using(&units, &ip.to_string()))
+                        .map(|ip| addr_users.get(&ip.to_string()).copied().unwrap_or(0))
                         .unwrap_or(0)
                 };
                 let n = (p4.len().max(p6.len()) as u128).min(1 << 16);
@@ -424,6 +426,7 @@ fn reconcile_gateway(
         for a in [&unit.v4, &unit.v6] {
             if !a.is_empty() {
                 addr_unit.insert(a.clone(), unit.clone());
+                *addr_users.entry(a.clone()).or_default() += 1;
             }
         }
         units.entry(unit).or_default().push(p);
@@ -666,12 +669,4 @@ fn reconcile_gateway(
             }
         }
     }
-}
-
-fn units_using(units: &BTreeMap<Unit, Vec<&PolicyView<'_>>>, addr: &str) -> usize {
-    units
-        .iter()
-        .filter(|(u, _)| u.v4 == addr || u.v6 == addr)
-        .map(|(_, p)| p.len())
-        .sum()
 }
