@@ -571,6 +571,22 @@ fn pods_reach_the_server_through_eips_and_back() -> Result<()> {
             .sum();
         assert_eq!(drops, 0, "no drops on {}", n.ns.name());
     }
+    // The operator's view: `egress inspect` decodes the pinned maps.
+    let egress = egress_tests::egress_bin()?;
+    let egress = egress.to_str().unwrap();
+    let pin = w1_pins.to_str().unwrap();
+    let json = egress_tests::run(&[egress, "inspect", "--pin-dir", pin, "--json"])?;
+    let v: serde_json::Value = serde_json::from_str(&json)?;
+    let nat_eips: Vec<&str> = v["datapath"]["nat_use"]
+        .as_array()
+        .context("nat_use")?
+        .iter()
+        .filter_map(|n| n["eip"].as_str())
+        .collect();
+    assert!(nat_eips.contains(&EIP1), "{json}");
+    assert_eq!(v["datapath"]["drops"]["no_nat_entry"]["packets"], 0);
+    let table = egress_tests::run(&[egress, "inspect", "--pin-dir", pin])?;
+    assert!(table.contains("NAT USE") && table.contains(EIP1), "{table}");
     let _ = (&t.fab, &t.srv);
     Ok(())
 }

@@ -103,3 +103,121 @@ pub fn read_nat_use(pin_dir: &Path) -> anyhow::Result<Vec<EipNatUse>> {
         })
         .collect())
 }
+
+/// Everything the datapath maps of a node hold, decoded, as JSON (maps that
+/// are not pinned are left out). `egress inspect` prints this.
+pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    use aya::maps::{Array, HashMap, Map};
+    use egress_common::{
+        addr::Addr,
+        config::DatapathConfig,
+        maps::*,
+        policy::EgressTarget,
+        ports::PortBlocks,
+        steering::{OwnedEip, SteerKey, SteerTarget},
+    };
+    use serde_json::json;
+    let open = |name: &str| -> Option<Map> {
+        let p = pin_dir.join(name);
+        let data = MapData::from_pin(&p).ok()?;
+        Map::from_map_data(data).ok()
+    };
+    let mut out = serde_json::Map::new();
+    if let Some(m) = open(CONFIG) {
+        let a: Array<_, DatapathConfig> = Array::try_from(m)?;
+        let c = a.get(&0, 0)?;
+        out.insert(
+            "config".into(),
+            json!({
+                "vxlan_ifindex": c.vxlan_ifindex, "vni": c.vni, "uplink_ifindex": c.uplink_ifindex,
+                "flags": c.flags, "tunnel_mtu": c.tunnel_mtu, "port_block_size": c.port_block_size,
+                "node_tunnel_ip": std::net::Ipv4Addr::from(c.node_tunnel_ip).to_string(),
+            }),
+        );
+    }
+    if let Some(m) = open(POLICY_TARGETS) {
+        let a: Array<_, EgressTarget> = Array::try_from(m)?;
+        let mut v = Vec::new();
+        for (slot, t) in a.iter().enumerate() {
+            let t = t?;
+            if t.flags == 0 {
+                continue;
+            }
+            v.push(json!({
+                "slot": slot, "policy_id": t.policy_id, "flags": t.flags,
+                "eip_v4": addr_from_key(&t.eip_v4).to_string(),
+                "eip_v6": addr_from_key(&t.eip_v6).to_string(),
+                "gateway_tunnel_ip": std::net::Ipv4Addr::from(t.gateway_tunnel_ip).to_string(),
+            }));
+        }
+        out.insert("policy_targets".into(), v.into());
+    }
+    if let Some(m) = open(PORT_BLOCKS) {
+        let h: HashMap<_, Addr, PortBlocks> = HashMap::try_from(m)?;
+        let mut v = Vec::new();
+        for r in h.iter() {
+            let (k, b) = r?;
+            let n = (b.count as usize).min(b.blocks.len());
+            v.push(json!({ "eip": addr_from_key(&k).to_string(), "blocks": &b.blocks[..n] }));
+        }
+        out.insert("port_blocks".into(), v.into());
+    }
+    if let Some(m) = open(REPLY_STEERING) {
+        let h: HashMap<_, SteerKey, SteerTarget> = HashMap::try_from(m)?;
+        let mut v = Vec::new();
+        for r in h.iter() {
+            let (k, t) = r?;
+            v.push(json!({
+                "eip": addr_from_key(&k.eip).to_string(), "block": k.block,
+                "worker_tunnel_ip": std::net::Ipv4Addr::from(t.worker_tunnel_ip).to_string(),
+                "flags": t.flags,
+            }));
+        }
+        out.insert("reply_steering".into(), v.into());
+    }
+    if let Some(m) = open(OWNED_EIPS) {
+        let h: HashMap<_, Addr, OwnedEip> = HashMap::try_from(m)?;
+        let mut v = Vec::new();
+        for r in h.iter() {
+            let (k, o) = r?;
+            v.push(
+                json!({ "eip": addr_from_key(&k).to_string(), "flags": o.flags, "epoch": o.epoch }),
+            );
+        }
+        out.insert("owned_eips".into(), v.into());
+    }
+    if pin_dir.join(DROPS).exists() {
+        let d: serde_json::Map<String, serde_json::Value> = read_drops(pin_dir)?
+            .into_iter()
+            .map(|(n, c)| {
+                (
+                    n.to_string(),
+                    json!({ "packets": c.packets, "bytes": c.bytes }),
+                )
+            })
+            .collect();
+        out.insert("drops".into(), d.into());
+    }
+    if pin_dir.join(POLICY_STATS).exists() {
+        let p: serde_json::Map<String, serde_json::Value> = read_policy_stats(pin_dir)?
+            .into_iter()
+            .map(|(id, s)| {
+                (
+                    id.to_string(),
+                    json!({
+                        "egress_packets": s.egress_packets, "egress_bytes": s.egress_bytes,
+                        "reply_packets": s.reply_packets, "reply_bytes": s.reply_bytes,
+                    }),
+                )
+            })
+            .collect();
+        out.insert("policy_stats".into(), p.into());
+    }
+    if pin_dir.join(NAT_REV).exists() {
+        out.insert(
+            "nat_use".into(),
+            serde_json::to_value(read_nat_use(pin_dir)?)?,
+        );
+    }
+    Ok(out.into())
+}
