@@ -943,3 +943,63 @@ fn gateway_forwards_decapsulated_packets_by_the_fib() -> anyhow::Result<()> {
     assert_eq!(rc_stray, TC_ACT_SHOT);
     Ok(())
 }
+
+// ---------- a node that is worker and gateway ----------
+
+#[test]
+#[ignore = "needs root: creates a namespace and loads BPF programs"]
+fn worker_and_gateway_in_one_node_skip_the_tunnel() -> anyhow::Result<()> {
+    let ns = Netns::new("local")?;
+    ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
+    ns.ip(&["link", "set", "up1", "up"])?;
+    ns.ip(&["link", "set", "up0", "address", "02:00:00:00:0e:01"])?;
+    ns.addr("up0", "203.0.113.1/24")?;
+    ns.ip(&[
+        "neigh",
+        "add",
+        "203.0.113.10",
+        "lladdr",
+        "02:00:00:00:0e:10",
+        "dev",
+        "up0",
+        "nud",
+        "permanent",
+    ])?;
+    ns.enable_forwarding()?;
+    let pins = PinDir::new("trlocal")?;
+    let pin_path = pins.path().to_owned();
+    let mut d = desired();
+    d.policies[0].local_gateway = true;
+    d.reply_steering[0].local = true;
+    let (fwd, reply, port) = ns.enter(move || {
+        let mut dp = Datapath::load(EBPF_OBJECT, &pin_path)?;
+        apply(&mut dp, &d)?;
+        // SNAT and out by the FIB, no tunnel.
+        let fwd = run_prog(
+            &mut dp,
+            "worker_egress",
+            &udp4(POD, SERVER, 5353, 53, b"local"),
+        )?;
+        let port = check(&fwd.1).sport;
+        // The reply on the uplink: reverse-translated right there.
+        let reply = run_prog(
+            &mut dp,
+            "uplink_ingress",
+            &udp4(SERVER, EIP, 53, port, b"back"),
+        )?;
+        Ok((fwd, reply, port))
+    })?;
+    assert_eq!(fwd.0, TC_ACT_REDIRECT);
+    assert_eq!(
+        &fwd.1[0..6],
+        &[2, 0, 0, 0, 0x0e, 0x10],
+        "next hop MAC: out by the FIB"
+    );
+    let s = check(&fwd.1);
+    assert_eq!((s.src, s.ttl), (IpAddr::from(EIP), 63));
+    assert!(in_block(port, BLOCK));
+    assert_eq!(reply.0, TC_ACT_REDIRECT, "delivered to the pod");
+    let r = check(&reply.1);
+    assert_eq!((r.dst, r.dport), (IpAddr::from(POD), 5353));
+    Ok(())
+}
