@@ -94,9 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.peers = c.peers;
     let speaker = Speaker::start(cfg).await?;
     let h = speaker.handle();
-    for (prefix, nh) in c.announce {
-        h.announce(prefix, nh).await?;
-    }
+    h.announce_many(c.announce).await?;
     let mut changes = h.subscribe().await?;
     println!("ready");
     let mut term = signal(SignalKind::terminate())?;

@@ -172,6 +172,12 @@ impl SpeakerHandle {
         self.send(RibMsg::Announce { prefix, next_hop }).await
     }
 
+    /// Announces many prefixes in one go (a node's pod CIDR and EIPs at
+    /// start-up): they leave in as few UPDATEs as possible.
+    pub async fn announce_many(&self, routes: Vec<(Prefix, IpAddr)>) -> Result<(), SpeakerError> {
+        self.send(RibMsg::AnnounceMany(routes)).await
+    }
+
     /// Withdraws a prefix announced with [`Self::announce`] at once.
     pub async fn withdraw(&self, prefix: Prefix) -> Result<(), SpeakerError> {
         self.send(RibMsg::Withdraw { prefix }).await
@@ -236,9 +242,7 @@ impl Speaker {
         let sessions: SessionMap = Arc::default();
         let (listener, listen_addr) = match cfg.listen {
             Some(addr) => {
-                let l = TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| SpeakerError::Listen { addr, source })?;
+                let l = listen(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
                 let bound = l
                     .local_addr()
                     .map_err(|source| SpeakerError::Listen { addr, source })?;
@@ -295,6 +299,27 @@ impl Speaker {
             s.task.abort();
         }
     }
+}
+
+/// Socket buffers for BGP connections. A full table arrives in one burst;
+/// with the default (autotuned from 128 KiB) the receive window can close
+/// while the RIB catches up, and the sender then falls back to zero-window
+/// probes with exponential backoff: seconds of idle link. The kernel caps
+/// the value at net.core.rmem_max / wmem_max.
+pub(crate) const SOCKET_BUFFER: u32 = 4 << 20;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    // Accepted connections inherit these.
+    socket.set_recv_buffer_size(SOCKET_BUFFER)?;
+    socket.set_send_buffer_size(SOCKET_BUFFER)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 async fn accept_loop(listener: TcpListener, sessions: SessionMap) {

@@ -45,6 +45,7 @@ pub(crate) enum RibMsg {
         prefix: Prefix,
         next_hop: IpAddr,
     },
+    AnnounceMany(Vec<(Prefix, IpAddr)>),
     Withdraw {
         prefix: Prefix,
     },
@@ -238,6 +239,11 @@ impl RibTask {
             RibMsg::Update { peer, update } => self.update(peer, update),
             RibMsg::RouteRefresh { peer, rr } => self.route_refresh(peer, rr),
             RibMsg::Announce { prefix, next_hop } => self.rib.announce_local(prefix, next_hop),
+            RibMsg::AnnounceMany(routes) => {
+                for (prefix, next_hop) in routes {
+                    self.rib.announce_local(prefix, next_hop);
+                }
+            }
             RibMsg::Withdraw { prefix } => {
                 self.rib.withdraw_local(prefix);
             }

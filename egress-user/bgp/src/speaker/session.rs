@@ -147,7 +147,14 @@ pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<S
 
 async fn read_more(conn: &mut Option<Conn>) -> io::Result<usize> {
     match conn {
-        Some(c) => c.rd.read_buf(&mut c.buf).await,
+        Some(c) => {
+            // Keep reads large: an exhausted BytesMut would otherwise grow
+            // by a few bytes per read.
+            if c.buf.capacity() - c.buf.len() < 16384 {
+                c.buf.reserve(65536);
+            }
+            c.rd.read_buf(&mut c.buf).await
+        }
         None => pending().await,
     }
 }
@@ -431,6 +438,8 @@ async fn connect(source: Option<IpAddr>, to: SocketAddr) -> io::Result<TcpStream
     } else {
         TcpSocket::new_v6()?
     };
+    socket.set_recv_buffer_size(super::SOCKET_BUFFER)?;
+    socket.set_send_buffer_size(super::SOCKET_BUFFER)?;
     if let Some(src) = source.filter(|s| s.is_ipv4() == to.is_ipv4() && !s.is_unspecified()) {
         socket.bind(SocketAddr::new(src, 0))?;
     }

@@ -257,21 +257,34 @@ async fn cease_with_n_bit_keeps_routes_but_hard_reset_removes_them() {
 }
 
 #[tokio::test]
-async fn subscribe_starts_with_the_current_table() {
+async fn subscribe_starts_with_the_current_table_and_sees_each_change_once() {
     let rr = reflector(61, &[]).await;
-    rr.handle()
-        .announce(p("10.244.0.0/24"), lo(61))
-        .await
-        .unwrap();
-    let mut changes = rr.handle().subscribe().await.unwrap();
-    assert_eq!(
-        next_change(&mut changes).await,
-        BestChange::Set {
-            prefix: p("10.244.0.0/24"),
-            next_hop: lo(61),
-            from: None
-        }
-    );
+    let h = rr.handle();
+    let mut early = h.subscribe().await.unwrap();
+    h.announce(p("10.244.0.0/24"), lo(61)).await.unwrap();
+    // Subscribing right after the announcement: the change is in the
+    // snapshot of the new subscriber, and reaches the early one once.
+    let mut late = h.subscribe().await.unwrap();
+    let set = BestChange::Set {
+        prefix: p("10.244.0.0/24"),
+        next_hop: lo(61),
+        from: None,
+    };
+    assert_eq!(next_change(&mut late).await, set);
+    assert_eq!(next_change(&mut early).await, set);
+    h.announce_many(vec![
+        (p("10.245.0.0/24"), lo(61)),
+        (p("10.245.1.0/24"), lo(61)),
+    ])
+    .await
+    .unwrap();
+    for rx in [&mut early, &mut late] {
+        let mut got = [next_change(rx).await, next_change(rx).await];
+        got.sort_by_key(|c| format!("{c:?}"));
+        assert!(matches!(&got[0], BestChange::Set { prefix, .. } if *prefix == p("10.245.0.0/24")));
+        assert!(matches!(&got[1], BestChange::Set { prefix, .. } if *prefix == p("10.245.1.0/24")));
+        assert!(rx.try_recv().is_err(), "nothing twice");
+    }
     rr.shutdown().await;
 }
 
