@@ -29,6 +29,11 @@ pub struct Timers {
     pub update: String,
     pub monitor: String,
     pub eviction: String,
+    /// The controllers' leader lease (`--leader-election-lease-duration`).
+    pub lease: String,
+    /// Datapath probes (interval ms, detect multiplier): given to the
+    /// controllers, and to the agents once their CLI has the flags.
+    pub probe: Option<(u64, u32)>,
 }
 
 impl Default for Timers {
@@ -37,8 +42,32 @@ impl Default for Timers {
             update: "5s".into(),
             monitor: "5s".into(),
             eviction: "15s".into(),
+            lease: "15s".into(),
+            probe: None,
         }
     }
+}
+
+/// True when `egress agent --help` lists `flag` (a feature the agent may not have yet).
+pub fn agent_has_flag(egress: &Path, flag: &str) -> bool {
+    std::process::Command::new(egress)
+        .args(["agent", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
+}
+
+fn probe_flags(probe: Option<(u64, u32)>) -> Vec<String> {
+    probe
+        .map(|(ms, mult)| {
+            vec![
+                "--probe-interval-ms".into(),
+                ms.to_string(),
+                "--probe-detect-multiplier".into(),
+                mult.to_string(),
+            ]
+        })
+        .unwrap_or_default()
 }
 
 #[derive(Clone, Debug)]
@@ -70,6 +99,7 @@ pub struct Cluster {
     pins: Vec<PinDir>,
     egress: PathBuf,
     spec: ClusterSpec,
+    agent_probes: bool,
 }
 
 impl Cluster {
@@ -98,6 +128,8 @@ impl Cluster {
             pins: Vec::new(),
             egress: egress.to_owned(),
             spec: spec.clone(),
+            agent_probes: spec.timers.probe.is_some()
+                && agent_has_flag(egress, "--probe-interval-ms"),
         };
         for i in 0..spec.controllers {
             let c = cluster.spawn_controller(i)?;
@@ -146,7 +178,10 @@ impl Cluster {
             t.monitor.clone(),
             "--eip-eviction-timeout".into(),
             t.eviction.clone(),
+            "--leader-election-lease-duration".into(),
+            t.lease.clone(),
         ];
+        args.extend(probe_flags(t.probe));
         args.extend(self.etcd_flags());
         let egress = self.egress.to_string_lossy().into_owned();
         let mut argv: Vec<&str> = vec![&egress];
@@ -184,6 +219,9 @@ impl Cluster {
         ];
         if node.name.starts_with('g') {
             args.extend(["--node-label".into(), GATEWAY_LABEL.into()]);
+        }
+        if self.agent_probes {
+            args.extend(probe_flags(t.probe));
         }
         args.extend(self.etcd_flags());
         let egress = self.egress.to_string_lossy().into_owned();
@@ -240,6 +278,20 @@ impl Cluster {
     pub fn kill_agent(&mut self, i: usize) {
         if let Some(mut p) = self.agents[i].take() {
             p.kill();
+        }
+    }
+
+    /// True when the agents were given the probe flags (the agent has them
+    /// and the spec asks for probes).
+    pub fn agents_probe(&self) -> bool {
+        self.agent_probes
+    }
+
+    /// Waits until controller `i` says it leads; returns that line.
+    pub fn wait_leading(&mut self, i: usize, timeout: Duration) -> Result<String> {
+        match self.controllers.get_mut(i).and_then(Option::as_mut) {
+            Some(p) => p.wait_for_line(" leading, term ", timeout),
+            None => bail!("controller {i} is not running"),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod etcd;
 mod netns;
 mod process;
+pub mod scenarios;
 pub mod topology;
 
 pub use netns::{link_veth, unique_name, Netns, PinDir};

@@ -1,0 +1,77 @@
+//! `cargo xtask e2e NAME`: one failover scenario of issue 5 (or `all`) in
+//! network namespaces, with the real binaries. The scenarios live in
+//! `egress_tests::scenarios`; this builds the binaries and runs one.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use egress_tests::scenarios::{run_and_report, Bins, Options, SCENARIOS};
+
+use crate::shell::{cargo, exec, step};
+
+/// Builds `egress` and `egress-traffic` (debug profile) and returns them.
+pub fn build_bins(root: &Path) -> Result<Bins> {
+    step("build egress and egress-traffic");
+    exec(&mut cargo(
+        root,
+        &[
+            "build",
+            "-p",
+            "egress-user",
+            "--bin",
+            "egress",
+            "-p",
+            "egress-tests",
+            "--bin",
+            "egress-traffic",
+        ],
+    ))?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|t| if t.is_relative() { root.join(t) } else { t })
+        .unwrap_or_else(|| root.join("target"));
+    Bins::in_dir(&target.join("debug"))
+}
+
+pub fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the failover scenarios need root (namespaces, BPF)");
+    }
+    Ok(())
+}
+
+/// Runs scenario `name` (or every one with `all`). With `default_timers` the
+/// product's defaults (5 s / 5 s / 15 s, lease 15 s) are used; otherwise the
+/// short timers of the e2e tests (200 ms / 200 ms / 1 s, lease 2 s).
+/// `probe` sets the datapath probes (interval ms, multiplier).
+pub fn run(root: &Path, name: &str, default_timers: bool, probe: Option<(u64, u32)>) -> Result<()> {
+    let names: Vec<&str> = match name {
+        "all" => SCENARIOS.to_vec(),
+        n if SCENARIOS.contains(&n) => vec![n],
+        other => bail!(
+            "unknown scenario {other:?}; one of: {}, all",
+            SCENARIOS.join(", ")
+        ),
+    };
+    require_root()?;
+    let bins = build_bins(root)?;
+    let mut opts = if default_timers {
+        Options::defaults()
+    } else {
+        Options::fast()
+    };
+    opts.timers.probe = probe;
+    let mut failed = Vec::new();
+    for n in names {
+        step(&format!("scenario {n}"));
+        if let Err(e) = run_and_report(&bins, n, &opts) {
+            eprintln!("error: {e:#}");
+            failed.push(n);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
