@@ -1,0 +1,61 @@
+//! `cargo xtask bench datapath`: builds the eBPF object, runs the datapath
+//! benchmark (tests/tests/datapath_bench.rs, needs root) and prints its
+//! output; the last line is one JSON object with every figure.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+pub fn run(root: &Path) -> Result<()> {
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args(["xtask", "build-ebpf", "--release"])
+        .status()
+        .context("running cargo xtask build-ebpf")?;
+    if !status.success() {
+        bail!("cargo xtask build-ebpf --release failed ({status})");
+    }
+    let out = Command::new("cargo")
+        .current_dir(root)
+        .args([
+            "test",
+            "-p",
+            "egress-tests",
+            "--test",
+            "datapath_bench",
+            "--",
+            "--ignored",
+            "--exact",
+            "bench_datapath",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the datapath benchmark")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        print!("{stdout}");
+        bail!(
+            "the datapath benchmark failed ({}); it needs root",
+            out.status
+        );
+    }
+    let json = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("the benchmark printed no JSON line")?
+        .to_string();
+    serde_json::from_str::<serde_json::Value>(&json).context("the benchmark's JSON line")?;
+    for line in stdout.lines().filter(|l| *l != json) {
+        if !line.trim().is_empty() && !line.starts_with("test ") && !line.starts_with("running ") {
+            println!("{line}");
+        }
+    }
+    println!("{json}");
+    Ok(())
+}
