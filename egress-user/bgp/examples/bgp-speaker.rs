@@ -56,6 +56,9 @@ struct Config {
     /// Rewrite this file with the status JSON every 50 ms (for tests
     /// that poll the speaker from outside).
     status_file: Option<std::path::PathBuf>,
+    /// Put the best routes in the status file too (costly for big tables).
+    #[serde(default = "yes")]
+    status_routes: bool,
 }
 
 fn default_hold() -> u16 {
@@ -109,7 +112,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ = tick.tick(), if c.status_file.is_some() => {
                 let path = c.status_file.as_ref().expect("checked");
                 let tmp = path.with_extension("tmp");
-                let doc = serde_json::json!({"status": h.status().await?, "routes": routes});
+                let doc = if c.status_routes {
+                    serde_json::json!({"status": h.status().await?, "routes": routes})
+                } else {
+                    serde_json::json!({"status": h.status().await?})
+                };
                 std::fs::write(&tmp, serde_json::to_vec(&doc)?)?;
                 std::fs::rename(&tmp, path)?;
             }
@@ -117,7 +124,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if c.print_routes {
                     println!("{}", serde_json::to_string(&change)?);
                 }
-                if c.status_file.is_some() {
+                if c.status_file.is_some() && c.status_routes {
                     match change {
                         BestChange::Set { prefix, next_hop, from } => {
                             routes.insert(prefix.to_string(), (next_hop, from));

@@ -95,7 +95,7 @@ struct RibTask {
 }
 
 /// Messages handled between two flushes at most.
-const FLUSH_EVERY: usize = 64;
+const FLUSH_EVERY: usize = 16;
 
 pub(super) async fn run(
     cfg: SpeakerConfig,
