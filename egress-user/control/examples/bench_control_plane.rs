@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use egress_control::agent_state::{desired, AgentConfig, NodeDesired};
+use egress_control::agent_state::{AgentConfig, NodeDesired, Prepared};
 use egress_control::api::{NodeRecord, PodRecord, API_VERSION};
 use egress_control::controller::{run_controller, RunConfig, TimerConfig, ViewCache};
 use egress_control::datastore::etcd::EtcdDatastore;
@@ -170,9 +170,13 @@ async fn agents(endpoint: &str) {
         } else {
             changed.pod_nodes.clone()
         };
+        // One preparation per batch, shared by the simulated agents (each
+        // real agent prepares its own, in parallel with the others).
+        let prep = Prepared::new(&cache.view);
         for n in &nodes {
-            state.insert(n.clone(), desired(&cache.view, &cfg(n)));
+            state.insert(n.clone(), prep.node(&cfg(n)));
         }
+        drop(prep);
         if !announced && complete(&cache.view, &state) {
             announced = true;
             println!("COLD {}", now_ns());

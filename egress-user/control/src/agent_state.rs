@@ -179,212 +179,253 @@ fn eligible(g: &EgressGateway, view: &ClusterView, node: &str) -> bool {
 
 /// The desired dataplane of `cfg.node`.
 pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
-    let me = cfg.node.as_str();
-    let mut out = NodeDesired {
-        node: me.into(),
-        ..Default::default()
-    };
+    Prepared::new(view).node(cfg)
+}
 
-    // Cluster CIDRs.
-    let cc = &mut out.cluster_cidrs;
-    for n in &view.nodes {
-        cc.pods
-            .extend(n.pod_cidrs.iter().filter_map(|c| parse_cidr(c).ok()));
-        cc.nodes.extend(
-            n.addresses
-                .iter()
-                .filter_map(|a| a.parse::<IpAddr>().ok())
-                .map(host),
-        );
-    }
-    for t in &view.tunnels {
-        if let Some(s) = &t.status {
-            for a in [
-                &s.tunnel.ipv4,
-                &s.tunnel.ipv6,
-                &s.tunnel.parent.ipv4,
-                &s.tunnel.parent.ipv6,
-            ] {
-                if let Ok(ip) = a.parse::<IpAddr>() {
-                    cc.nodes.insert(host(ip));
-                }
-            }
-        }
-    }
-    cc.pods.extend(cfg.pod_cidrs.iter().copied());
-    cc.services.extend(cfg.service_cidrs.iter().copied());
-    cc.extra.extend(cfg.extra_cidrs.iter().copied());
+/// What every node's desired state shares, computed once per view (useful
+/// when one process computes many nodes, as the benchmark does).
+pub struct Prepared<'a> {
+    view: &'a ClusterView,
+    views: Vec<crate::controller::PolicyView<'a>>,
+    index: PolicyIndex,
+    /// Policy index (into `views`) -> id, for active policies.
+    active: BTreeMap<usize, u32>,
+    targets: BTreeMap<u32, PolicyTarget>,
+    cluster_cidrs: ClusterCidrs,
+}
 
-    // Policies and their targets.
-    let views = view.policy_views();
-    let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
-    // (gateway, node, ipv4, ipv6) -> epoch of that assignment.
-    let mut epochs: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
-    for g in &view.gateways {
-        let (Some(name), Some(st)) = (g.metadata.name.as_deref(), g.status.as_ref()) else {
-            continue;
-        };
-        for n in &st.node_list {
-            for e in &n.eips {
-                epochs.insert(
-                    (name, n.name.as_str(), e.ipv4.as_str(), e.ipv6.as_str()),
-                    e.epoch,
-                );
-            }
-        }
-    }
-    let epoch_of = |gw: &str, node: &str, v4: &str, v6: &str| -> u64 {
-        epochs.get(&(gw, node, v4, v6)).copied().unwrap_or(0)
-    };
-    let mut active: BTreeMap<usize, u32> = BTreeMap::new();
-    for (vi, p) in views.iter().enumerate() {
-        let Some(st) = p.status else { continue };
-        if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
-            continue;
-        }
-        if view.phase(&st.node) != TunnelPhase::Ready {
-            continue;
-        }
-        let id = ids[&(p.kind, p.key.clone())];
-        let gw = view
-            .gateway_for(p.fields.gateway)
-            .and_then(|g| g.metadata.name.clone())
-            .unwrap_or_default();
-        let (v4, v6) = if p.fields.egress_ip.use_node_ip {
-            (String::new(), String::new())
-        } else {
-            (st.eip.ipv4.clone(), st.eip.ipv6.clone())
-        };
-        out.policies.insert(
-            id,
-            PolicyTarget {
-                kind: p.kind,
-                key: p.key.clone(),
-                eip_v4: st.eip.ipv4.parse().ok(),
-                eip_v6: st.eip.ipv6.parse().ok(),
-                gateway_node: st.node.clone(),
-                tunnel_endpoint: tunnel_endpoint(view, &st.node),
-                local: st.node == me,
-                use_node_ip: p.fields.egress_ip.use_node_ip,
-                epoch: epoch_of(&gw, &st.node, &v4, &v6),
-            },
-        );
-        active.insert(vi, id);
-    }
-
-    // Match rules for local pods.
-    let mut rules = BTreeSet::new();
-    let index = PolicyIndex::new(&views);
-    for pod in view.pods.iter().filter(|p| p.node == me) {
-        let nsl = view.namespace_labels(&pod.namespace);
-        for src in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
-            let mut taken: Vec<IpNet> = Vec::new();
-            for vi in index.selecting(&views, pod, &nsl) {
-                let Some(id) = active.get(&vi) else { continue };
-                let p = &views[vi];
-                let t = &out.policies[id];
-                let has_eip = match src {
-                    IpAddr::V4(_) => t.eip_v4.is_some(),
-                    IpAddr::V6(_) => t.eip_v6.is_some(),
-                };
-                if !has_eip {
-                    continue;
-                }
-                let fam = |n: &IpNet| n.addr().is_ipv6() == src.is_ipv6();
-                let mut mine: Vec<(IpNet, RuleAction)> = Vec::new();
-                for ex in p
-                    .fields
-                    .excluded_subnet
+impl<'a> Prepared<'a> {
+    pub fn new(view: &'a ClusterView) -> Self {
+        // Cluster CIDRs the datastore knows.
+        let mut cc = ClusterCidrs::default();
+        for n in &view.nodes {
+            cc.pods
+                .extend(n.pod_cidrs.iter().filter_map(|c| parse_cidr(c).ok()));
+            cc.nodes.extend(
+                n.addresses
                     .iter()
-                    .filter_map(|c| parse_cidr(c).ok())
-                    .filter(fam)
-                {
-                    if !covered(&taken, &ex) {
-                        mine.push((ex, RuleAction::Skip));
+                    .filter_map(|a| a.parse::<IpAddr>().ok())
+                    .map(host),
+            );
+        }
+        for t in &view.tunnels {
+            if let Some(s) = &t.status {
+                for a in [
+                    &s.tunnel.ipv4,
+                    &s.tunnel.ipv6,
+                    &s.tunnel.parent.ipv4,
+                    &s.tunnel.parent.ipv6,
+                ] {
+                    if let Ok(ip) = a.parse::<IpAddr>() {
+                        cc.nodes.insert(host(ip));
                     }
                 }
-                let dsts: Vec<IpNet> = if p.fields.dest_subnet.is_empty() {
-                    vec![if src.is_ipv6() {
-                        "::/0".parse().unwrap()
-                    } else {
-                        "0.0.0.0/0".parse().unwrap()
-                    }]
-                } else {
-                    p.fields
-                        .dest_subnet
+            }
+        }
+
+        // Policies and their targets.
+        let views = view.policy_views();
+        let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
+        // (gateway, node, ipv4, ipv6) -> epoch of that assignment.
+        let mut epochs: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
+        for g in &view.gateways {
+            let (Some(name), Some(st)) = (g.metadata.name.as_deref(), g.status.as_ref()) else {
+                continue;
+            };
+            for n in &st.node_list {
+                for e in &n.eips {
+                    epochs.insert(
+                        (name, n.name.as_str(), e.ipv4.as_str(), e.ipv6.as_str()),
+                        e.epoch,
+                    );
+                }
+            }
+        }
+        let mut active: BTreeMap<usize, u32> = BTreeMap::new();
+        let mut targets = BTreeMap::new();
+        for (vi, p) in views.iter().enumerate() {
+            let Some(st) = p.status else { continue };
+            if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
+                continue;
+            }
+            // The target stays even while its gateway node is not Ready: until
+            // the controller moves the EIP, the selected pods' traffic goes to
+            // the old gateway (and is lost if it is dead) instead of leaving
+            // with their own address (fail closed).
+            let id = ids[&(p.kind, p.key.clone())];
+            let gw = view
+                .gateway_for(p.fields.gateway)
+                .and_then(|g| g.metadata.name.as_deref())
+                .unwrap_or_default();
+            let (v4, v6) = if p.fields.egress_ip.use_node_ip {
+                ("", "")
+            } else {
+                (st.eip.ipv4.as_str(), st.eip.ipv6.as_str())
+            };
+            targets.insert(
+                id,
+                PolicyTarget {
+                    kind: p.kind,
+                    key: p.key.clone(),
+                    eip_v4: st.eip.ipv4.parse().ok(),
+                    eip_v6: st.eip.ipv6.parse().ok(),
+                    gateway_node: st.node.clone(),
+                    tunnel_endpoint: tunnel_endpoint(view, &st.node),
+                    local: false,
+                    use_node_ip: p.fields.egress_ip.use_node_ip,
+                    epoch: epochs
+                        .get(&(gw, st.node.as_str(), v4, v6))
+                        .copied()
+                        .unwrap_or(0),
+                },
+            );
+            active.insert(vi, id);
+        }
+        let index = PolicyIndex::new(&views);
+        Self {
+            view,
+            views,
+            index,
+            active,
+            targets,
+            cluster_cidrs: cc,
+        }
+    }
+
+    /// The desired dataplane of `cfg.node`.
+    pub fn node(&self, cfg: &AgentConfig) -> NodeDesired {
+        let view = self.view;
+        let views = &self.views;
+        let index = &self.index;
+        let active = &self.active;
+        let me = cfg.node.as_str();
+        let mut out = NodeDesired {
+            node: me.into(),
+            policies: self.targets.clone(),
+            cluster_cidrs: self.cluster_cidrs.clone(),
+            ..Default::default()
+        };
+        for t in out.policies.values_mut() {
+            t.local = t.gateway_node == me;
+        }
+        let cc = &mut out.cluster_cidrs;
+        cc.pods.extend(cfg.pod_cidrs.iter().copied());
+        cc.services.extend(cfg.service_cidrs.iter().copied());
+        cc.extra.extend(cfg.extra_cidrs.iter().copied());
+
+        // Match rules for local pods.
+        let mut rules = BTreeSet::new();
+        for pod in view.pods.iter().filter(|p| p.node == me) {
+            let nsl = view.namespace_labels(&pod.namespace);
+            for src in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
+                let mut taken: Vec<IpNet> = Vec::new();
+                for vi in index.selecting(views, pod, &nsl) {
+                    let Some(id) = active.get(&vi) else { continue };
+                    let p = &views[vi];
+                    let t = &out.policies[id];
+                    let has_eip = match src {
+                        IpAddr::V4(_) => t.eip_v4.is_some(),
+                        IpAddr::V6(_) => t.eip_v6.is_some(),
+                    };
+                    if !has_eip {
+                        continue;
+                    }
+                    let fam = |n: &IpNet| n.addr().is_ipv6() == src.is_ipv6();
+                    let mut mine: Vec<(IpNet, RuleAction)> = Vec::new();
+                    for ex in p
+                        .fields
+                        .excluded_subnet
                         .iter()
                         .filter_map(|c| parse_cidr(c).ok())
                         .filter(fam)
-                        .collect()
-                };
-                for d in dsts {
-                    if !covered(&taken, &d) {
-                        mine.push((d, RuleAction::Egress(*id)));
+                    {
+                        if !covered(&taken, &ex) {
+                            mine.push((ex, RuleAction::Skip));
+                        }
                     }
-                }
-                for (dst, action) in mine {
-                    taken.push(dst);
-                    rules.insert(MatchRule { src, dst, action });
+                    let dsts: Vec<IpNet> = if p.fields.dest_subnet.is_empty() {
+                        vec![if src.is_ipv6() {
+                            "::/0".parse().unwrap()
+                        } else {
+                            "0.0.0.0/0".parse().unwrap()
+                        }]
+                    } else {
+                        p.fields
+                            .dest_subnet
+                            .iter()
+                            .filter_map(|c| parse_cidr(c).ok())
+                            .filter(fam)
+                            .collect()
+                    };
+                    for d in dsts {
+                        if !covered(&taken, &d) {
+                            mine.push((d, RuleAction::Egress(*id)));
+                        }
+                    }
+                    for (dst, action) in mine {
+                        taken.push(dst);
+                        rules.insert(MatchRule { src, dst, action });
+                    }
                 }
             }
         }
-    }
-    out.rules = rules.into_iter().collect();
+        out.rules = rules.into_iter().collect();
 
-    // Port blocks, reply steering, owned EIPs.
-    for g in &view.gateways {
-        let Some(st) = &g.status else { continue };
-        let size = st.port_block_size.max(1);
-        let gw_name = g.metadata.name.clone().unwrap_or_default();
-        let is_eligible = eligible(g, view, me);
-        out.gateway_eligible |= is_eligible;
-        for b in &st.port_blocks {
-            let Ok(eip) = b.eip.parse::<IpAddr>() else {
-                continue;
-            };
-            if b.node == me {
-                out.port_blocks
-                    .entry(eip)
-                    .or_default()
-                    .extend(b.blocks.iter().map(|&i| {
-                        let first = (i as u32 * size as u32).min(65535) as u16;
-                        PortRange {
-                            block: i,
-                            first,
-                            last: (first as u32 + size as u32 - 1).min(65535) as u16,
-                        }
-                    }));
-            }
-            if is_eligible {
-                if let Some(ep) = tunnel_endpoint(view, &b.node) {
-                    for &i in &b.blocks {
-                        out.reply_steering.insert((eip, i), ep);
-                    }
+        // Port blocks, reply steering, owned EIPs.
+        for g in &view.gateways {
+            let Some(st) = &g.status else { continue };
+            let size = st.port_block_size.max(1);
+            let gw_name = g.metadata.name.clone().unwrap_or_default();
+            let is_eligible = eligible(g, view, me);
+            out.gateway_eligible |= is_eligible;
+            for b in &st.port_blocks {
+                let Ok(eip) = b.eip.parse::<IpAddr>() else {
+                    continue;
+                };
+                if b.node == me {
+                    out.port_blocks
+                        .entry(eip)
+                        .or_default()
+                        .extend(b.blocks.iter().map(|&i| {
+                            let first = (i as u32 * size as u32).min(65535) as u16;
+                            PortRange {
+                                block: i,
+                                first,
+                                last: (first as u32 + size as u32 - 1).min(65535) as u16,
+                            }
+                        }));
                 }
-            }
-        }
-        if view.phase(me) == TunnelPhase::Ready {
-            for n in st.node_list.iter().filter(|n| n.name == me) {
-                for e in &n.eips {
-                    for a in [&e.ipv4, &e.ipv6] {
-                        if let Ok(ip) = a.parse::<IpAddr>() {
-                            out.owned_eips.insert(
-                                ip,
-                                OwnedEip {
-                                    gateway: gw_name.clone(),
-                                    epoch: e.epoch,
-                                },
-                            );
+                if is_eligible {
+                    if let Some(ep) = tunnel_endpoint(view, &b.node) {
+                        for &i in &b.blocks {
+                            out.reply_steering.insert((eip, i), ep);
                         }
                     }
                 }
             }
+            if view.phase(me) == TunnelPhase::Ready {
+                for n in st.node_list.iter().filter(|n| n.name == me) {
+                    for e in &n.eips {
+                        for a in [&e.ipv4, &e.ipv6] {
+                            if let Ok(ip) = a.parse::<IpAddr>() {
+                                out.owned_eips.insert(
+                                    ip,
+                                    OwnedEip {
+                                        gateway: gw_name.clone(),
+                                        epoch: e.epoch,
+                                    },
+                                );
+                            }
+                        }
+                    }
+                }
+            }
         }
+        for v in out.port_blocks.values_mut() {
+            v.sort();
+        }
+        out
     }
-    for v in out.port_blocks.values_mut() {
-        v.sort();
-    }
-    out
 }
 
 #[cfg(test)]

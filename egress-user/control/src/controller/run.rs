@@ -62,57 +62,76 @@ fn patch(owned: &[&str], status: serde_json::Value) -> StatusPatch {
 }
 
 /// Writes the statuses of `plan` that differ from `view`, and its events.
-/// Returns how many objects were written.
+/// Returns how many objects were written. Writes go out concurrently (at
+/// most [`WRITE_CONCURRENCY`] at a time): they touch different objects.
 pub async fn write_plan(ds: &dyn Datastore, view: &ClusterView, plan: &Plan) -> Result<usize> {
-    let mut n = 0;
-    for (name, st) in &plan.gateways {
-        let cur = view
-            .gateways
-            .iter()
-            .find(|g| g.metadata.name.as_deref() == Some(name.as_str()))
-            .and_then(|g| g.status.as_ref());
-        if cur != Some(st) {
-            ds.write_status(
-                Kind::EgressGateway,
-                &ObjectKey::cluster(name),
-                &patch(GATEWAY_FIELDS, json!(st)),
+    use futures::stream::{self, TryStreamExt};
+    use std::collections::BTreeMap;
+    let gw_cur: BTreeMap<&str, _> = view
+        .gateways
+        .iter()
+        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref())))
+        .collect();
+    let pol_cur: BTreeMap<(Kind, ObjectKey), _> = view
+        .policies
+        .iter()
+        .map(|p| {
+            (
+                (
+                    Kind::EgressPolicy,
+                    ObjectKey::namespaced(
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                    ),
+                ),
+                p.status.as_ref(),
             )
-            .await?;
-            n += 1;
+        })
+        .chain(view.cluster_policies.iter().map(|p| {
+            (
+                (
+                    Kind::EgressClusterPolicy,
+                    ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
+                ),
+                p.status.as_ref(),
+            )
+        }))
+        .collect();
+    let mut writes: Vec<(Kind, ObjectKey, StatusPatch)> = Vec::new();
+    for (name, st) in &plan.gateways {
+        if gw_cur.get(name.as_str()).copied().flatten() != Some(st) {
+            writes.push((
+                Kind::EgressGateway,
+                ObjectKey::cluster(name),
+                patch(GATEWAY_FIELDS, json!(st)),
+            ));
         }
     }
     for ((kind, key), st) in &plan.policies {
-        let cur = match kind {
-            Kind::EgressPolicy => view
-                .policies
-                .iter()
-                .find(|p| {
-                    p.metadata.name.as_deref() == Some(key.name.as_str())
-                        && p.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                })
-                .and_then(|p| p.status.as_ref()),
-            _ => view
-                .cluster_policies
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(key.name.as_str()))
-                .and_then(|p| p.status.as_ref()),
-        };
-        if cur != Some(st) {
-            match ds
-                .write_status(*kind, key, &patch(POLICY_FIELDS, json!(st)))
-                .await
-            {
-                Err(e) if e.is_not_found() => continue,
-                r => r?,
-            };
-            n += 1;
+        if pol_cur.get(&(*kind, key.clone())).copied().flatten() != Some(st) {
+            writes.push((*kind, key.clone(), patch(POLICY_FIELDS, json!(st))));
         }
     }
+    let n = stream::iter(writes.into_iter().map(Ok))
+        .map_ok(|(kind, key, p)| async move {
+            match ds.write_status(kind, &key, &p).await {
+                Ok(_) => Ok(1usize),
+                // Deleted since the view was taken: nothing to write.
+                Err(e) if e.is_not_found() => Ok(0),
+                Err(e) => Err(e),
+            }
+        })
+        .try_buffer_unordered(WRITE_CONCURRENCY)
+        .try_fold(0usize, |a, b| async move { Ok(a + b) })
+        .await?;
     for e in &plan.events {
         ds.record_event(e.clone()).await?;
     }
     Ok(n)
 }
+
+/// Status writes in flight at once.
+pub const WRITE_CONCURRENCY: usize = 32;
 
 /// Nodes some gateway's selector picks.
 pub fn gateway_eligible(view: &ClusterView) -> BTreeSet<String> {
