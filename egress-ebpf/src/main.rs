@@ -12,6 +12,7 @@ mod flow;
 mod fwd;
 mod gateway;
 mod hdr;
+mod icmp_err;
 mod maps;
 mod nat;
 mod worker;

@@ -126,7 +126,13 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         && cfg.tunnel_mtu != 0
         && f.l3_len > u32::from(cfg.tunnel_mtu)
     {
-        return Err(DROP_TOO_BIG);
+        // Counted under too_big; the pod gets the ICMP error instead of the packet.
+        crate::ctx::count(ctx, DROP_TOO_BIG);
+        let v = crate::icmp_err::too_big(ctx, f.v6, cfg.tunnel_mtu);
+        if v < 0 {
+            return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);
+        }
+        return Ok(v as i32);
     }
     let port = forward_port(ctx, cfg, f, eip, target.policy_id)?;
     rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;

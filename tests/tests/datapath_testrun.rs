@@ -550,13 +550,52 @@ fn drop_no_port_block() -> anyhow::Result<()> {
 
 #[test]
 #[ignore = "needs root: loads BPF programs"]
-fn drop_too_big_non_tcp_with_df() -> anyhow::Result<()> {
+fn too_big_non_tcp_with_df_gets_icmp_back_to_the_pod() -> anyhow::Result<()> {
     let mut fx = fixture()?;
     let big = vec![0xab; 1500 - 20 - 8];
-    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1, 2, &big))?;
-    assert_eq!(rc, TC_ACT_SHOT);
-    assert_eq!(fx.drops(DROP_TOO_BIG), 1);
-    // The same size as TCP goes through (its MSS is clamped instead).
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 5353, 53, &big))?;
+    assert_eq!(
+        rc, TC_ACT_REDIRECT,
+        "the error goes back out of the pod's veth"
+    );
+    assert_eq!(fx.drops(DROP_TOO_BIG), 1, "counted under too_big");
+    assert_eq!(&out[0..6], &POD_MAC, "addressed to the pod");
+    let s = check(&out); // IPv4 and ICMP checksums by etherparse
+    assert_eq!((s.src, s.dst), (IpAddr::from(SERVER), IpAddr::from(POD)));
+    let p = SlicedPacket::from_ethernet(&out)?;
+    let Some(TransportSlice::Icmpv4(i)) = p.transport else {
+        panic!("not ICMP")
+    };
+    assert_eq!(
+        i.icmp_type(),
+        Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::FragmentationNeeded {
+            next_hop_mtu: MTU
+        })
+    );
+    // The quote starts with the pod's own packet.
+    let q = etherparse::Ipv4HeaderSlice::from_slice(i.payload())?;
+    assert_eq!(
+        (q.source(), q.destination()),
+        (POD.octets(), SERVER.octets())
+    );
+
+    let big6 = vec![0xcd; 1500 - 40 - 8];
+    let (rc, out) = fx.run("worker_egress", &udp6(POD6, SERVER6, 5353, 53, &big6))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let s = check(&out); // ICMPv6 checksum by etherparse
+    assert_eq!((s.src, s.dst), (IpAddr::from(SERVER6), IpAddr::from(POD6)));
+    let p = SlicedPacket::from_ethernet(&out)?;
+    let Some(TransportSlice::Icmpv6(i)) = p.transport else {
+        panic!("not ICMPv6")
+    };
+    assert_eq!(
+        i.icmp_type(),
+        Icmpv6Type::PacketTooBig {
+            mtu: u32::from(MTU)
+        }
+    );
+    assert_eq!(fx.drops(DROP_TOO_BIG), 2);
+    // TCP of the same size is not answered: its MSS is clamped instead.
     Ok(())
 }
 

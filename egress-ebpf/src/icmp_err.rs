@@ -1,0 +1,113 @@
+//! "Fragmentation needed" (ICMP) / "packet too big" (ICMPv6) sent back to a
+//! pod whose non-TCP packet does not fit the tunnel, so path MTU discovery
+//! works for UDP and ICMP too. The packet is rewritten in place into the
+//! error (quoting its start) and sent back out of the interface it came in on.
+
+use aya_ebpf::{
+    helpers::generated::{bpf_redirect, bpf_skb_change_tail},
+    programs::TcContext,
+};
+
+use crate::hdr::*;
+
+/// Bytes of the offending packet quoted: its IP header and 8 bytes more (IPv4),
+/// or its IPv6 header and 8 bytes more.
+const QUOTE_V4: usize = IPV4_HDR + 8;
+const QUOTE_V6: usize = IPV6_LEN + 8;
+const IPV4_HDR: usize = 20;
+
+#[inline(always)]
+fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+#[inline(always)]
+fn sum_words(buf: &[u8], mut sum: u32) -> u32 {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        sum += u32::from(u16::from_be_bytes([buf[i], buf[i + 1]]));
+        i += 2;
+    }
+    sum
+}
+
+/// Turns the packet into the ICMP error and returns the redirect verdict,
+/// or None when the packet cannot be answered (it is then dropped).
+#[inline(never)]
+pub fn too_big(ctx: &mut TcContext, v6: bool, mtu: u16) -> i64 {
+    match too_big_inner(ctx, v6, mtu) {
+        Some(v) => v,
+        None => -1,
+    }
+}
+
+#[inline(always)]
+fn too_big_inner(ctx: &mut TcContext, v6: bool, mtu: u16) -> Option<i64> {
+    let macs: [u8; 12] = ctx.load(0).ok()?;
+    let mut eth = [0u8; 12];
+    eth[..6].copy_from_slice(&macs[6..12]);
+    eth[6..].copy_from_slice(&macs[..6]);
+    if v6 {
+        let q: [u8; QUOTE_V6] = ctx.load(ETH_LEN).ok()?;
+        let total = ETH_LEN + IPV6_LEN + 8 + QUOTE_V6;
+        // SAFETY: skb pointer from the context.
+        if unsafe { bpf_skb_change_tail(ctx.skb.skb, total as u32, 0) } != 0 {
+            return None;
+        }
+        let plen = (8 + QUOTE_V6) as u16;
+        let mut ip = [0u8; IPV6_LEN];
+        ip[0] = 0x60;
+        ip[4..6].copy_from_slice(&plen.to_be_bytes());
+        ip[6] = IPPROTO_ICMPV6;
+        ip[7] = 255;
+        ip[8..24].copy_from_slice(&q[24..40]); // from the original destination
+        ip[24..40].copy_from_slice(&q[8..24]); // to the pod
+        let mut icmp = [0u8; 8];
+        icmp[0] = ICMP6_PKT_TOO_BIG;
+        icmp[4..8].copy_from_slice(&u32::from(mtu).to_be_bytes());
+        let mut sum = sum_words(&ip[8..40], 0);
+        sum += u32::from(plen) + u32::from(IPPROTO_ICMPV6);
+        sum = sum_words(&icmp, sum);
+        sum = sum_words(&q, sum);
+        let c = fold(sum);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        ctx.store(0, &eth, 0).ok()?;
+        ctx.store(ETH_LEN, &ip, 0).ok()?;
+        ctx.store(ETH_LEN + IPV6_LEN, &icmp, 0).ok()?;
+        ctx.store(ETH_LEN + IPV6_LEN + 8, &q, 0).ok()?;
+    } else {
+        let q: [u8; QUOTE_V4] = ctx.load(ETH_LEN).ok()?;
+        if q[0] != 0x45 {
+            return None; // options: not answered
+        }
+        let total = ETH_LEN + IPV4_HDR + 8 + QUOTE_V4;
+        // SAFETY: skb pointer from the context.
+        if unsafe { bpf_skb_change_tail(ctx.skb.skb, total as u32, 0) } != 0 {
+            return None;
+        }
+        let tot = (IPV4_HDR + 8 + QUOTE_V4) as u16;
+        let mut ip = [0u8; IPV4_HDR];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&tot.to_be_bytes());
+        ip[8] = 64;
+        ip[9] = IPPROTO_ICMP;
+        ip[12..16].copy_from_slice(&q[16..20]); // from the original destination
+        ip[16..20].copy_from_slice(&q[12..16]); // to the pod
+        let c = fold(sum_words(&ip, 0));
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut icmp = [0u8; 8];
+        icmp[0] = ICMP_DEST_UNREACH;
+        icmp[1] = 4; // fragmentation needed and DF set
+        icmp[6..8].copy_from_slice(&mtu.to_be_bytes());
+        let c = fold(sum_words(&q, sum_words(&icmp, 0)));
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        ctx.store(0, &eth, 0).ok()?;
+        ctx.store(ETH_LEN, &ip, 0).ok()?;
+        ctx.store(ETH_LEN + IPV4_HDR, &icmp, 0).ok()?;
+        ctx.store(ETH_LEN + IPV4_HDR + 8, &q, 0).ok()?;
+    }
+    // SAFETY: skb pointer from the context; back out of the pod's veth.
+    Some(unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) })
+}
