@@ -7,6 +7,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::timeout;
 
 use super::*;
+use crate::codec::{CodecOptions, Message, Open};
 use crate::gr::GrConfig;
 
 const ASN: u32 = 65000;
@@ -356,4 +357,98 @@ async fn deferral_longer_than_restart_time_is_refused() {
         Speaker::start(c).await,
         Err(SpeakerError::Config(_))
     ));
+}
+
+/// Reads one message from a raw connection.
+async fn read_message(s: &mut tokio::net::TcpStream, buf: &mut bytes::BytesMut) -> Message {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(frame) = crate::codec::split_frame(buf).unwrap() {
+            return Message::decode(&frame, CodecOptions::default()).unwrap();
+        }
+        let n = timeout(Duration::from_secs(10), s.read_buf(buf))
+            .await
+            .expect("peer silent")
+            .unwrap();
+        assert!(n > 0, "connection closed before a message");
+    }
+}
+
+#[tokio::test]
+async fn garbage_from_a_peer_gets_a_notification_not_a_panic() {
+    use tokio::io::AsyncWriteExt;
+    let rr = reflector(91, &[92]).await;
+    let target = rr.handle().listen_addr().unwrap();
+    // Each case: bytes sent after a correct OPEN/KEEPALIVE exchange, and
+    // the NOTIFICATION (code, subcode) expected back.
+    let mut bad_marker = Message::Keepalive
+        .to_bytes(CodecOptions::default())
+        .unwrap()
+        .to_vec();
+    bad_marker[0] = 0;
+    let update_bad_nlri = {
+        let mut v = vec![0xff; 16];
+        v.extend_from_slice(&[0, 28, 2, 0, 0, 0, 0, 33, 10, 0, 0, 0]);
+        v
+    };
+    let cases: Vec<(Vec<u8>, (u8, u8))> = vec![
+        (bad_marker, (1, 1)),
+        (
+            {
+                let mut v = vec![0xff; 16];
+                v.extend_from_slice(&[0, 19, 9]);
+                v
+            },
+            (1, 3),
+        ),
+        (update_bad_nlri, (3, 10)),
+    ];
+    for (garbage, want) in cases {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(lo(92), 0)).unwrap();
+        let mut s = socket.connect(target).await.unwrap();
+        let mut buf = bytes::BytesMut::new();
+        let open = Open::new(ASN, 9, Ipv4Addr::new(10, 0, 0, 92), vec![]);
+        s.write_all(
+            &Message::Open(open)
+                .to_bytes(CodecOptions::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(
+            read_message(&mut s, &mut buf).await,
+            Message::Open(_)
+        ));
+        s.write_all(
+            &Message::Keepalive
+                .to_bytes(CodecOptions::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(read_message(&mut s, &mut buf).await, Message::Keepalive);
+        s.write_all(&garbage).await.unwrap();
+        // The reflector may send its End-of-RIB first.
+        let n = loop {
+            match read_message(&mut s, &mut buf).await {
+                Message::Notification(n) => break n,
+                Message::Update(_) | Message::Keepalive => continue,
+                m => panic!("unexpected {m:?}"),
+            }
+        };
+        assert_eq!((n.code, n.subcode), want);
+        wait_status(&rr.handle(), "session down", |st| {
+            peer_state(st, lo(92)).is_some_and(|p| p.state != State::Established)
+        })
+        .await;
+    }
+    // Still serving: a proper client comes up afterwards.
+    let c = client(92, &rr, false).await;
+    wait_status(&rr.handle(), "session up again", |st| {
+        peer_state(st, lo(92)).is_some_and(|p| p.state == State::Established)
+    })
+    .await;
+    c.shutdown().await;
+    rr.shutdown().await;
 }
