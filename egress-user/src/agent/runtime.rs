@@ -195,10 +195,21 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let shutdown = super::super::cli::agent::shutdown_signal();
     tokio::pin!(shutdown);
     let mut dirty = true;
+    // The fence's deadline passed: reconcile from the last view at once,
+    // without waiting for a datastore that may be unreachable.
+    let mut fence_due = false;
+    let mut was_fenced = false;
 
     loop {
-        if watches.is_none() {
-            match watch_all(ds.as_ref()).await {
+        // The fence closed (also while a call was pending): same as its deadline.
+        let fenced = fence.is_fenced(std::time::Instant::now());
+        if fenced && !was_fenced {
+            fence_due = true;
+            dirty = true;
+        }
+        was_fenced = fenced;
+        if watches.is_none() && !fence_due {
+            match ds_call(&fence, &s.timers, watch_all(ds.as_ref())).await {
                 Ok(w) => {
                     watches = Some(w);
                     dirty = true;
@@ -208,13 +219,24 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         }
         if dirty {
             dirty = false;
-            match load_view(ds.as_ref()).await {
-                Ok(v) => {
+            let read = if std::mem::take(&mut fence_due) {
+                None
+            } else {
+                Some(
+                    ds_call(&fence, &s.timers, async {
+                        Ok(load_view(ds.as_ref()).await?)
+                    })
+                    .await,
+                )
+            };
+            match read {
+                Some(Ok(v)) => {
                     view = v;
                     have_view = true;
                     fence.apply_assignments(std::time::Instant::now(), assignments(&view));
                 }
-                Err(e) => {
+                None => {}
+                Some(Err(e)) => {
                     // Keep the last view; the fence alone decides what may still be announced.
                     tracing::warn!(error = %e, "reading the datastore failed; keeping the last view");
                     published.lock().unwrap().last_error = Some(e.to_string());
@@ -282,19 +304,47 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             }
             _ = heartbeat.tick(), if eligible => {
                 let sent = std::time::Instant::now();
-                match ds.renew_heartbeat(&s.node, s.timers.eip_eviction_timeout).await {
+                let renew = async {
+                    Ok(ds.renew_heartbeat(&s.node, s.timers.eip_eviction_timeout).await?)
+                };
+                match ds_call(&fence, &s.timers, renew).await {
                     Ok(_) => fence.on_heartbeat_renewed(sent),
                     Err(e) => tracing::warn!(error = %e, "heartbeat renewal failed"),
                 }
                 // Renewals move the fence's deadline; the announcements may change.
                 dirty = true;
             }
-            _ = sleep_until_opt(fence_deadline) => dirty = true,
+            _ = sleep_until_opt(fence_deadline) => {
+                dirty = true;
+                fence_due = true;
+            }
             _ = resync.tick() => dirty = true,
         }
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())
+}
+
+/// Runs one datastore call, but never past the fence's next deadline (one
+/// eviction timeout when there is none): a datastore that drops packets
+/// (rather than refusing) would otherwise hold the loop for the client's
+/// own timeout, and the node would go on announcing after it should have
+/// fenced itself.
+async fn ds_call<T>(
+    fence: &Fence,
+    timers: &FailoverTimers,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let now = std::time::Instant::now();
+    let budget = fence
+        .next_deadline(now)
+        .map(|d| d - now)
+        .unwrap_or(timers.eip_eviction_timeout)
+        .max(Duration::from_millis(20));
+    match tokio::time::timeout(budget, call).await {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!("the datastore did not answer within {budget:?}"),
+    }
 }
 
 async fn next_watch_event(w: &mut Option<SelectAll<WatchStream>>) -> Result<()> {
