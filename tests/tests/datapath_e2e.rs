@@ -139,6 +139,8 @@ struct Node {
     ns: Netns,
     _pins: PinDir,
     dp: Option<Datapath>,
+    /// What was last applied (a failover edits a copy and applies it).
+    desired: DesiredMaps,
 }
 
 impl Node {
@@ -147,13 +149,23 @@ impl Node {
             ns: Netns::new(label)?,
             _pins: PinDir::new(label)?,
             dp: None,
+            desired: DesiredMaps::default(),
         })
     }
 
     /// Loads the programs, writes `desired` and attaches (program, iface) pairs,
     /// all from a thread inside the node's namespace.
+    /// Applies a new desired state by diffing (as the agent does on a change).
+    fn update(&mut self, desired: DesiredMaps) -> Result<()> {
+        let dp = self.dp.as_mut().context("node not started")?;
+        apply(dp, &desired)?;
+        self.desired = desired;
+        Ok(())
+    }
+
     fn start(&mut self, desired: DesiredMaps, attach: Vec<(&'static str, String)>) -> Result<()> {
         let pins: PathBuf = self._pins.path().to_owned();
+        self.desired = desired.clone();
         let dp = self.ns.enter(move || {
             let mut dp = Datapath::load(EBPF_OBJECT, &pins)?;
             apply(&mut dp, &desired)?;
@@ -640,5 +652,84 @@ fn multi_megabyte_tcp_with_mss_1400_completes() -> Result<()> {
     let seen = server.wait_for_line("Accepted connection from", Duration::from_secs(10))?;
     assert!(seen.contains(EIP1), "the server saw {seen}");
     eprintln!("8 MiB with MSS 1400 in {:?}", started.elapsed());
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: creates namespaces and loads BPF programs"]
+fn established_tcp_survives_gateway_failover() -> Result<()> {
+    let mut t = build()?;
+    let traffic = egress_tests::traffic_bin()?;
+    let traffic = traffic.to_str().unwrap();
+    let mut sink = t.srv.spawn(&[traffic, "tcp-sink", "0.0.0.0:9000"])?;
+    sink.wait_for_line("ready", Duration::from_secs(10))?;
+    let mut source = t.pods[0]
+        .ns
+        .spawn(&[traffic, "tcp-source", "203.0.113.10:9000", "20"])?;
+    source.wait_for_line("ready", Duration::from_secs(10))?;
+    let replies = |t: &Topology| -> u64 {
+        stats::read_policy_stats(t.w1._pins.path())
+            .ok()
+            .and_then(|m| m.get(&1).map(|s| s.reply_packets))
+            .unwrap_or(0)
+    };
+    let wait_replies = |t: &Topology, at_least: u64| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while replies(t) < at_least {
+            anyhow::ensure!(Instant::now() < deadline, "replies stuck at {}", replies(t));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    };
+    wait_replies(&t, 20)?;
+
+    // Takeover: g2 owns EIP1 too and announces it; the workers tunnel to g2;
+    // g1's uplink dies. No connection state moves anywhere.
+    let mut g2 = t.g2.desired.clone();
+    for e in [EIP1, EIP1_6] {
+        g2.owned_eips.push(OwnedEip {
+            eip: e.parse()?,
+            answer_neigh: true,
+            node_ip: false,
+            epoch: 2,
+        });
+    }
+    t.g2.update(g2)?;
+    t.g2.ns.enter(|| {
+        egress_user::datapath::announce::announce_eip("eth1", EIP1.parse()?, 2)?;
+        egress_user::datapath::announce::announce_eip("eth1", EIP1_6.parse()?, 2)?;
+        Ok(())
+    })?;
+    for w in [&mut t.w1, &mut t.w2] {
+        let mut d = w.desired.clone();
+        for p in d.policies.iter_mut().filter(|p| p.id == 1) {
+            p.gateway_tunnel_ip = ip4("10.100.0.12");
+        }
+        w.update(d)?;
+    }
+    t.g1.ns.ip(&["link", "set", "eth1", "down"])?;
+    let before = replies(&t);
+    wait_replies(&t, before + 50)?;
+    // The server's neighbour entry for EIP1 moved to g2 (gratuitous ARP or ARP reply).
+    let g2_mac = link_info(&t.g2.ns, "eth1")?.1;
+    let g2_mac: Vec<String> = g2_mac.iter().map(|b| format!("{b:02x}")).collect();
+    let neigh = t.srv.ip(&["neigh", "show", EIP1])?;
+    assert!(neigh.contains(&g2_mac.join(":")), "{neigh}");
+
+    source.signal_term();
+    let report = source.wait_for_line("\"role\"", Duration::from_secs(40))?;
+    let v: serde_json::Value = serde_json::from_str(&report)?;
+    assert_eq!(v["survived"], true, "{report}");
+    sink.signal_term();
+    let sink_report = sink.wait_for_line("\"role\"", Duration::from_secs(10))?;
+    let v: serde_json::Value = serde_json::from_str(&sink_report)?;
+    let conns = v["connections"].as_array().context("connections")?;
+    assert_eq!(
+        conns.len(),
+        1,
+        "one connection, never re-established: {sink_report}"
+    );
+    assert_eq!(conns[0]["peer"], EIP1);
+    eprintln!("failover: source {report}; sink {sink_report}");
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! calls [`apply`]; the translation to BPF keys and values is the pure
 //! function [`translate::translate`].
 
+pub mod announce;
 pub mod apply;
 pub mod bpffs;
 pub mod caps;
