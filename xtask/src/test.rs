@@ -35,6 +35,22 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
         ],
     ))?;
 
+    // Tests start the real `egress` binary from the same target folder.
+    step("build the binaries the tests run");
+    exec(&mut cargo(
+        root,
+        &[
+            "build",
+            "-p",
+            "egress-user",
+            "--bin",
+            "egress",
+            "-p",
+            "egress-tests",
+            "--bins",
+        ],
+    ))?;
+
     step("tests (unprivileged)");
     exec(&mut cargo(root, &["test", "--workspace"]))?;
 
@@ -49,11 +65,6 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
         );
     }
     step("tests (privileged: namespaces, BPF, real peers)");
-    // The e2e tests start the real `egress` binary from the same target folder.
-    exec(&mut cargo(
-        root,
-        &["build", "-p", "egress-user", "--bin", "egress"],
-    ))?;
     exec(&mut cargo(
         root,
         &["test", "--workspace", "--", "--ignored"],
