@@ -44,6 +44,9 @@ struct Config {
     restarting: bool,
     #[serde(default = "default_deferral")]
     deferral_time: u64,
+    /// RFC 9494 long-lived stale time; 0: off.
+    #[serde(default)]
+    llgr_stale_time: u32,
     #[serde(default = "default_retry_ms")]
     connect_retry_ms: u64,
     #[serde(default)]
@@ -92,6 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.graceful_restart = (c.restart_time > 0).then(|| GrConfig {
         restart_time: c.restart_time,
         deferral_time: Duration::from_secs(c.deferral_time),
+        llgr_stale_time: c.llgr_stale_time,
         ..GrConfig::default()
     });
     cfg.peers = c.peers;

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::codec::{notif, GrFamily, GracefulRestartCap, Notification, Open, Update};
+use crate::codec::{notif, GrFamily, GracefulRestartCap, LlgrFamily, Notification, Open, Update};
 use crate::fsm::DownReason;
 use crate::types::Family;
 
@@ -27,6 +27,27 @@ pub struct GrConfig {
     /// F bit. A route reflector is not in the forwarding path of the
     /// routes it reflects, so its restart does not disturb forwarding.
     pub forwarding_preserved: bool,
+    /// RFC 9494 long-lived stale time we ask peers for, in seconds (24
+    /// bits); 0 leaves long-lived graceful restart off.
+    pub llgr_stale_time: u32,
+}
+
+/// RFC 9494 well-known communities.
+pub const LLGR_STALE: u32 = 0xffff_0006;
+pub const NO_LLGR: u32 = 0xffff_0007;
+
+/// Our long-lived graceful restart capability, if configured.
+pub fn llgr_capability(cfg: &GrConfig, families: &[Family]) -> Option<Vec<LlgrFamily>> {
+    (cfg.llgr_stale_time > 0).then(|| {
+        families
+            .iter()
+            .map(|f| LlgrFamily {
+                afi_safi: (*f).into(),
+                forwarding_preserved: cfg.forwarding_preserved,
+                stale_time: cfg.llgr_stale_time.min(0x00ff_ffff),
+            })
+            .collect()
+    })
 }
 
 impl Default for GrConfig {
@@ -36,6 +57,7 @@ impl Default for GrConfig {
             stale_time: Duration::from_secs(360),
             deferral_time: Duration::from_secs(60),
             forwarding_preserved: true,
+            llgr_stale_time: 0,
         }
     }
 }
@@ -73,6 +95,11 @@ pub enum HelperAction {
     StopRestartTimer,
     StartStaleTimer(Duration),
     StopStaleTimer,
+    /// RFC 9494: the stale routes become long-lived stale (least
+    /// preferred, LLGR_STALE attached, NO_LLGR ones dropped).
+    EnterLongLivedStale,
+    StartLlgrTimer(Duration),
+    StopLlgrTimer,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,6 +113,10 @@ pub enum HelperState {
     AwaitingEor {
         families: HashSet<Family>,
     },
+    /// Restart time over, routes kept as long-lived stale (RFC 9494).
+    LongLivedStale {
+        families: Vec<Family>,
+    },
 }
 
 /// The helper side for one peer (RFC 4724 4.2).
@@ -96,6 +127,9 @@ pub struct Helper {
     /// Capabilities exchanged on the last session: ours and the peer's.
     local: Option<GracefulRestartCap>,
     peer: Option<GracefulRestartCap>,
+    /// Long-lived GR capabilities of the last session (RFC 9494).
+    local_llgr: Option<Vec<LlgrFamily>>,
+    peer_llgr: Option<Vec<LlgrFamily>>,
 }
 
 fn families_of(cap: &GracefulRestartCap) -> impl Iterator<Item = (Family, bool)> + '_ {
@@ -111,7 +145,49 @@ impl Helper {
             stale_time,
             local: None,
             peer: None,
+            local_llgr: None,
+            peer_llgr: None,
         }
+    }
+
+    /// The long-lived GR capability we send; set before `session_up`.
+    pub fn set_local_llgr(&mut self, local: Option<Vec<LlgrFamily>>) {
+        self.local_llgr = local;
+    }
+
+    /// Families both sides keep long-lived, with the peer's stale time.
+    fn llgr_families(&self) -> Vec<(Family, u32)> {
+        let (Some(local), Some(peer)) = (&self.local_llgr, &self.peer_llgr) else {
+            return Vec::new();
+        };
+        peer.iter()
+            .filter_map(|p| {
+                let fam = p.afi_safi.family()?;
+                let ours = local.iter().any(|l| l.afi_safi == p.afi_safi);
+                (ours && p.stale_time > 0).then_some((fam, p.stale_time))
+            })
+            .collect()
+    }
+
+    /// Enters the long-lived phase if negotiated; false otherwise. One
+    /// timer for all families: the shortest stale time the peer asked for.
+    fn enter_llgr(&mut self, out: &mut Vec<HelperAction>) -> bool {
+        let llgr = self.llgr_families();
+        let Some(time) = llgr.iter().map(|(_, t)| *t).min() else {
+            return false;
+        };
+        let families: Vec<Family> = llgr.iter().map(|(f, _)| *f).collect();
+        for f in Family::ALL {
+            if !families.contains(&f) {
+                out.push(HelperAction::PurgeStale(f));
+            }
+        }
+        out.push(HelperAction::EnterLongLivedStale);
+        out.push(HelperAction::StartLlgrTimer(Duration::from_secs(
+            time as u64,
+        )));
+        self.state = HelperState::LongLivedStale { families };
+        true
     }
 
     pub fn state(&self) -> &HelperState {
@@ -127,12 +203,16 @@ impl Helper {
         let peer = peer_open.graceful_restart().cloned();
         self.local = local.cloned();
         self.peer = peer.clone();
+        self.peer_llgr = peer_open.long_lived_gr().map(|f| f.to_vec());
         let mut out = Vec::new();
-        let HelperState::PeerRestarting { families } = &self.state else {
+        let (HelperState::PeerRestarting { families } | HelperState::LongLivedStale { families }) =
+            &self.state
+        else {
             // Nothing was kept from an earlier session.
             return out;
         };
         out.push(HelperAction::StopRestartTimer);
+        out.push(HelperAction::StopLlgrTimer);
         let mut waiting = HashSet::new();
         for f in families {
             // RFC 4724 4.2: drop a family's stale routes at once if the
@@ -181,16 +261,26 @@ impl Helper {
             .map(|c| families_of(c).map(|(f, _)| f).collect())
             .unwrap_or_default();
         if !self.graceful(reason) || peer_families.is_empty() {
-            self.state = HelperState::Normal;
-            return vec![
+            // RFC 9494 4.2: long-lived GR also works without (or with a
+            // zero-time) graceful restart, after a plain TCP failure.
+            let mut out = vec![
                 HelperAction::StopRestartTimer,
                 HelperAction::StopStaleTimer,
-                HelperAction::DeleteRoutes,
+                HelperAction::StopLlgrTimer,
             ];
+            if *reason == DownReason::TcpFailure && !self.llgr_families().is_empty() {
+                out.push(HelperAction::KeepRoutesAsStale);
+                self.enter_llgr(&mut out);
+                return out;
+            }
+            self.state = HelperState::Normal;
+            out.push(HelperAction::DeleteRoutes);
+            return out;
         }
         let restart_time = self.peer.as_ref().map_or(0, |c| c.restart_time);
         let mut out = vec![
             HelperAction::StopStaleTimer,
+            HelperAction::StopLlgrTimer,
             HelperAction::KeepRoutesAsStale,
         ];
         for f in Family::ALL {
@@ -222,9 +312,23 @@ impl Helper {
         out
     }
 
-    /// The peer did not come back within its restart time.
+    /// The peer did not come back within its restart time: long-lived
+    /// stale if negotiated (RFC 9494), otherwise the routes go.
     pub fn restart_timer_expired(&mut self) -> Vec<HelperAction> {
         if !matches!(self.state, HelperState::PeerRestarting { .. }) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if self.enter_llgr(&mut out) {
+            return out;
+        }
+        self.state = HelperState::Normal;
+        vec![HelperAction::PurgeAllStale]
+    }
+
+    /// The long-lived stale time is over.
+    pub fn llgr_timer_expired(&mut self) -> Vec<HelperAction> {
+        if !matches!(self.state, HelperState::LongLivedStale { .. }) {
             return Vec::new();
         }
         self.state = HelperState::Normal;

@@ -1,7 +1,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::*;
-use crate::codec::{Capability, Open};
+use crate::codec::{Capability, LlgrFamily, Open};
 
 const V4: Family = Family::Ipv4Unicast;
 const V6: Family = Family::Ipv6Unicast;
@@ -12,6 +12,7 @@ fn cfg() -> GrConfig {
         stale_time: Duration::from_secs(300),
         deferral_time: Duration::from_secs(60),
         forwarding_preserved: true,
+        llgr_stale_time: 0,
     }
 }
 
@@ -145,6 +146,7 @@ fn reconnect_waits_for_end_of_rib_then_purges_each_family() {
         a,
         vec![
             HelperAction::StopRestartTimer,
+            HelperAction::StopLlgrTimer,
             HelperAction::StartStaleTimer(Duration::from_secs(300))
         ]
     );
@@ -288,5 +290,101 @@ fn restarting_peer_is_not_waited_for() {
     assert_eq!(
         eor_to_wait_for(Some(&local), &open_with(Some(steady))),
         Some(vec![V4])
+    );
+}
+
+fn llgr_fams(families: &[Family], stale_time: u32) -> Vec<LlgrFamily> {
+    families
+        .iter()
+        .map(|f| LlgrFamily {
+            afi_safi: (*f).into(),
+            forwarding_preserved: true,
+            stale_time,
+        })
+        .collect()
+}
+
+fn open_llgr(gr: Option<GracefulRestartCap>, llgr: Option<Vec<LlgrFamily>>) -> Open {
+    let mut caps: Vec<Capability> = gr.map(Capability::GracefulRestart).into_iter().collect();
+    caps.extend(llgr.map(Capability::LongLivedGr));
+    Open::new(65000, 90, Ipv4Addr::new(10, 0, 0, 2), caps)
+}
+
+fn llgr_helper(peer_gr: Option<GracefulRestartCap>, peer_llgr: Vec<LlgrFamily>) -> Helper {
+    let mut h = Helper::new(Duration::from_secs(300));
+    let c = GrConfig {
+        llgr_stale_time: 3600,
+        ..cfg()
+    };
+    h.set_local_llgr(llgr_capability(&c, &[V4, V6]));
+    let local = capability(&c, false, &[V4, V6]);
+    h.session_up(Some(&local), &open_llgr(peer_gr, Some(peer_llgr)));
+    h
+}
+
+#[test]
+fn our_llgr_capability_only_when_configured() {
+    assert_eq!(llgr_capability(&cfg(), &[V4]), None);
+    let c = GrConfig {
+        llgr_stale_time: 1 << 30,
+        ..cfg()
+    };
+    let caps = llgr_capability(&c, &[V4]).unwrap();
+    assert_eq!(caps[0].stale_time, 0x00ff_ffff, "24-bit field");
+}
+
+#[test]
+fn restart_time_over_with_llgr_keeps_routes_long_lived() {
+    let mut h = llgr_helper(Some(peer_cap(&[(V4, true)], false)), llgr_fams(&[V4], 600));
+    assert!(h
+        .session_down(&DownReason::TcpFailure)
+        .contains(&HelperAction::KeepRoutesAsStale));
+    let a = h.restart_timer_expired();
+    assert!(a.contains(&HelperAction::EnterLongLivedStale));
+    assert!(a.contains(&HelperAction::StartLlgrTimer(Duration::from_secs(600))));
+    assert!(
+        a.contains(&HelperAction::PurgeStale(V6)),
+        "not kept long-lived: purged"
+    );
+    assert!(!a.contains(&HelperAction::PurgeAllStale));
+    assert_eq!(h.llgr_timer_expired(), vec![HelperAction::PurgeAllStale]);
+    assert_eq!(h.state(), &HelperState::Normal);
+}
+
+#[test]
+fn llgr_without_graceful_restart_starts_long_lived_at_once() {
+    let mut h = llgr_helper(None, llgr_fams(&[V4, V6], 120));
+    let a = h.session_down(&DownReason::TcpFailure);
+    assert!(a.contains(&HelperAction::KeepRoutesAsStale));
+    assert!(a.contains(&HelperAction::EnterLongLivedStale));
+    assert!(a.contains(&HelperAction::StartLlgrTimer(Duration::from_secs(120))));
+    assert!(!a.contains(&HelperAction::DeleteRoutes));
+    // An administrative stop is still a stop.
+    let mut h = llgr_helper(None, llgr_fams(&[V4], 120));
+    assert!(h
+        .session_down(&DownReason::Stopped)
+        .contains(&HelperAction::DeleteRoutes));
+}
+
+#[test]
+fn peer_back_during_long_lived_phase_waits_for_end_of_rib() {
+    let gr = peer_cap(&[(V4, true)], false);
+    let mut h = llgr_helper(Some(gr.clone()), llgr_fams(&[V4], 600));
+    h.session_down(&DownReason::TcpFailure);
+    h.restart_timer_expired();
+    let c = GrConfig {
+        llgr_stale_time: 3600,
+        ..cfg()
+    };
+    let local = capability(&c, false, &[V4]);
+    let a = h.session_up(
+        Some(&local),
+        &open_llgr(Some(gr), Some(llgr_fams(&[V4], 600))),
+    );
+    assert!(a.contains(&HelperAction::StopLlgrTimer));
+    assert!(matches!(h.state(), HelperState::AwaitingEor { .. }));
+    assert_eq!(
+        h.end_of_rib(V4),
+        vec![HelperAction::PurgeStale(V4), HelperAction::StopStaleTimer]
     );
 }

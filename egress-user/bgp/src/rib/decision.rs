@@ -35,6 +35,12 @@ fn neighbor_as(r: &Route) -> Option<u32> {
     r.attrs.as_path.neighbor_as()
 }
 
+/// RFC 9494 4.3: long-lived stale routes, ours or marked by a peer, are
+/// the least preferred of all.
+pub(crate) fn is_llgr_stale(r: &Route) -> bool {
+    r.llgr_stale || r.attrs.communities.contains(&crate::gr::LLGR_STALE)
+}
+
 /// Keeps only the candidates with the best value of `key` (lowest wins).
 fn keep_min<K: Ord + Copy>(c: &mut Vec<&Route>, key: impl Fn(&Route) -> K) {
     if let Some(best) = c.iter().map(|r| key(r)).min() {
@@ -47,6 +53,9 @@ pub fn select_best<'a>(routes: impl IntoIterator<Item = &'a Route>) -> Option<&'
     let mut c: Vec<&Route> = routes.into_iter().collect();
     if c.len() <= 1 {
         return c.pop();
+    }
+    if c.iter().any(|r| !is_llgr_stale(r)) {
+        c.retain(|r| !is_llgr_stale(r));
     }
     // Our own announcements win over anything learned (as a router's
     // locally originated routes do): an agent owns its EIPs.
@@ -116,6 +125,7 @@ mod tests {
             attrs: Arc::new(attrs),
             source: RouteSource::Peer(Arc::new(src)),
             stale: false,
+            llgr_stale: false,
         }
     }
 

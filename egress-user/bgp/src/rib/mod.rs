@@ -68,6 +68,8 @@ pub struct Route {
     pub source: RouteSource,
     /// Kept from a peer that is restarting gracefully (RFC 4724).
     pub stale: bool,
+    /// Kept past the restart time as long-lived stale (RFC 9494).
+    pub llgr_stale: bool,
 }
 
 /// A change of the best route for a prefix, for the agent's routes map.
@@ -136,6 +138,7 @@ struct MemoKey {
     attrs: Arc<PathAttributes>,
     next_hop: IpAddr,
     from: Option<IpAddr>,
+    llgr_stale: bool,
 }
 
 impl MemoKey {
@@ -143,6 +146,7 @@ impl MemoKey {
         Arc::ptr_eq(&self.attrs, &r.attrs)
             && self.next_hop == r.next_hop
             && self.from == r.source.peer_addr()
+            && self.llgr_stale == r.llgr_stale
     }
 }
 
@@ -156,7 +160,8 @@ fn export_to(rib: &RibConfig, p: &mut PeerState, r: Option<&Route>) -> Option<Ar
         return e.clone();
     }
     let ebgp = p.cfg.asn != rib.local_asn;
-    let e = out::export(rib, &p.cfg, ebgp, session.local_addr, r).map(|e| p.intern(e));
+    let e =
+        out::export(rib, &p.cfg, ebgp, session.local_addr, session.llgr, r).map(|e| p.intern(e));
     if p.memo.len() == MEMO_SIZE {
         p.memo.remove(0);
     }
@@ -165,6 +170,7 @@ fn export_to(rib: &RibConfig, p: &mut PeerState, r: Option<&Route>) -> Option<Ar
             attrs: r.attrs.clone(),
             next_hop: r.next_hop,
             from: r.source.peer_addr(),
+            llgr_stale: r.llgr_stale,
         },
         e.clone(),
     ));
@@ -219,6 +225,8 @@ impl PeerState {
 struct SessionInfo {
     router_id: Ipv4Addr,
     local_addr: IpAddr,
+    /// Both sides do long-lived graceful restart (RFC 9494).
+    llgr: bool,
 }
 
 impl PeerState {
@@ -289,12 +297,26 @@ impl Rib {
 
     /// A session came up: queue our whole table towards the peer.
     pub fn peer_up(&mut self, addr: IpAddr, router_id: Ipv4Addr, local_addr: IpAddr) {
+        self.peer_up_llgr(addr, router_id, local_addr, false)
+    }
+
+    /// [`Self::peer_up`] for a session where `llgr` says whether both sides
+    /// negotiated long-lived graceful restart: only then may long-lived
+    /// stale routes be sent to it (RFC 9494 4.5).
+    pub fn peer_up_llgr(
+        &mut self,
+        addr: IpAddr,
+        router_id: Ipv4Addr,
+        local_addr: IpAddr,
+        llgr: bool,
+    ) {
         let Some(p) = self.peers.get_mut(&addr) else {
             return;
         };
         p.session = Some(SessionInfo {
             router_id,
             local_addr,
+            llgr,
         });
         p.pending.clear();
         p.memo.clear();
@@ -324,6 +346,34 @@ impl Rib {
     /// Marks every route from `addr` stale; returns how many.
     pub fn mark_stale(&mut self, addr: IpAddr) -> usize {
         self.mark_stale_family(addr, None)
+    }
+
+    /// RFC 9494: the stale routes of `addr` become long-lived stale, least
+    /// preferred; those carrying NO_LLGR are removed instead.
+    pub fn mark_llgr_stale(&mut self, addr: IpAddr) -> usize {
+        let mut touched = Vec::new();
+        for (prefix, routes) in self.candidates.iter_mut() {
+            let before = routes.len();
+            routes.retain(|r| {
+                !(r.source.peer_addr() == Some(addr)
+                    && r.stale
+                    && r.attrs.communities.contains(&crate::gr::NO_LLGR))
+            });
+            let mut changed = routes.len() != before;
+            for r in routes.iter_mut() {
+                if r.source.peer_addr() == Some(addr) && r.stale && !r.llgr_stale {
+                    r.llgr_stale = true;
+                    changed = true;
+                }
+            }
+            if changed {
+                touched.push(*prefix);
+            }
+        }
+        for prefix in &touched {
+            self.recompute(*prefix);
+        }
+        touched.len()
     }
 
     /// Marks routes from `addr` in `family` (all when None) stale, as at
@@ -429,6 +479,7 @@ impl Rib {
                 attrs: attrs.clone(),
                 source: RouteSource::Peer(source.clone()),
                 stale: false,
+                llgr_stale: false,
             });
             report.accepted += 1;
         }
@@ -454,6 +505,7 @@ impl Rib {
             attrs: Arc::new(attrs),
             source: RouteSource::Local,
             stale: false,
+            llgr_stale: false,
         });
     }
 
@@ -627,7 +679,7 @@ impl Rib {
         self.loc
             .iter()
             .filter_map(|(k, r)| {
-                out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, r)
+                out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, session.llgr, r)
                     .map(|e| (*k, e.next_hop, e.attrs))
             })
             .collect()

@@ -22,8 +22,15 @@ pub(crate) fn export(
     peer: &PeerConfig,
     ebgp: bool,
     local_addr: IpAddr,
+    target_llgr: bool,
     r: &Route,
 ) -> Option<Exported> {
+    // RFC 9494 4.5: long-lived stale routes only go to peers that know
+    // what LLGR_STALE means.
+    let llgr = decision::is_llgr_stale(r);
+    if llgr && !target_llgr {
+        return None;
+    }
     if r.source.peer_addr() == Some(peer.addr) {
         return None; // never back to where it came from
     }
@@ -37,6 +44,9 @@ pub(crate) fn export(
         return None;
     }
     let mut attrs = (*r.attrs).clone();
+    if llgr && !attrs.communities.contains(&crate::gr::LLGR_STALE) {
+        attrs.communities.push(crate::gr::LLGR_STALE);
+    }
     let mut next_hop = r.next_hop;
     if ebgp {
         // The peer would drop it anyway (RFC 4271 9.1.2).

@@ -440,3 +440,59 @@ fn attribute_only_change_is_readvertised_but_not_reported_to_agent() {
     assert!(rib.take_best_changes().is_empty());
     assert_eq!(rib.take_updates(ip(UPSTREAM))[0].attrs.med, Some(5));
 }
+
+#[test]
+fn long_lived_stale_routes_are_least_preferred_and_marked() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.peer_up_llgr(ip(UPSTREAM), UPSTREAM, ip(ME), true);
+    rib.apply_update(
+        ip(CLIENT),
+        &announce("192.0.2.10/32", CLIENT, |a| a.local_pref = Some(500)),
+    );
+    rib.apply_update(
+        ip(CLIENT2),
+        &announce("192.0.2.10/32", CLIENT2, |a| a.local_pref = Some(50)),
+    );
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT)));
+    rib.peer_down(ip(CLIENT), true);
+    assert_eq!(rib.mark_llgr_stale(ip(CLIENT)), 1);
+    // Even with a far better LOCAL_PREF, the long-lived stale path loses.
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT2)));
+    rib.apply_update(ip(CLIENT2), &withdraw("192.0.2.10/32"));
+    let r = rib.best(&p("192.0.2.10/32")).unwrap();
+    assert!(r.llgr_stale);
+    // Sent with LLGR_STALE to a peer that does LLGR, not to the others.
+    let (_, a) = out_attrs(&rib, UPSTREAM, "192.0.2.10/32").unwrap();
+    assert!(a.communities.contains(&crate::gr::LLGR_STALE));
+    assert!(out_attrs(&rib, CLIENT2, "192.0.2.10/32").is_none());
+}
+
+#[test]
+fn no_llgr_routes_are_dropped_instead_of_kept_long_lived() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(
+        ip(CLIENT),
+        &announce("192.0.2.10/32", CLIENT, |a| {
+            a.communities = vec![crate::gr::NO_LLGR]
+        }),
+    );
+    rib.apply_update(ip(CLIENT), &announce("192.0.2.11/32", CLIENT, |_| {}));
+    rib.peer_down(ip(CLIENT), true);
+    rib.mark_llgr_stale(ip(CLIENT));
+    assert!(rib.best(&p("192.0.2.10/32")).is_none());
+    assert!(rib.best(&p("192.0.2.11/32")).unwrap().llgr_stale);
+}
+
+#[test]
+fn route_carrying_llgr_stale_from_a_peer_is_least_preferred() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.apply_update(
+        ip(CLIENT),
+        &announce("192.0.2.10/32", CLIENT, |a| {
+            a.local_pref = Some(900);
+            a.communities = vec![crate::gr::LLGR_STALE];
+        }),
+    );
+    rib.apply_update(ip(CLIENT2), &announce("192.0.2.10/32", CLIENT2, |_| {}));
+    assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT2)));
+}

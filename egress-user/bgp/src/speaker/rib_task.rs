@@ -67,6 +67,8 @@ pub(crate) enum TimerKind {
     Restart,
     /// Our wait for a returning peer's End-of-RIB.
     Stale,
+    /// RFC 9494 long-lived stale time of a peer.
+    LongLived,
     /// Our own selection deferral.
     Deferral,
 }
@@ -305,9 +307,16 @@ impl RibTask {
         p.enhanced_refresh = neg.peer_open.enhanced_route_refresh();
         p.eor_due = true;
         p.state = State::Established;
+        let local_llgr = self
+            .cfg
+            .graceful_restart
+            .as_ref()
+            .and_then(|g| gr::llgr_capability(g, &self.cfg.families));
+        let llgr = local_llgr.is_some() && neg.peer_open.long_lived_gr().is_some();
+        p.helper.set_local_llgr(local_llgr);
         let helper_actions = p.helper.session_up(local_gr.as_ref(), &neg.peer_open);
         tracing::info!(%peer, asn = neg.peer_asn, id = %neg.peer_id, "session established");
-        self.rib.peer_up(peer, neg.peer_id, local_addr);
+        self.rib.peer_up_llgr(peer, neg.peer_id, local_addr, llgr);
         self.helper_actions(peer, helper_actions);
         let gr_families = gr::eor_to_wait_for(local_gr.as_ref(), &neg.peer_open);
         let a = self.restarter.peer_up(peer, gr_families);
@@ -401,6 +410,14 @@ impl RibTask {
                     self.start_timer(Some(peer), TimerKind::Stale, stale_time.unwrap_or(d))
                 }
                 HelperAction::StopStaleTimer => self.stop_timer(Some(peer), TimerKind::Stale),
+                HelperAction::EnterLongLivedStale => {
+                    let n = self.rib.mark_llgr_stale(peer);
+                    tracing::info!(%peer, routes = n, "restart time over: routes kept as long-lived stale");
+                }
+                HelperAction::StartLlgrTimer(d) => {
+                    self.start_timer(Some(peer), TimerKind::LongLived, d)
+                }
+                HelperAction::StopLlgrTimer => self.stop_timer(Some(peer), TimerKind::LongLived),
             }
         }
     }
@@ -460,6 +477,12 @@ impl RibTask {
             (TimerKind::Stale, Some(peer)) => {
                 if let Some(p) = self.peers.get_mut(&peer) {
                     let a = p.helper.stale_timer_expired();
+                    self.helper_actions(peer, a);
+                }
+            }
+            (TimerKind::LongLived, Some(peer)) => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    let a = p.helper.llgr_timer_expired();
                     self.helper_actions(peer, a);
                 }
             }

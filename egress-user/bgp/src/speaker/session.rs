@@ -195,6 +195,9 @@ impl Session {
                 restarting,
                 &self.setup.families,
             )));
+            if let Some(llgr) = gr::llgr_capability(g, &self.setup.families) {
+                caps.push(Capability::LongLivedGr(llgr));
+            }
         }
         self.fsm.set_capabilities(caps);
     }

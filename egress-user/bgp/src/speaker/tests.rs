@@ -31,6 +31,7 @@ fn config(n: u8, restarting: bool) -> SpeakerConfig {
         stale_time: Duration::from_secs(30),
         deferral_time: Duration::from_secs(20),
         forwarding_preserved: true,
+        llgr_stale_time: 0,
     });
     c
 }
