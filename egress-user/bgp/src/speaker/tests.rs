@@ -453,3 +453,44 @@ async fn garbage_from_a_peer_gets_a_notification_not_a_panic() {
     c.shutdown().await;
     rr.shutdown().await;
 }
+
+#[tokio::test]
+async fn routes_outlive_the_restart_time_as_long_lived_stale() {
+    let llgr = |mut c: SpeakerConfig| {
+        c.graceful_restart = Some(GrConfig {
+            restart_time: 1,
+            deferral_time: Duration::ZERO,
+            llgr_stale_time: 30,
+            ..GrConfig::default()
+        });
+        c
+    };
+    let mut rc = llgr(config(101, false));
+    let mut peer = PeerSpec::new(lo(102), ASN);
+    peer.client = true;
+    peer.passive = true;
+    rc.peers.push(peer);
+    let rr = Speaker::start(rc).await.unwrap();
+    let h = rr.handle();
+    let mut changes = h.subscribe().await.unwrap();
+    let mut cc = llgr(config(102, false));
+    let a = rr.handle().listen_addr().unwrap();
+    let mut up = PeerSpec::new(a.ip(), ASN);
+    up.port = a.port();
+    cc.peers.push(up);
+    let c = Speaker::start(cc).await.unwrap();
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(102))
+        .await
+        .unwrap();
+    next_change(&mut changes).await;
+    c.abort();
+    // Past the 1 s restart time the route is still there, long-lived.
+    let s = wait_status(&h, "long-lived stale", |s| {
+        peer_state(s, lo(102)).is_some_and(|p| p.graceful_restart.starts_with("LongLivedStale"))
+    })
+    .await;
+    assert_eq!(s.best_routes, 1);
+    assert!(changes.try_recv().is_err(), "the route never left");
+    rr.shutdown().await;
+}
