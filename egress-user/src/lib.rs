@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cli;
 pub mod datapath;
 pub mod node;
+pub mod reflector_clients;
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at compile time.
 pub static EBPF_OBJECT: &[u8] =

@@ -77,6 +77,9 @@ pub struct ClusterSpec {
     pub pods_per_worker: usize,
     pub controllers: usize,
     pub timers: Timers,
+    /// Run a route reflector in the fabric (10.10.0.254:179) and let every
+    /// agent peer with it.
+    pub bgp: bool,
 }
 
 impl Default for ClusterSpec {
@@ -87,15 +90,20 @@ impl Default for ClusterSpec {
             pods_per_worker: 2,
             controllers: 1,
             timers: Timers::default(),
+            bgp: false,
         }
     }
 }
+
+/// Admin endpoint of the fabric's reflector (on the fabric's loopback).
+pub const REFLECTOR_ADMIN: &str = "127.0.0.1:9464";
 
 pub struct Cluster {
     pub topo: Topology,
     pub etcd: EtcdServer,
     pub controllers: Vec<Option<Proc>>,
     pub agents: Vec<Option<Proc>>,
+    pub reflector: Option<Proc>,
     pins: Vec<PinDir>,
     egress: PathBuf,
     spec: ClusterSpec,
@@ -125,6 +133,7 @@ impl Cluster {
             etcd,
             controllers: Vec::new(),
             agents: Vec::new(),
+            reflector: None,
             pins: Vec::new(),
             egress: egress.to_owned(),
             spec: spec.clone(),
@@ -134,6 +143,9 @@ impl Cluster {
         for i in 0..spec.controllers {
             let c = cluster.spawn_controller(i)?;
             cluster.controllers.push(Some(c));
+        }
+        if spec.bgp {
+            cluster.reflector = Some(cluster.spawn_reflector()?);
         }
         for i in 0..cluster.topo.nodes.len() {
             cluster.pins.push(PinDir::new(&format!("pin{i}"))?);
@@ -191,6 +203,34 @@ impl Cluster {
         Ok(p)
     }
 
+    /// Starts the route reflector in the fabric; the nodes registered in
+    /// the datastore become its clients.
+    pub fn spawn_reflector(&self) -> Result<Proc> {
+        let egress = self.egress.to_string_lossy().into_owned();
+        let rid = FABRIC_UNDERLAY_IP.to_string();
+        let listen = format!("{rid}:179");
+        let mut argv: Vec<&str> = vec![
+            &egress,
+            "reflector",
+            "--bgp-listen",
+            &listen,
+            "--bgp-router-id",
+            &rid,
+            "--bgp-cluster-id",
+            &rid,
+            "--bgp-hold-time",
+            "9",
+            "--clients-from-datastore",
+            "--admin-addr",
+            REFLECTOR_ADMIN,
+        ];
+        let flags = self.etcd_flags();
+        argv.extend(flags.iter().map(String::as_str));
+        let mut p = self.topo.fabric.spawn(&argv)?;
+        p.wait_for_line("ready bgp=", Duration::from_secs(20))?;
+        Ok(p)
+    }
+
     /// Starts (again) the agent of node `i`.
     pub fn spawn_agent(&self, i: usize) -> Result<Proc> {
         let node = &self.topo.nodes[i];
@@ -219,6 +259,14 @@ impl Cluster {
         ];
         if node.name.starts_with('g') {
             args.extend(["--node-label".into(), GATEWAY_LABEL.into()]);
+        }
+        if self.spec.bgp {
+            args.extend([
+                "--bgp-reflectors".into(),
+                FABRIC_UNDERLAY_IP.to_string(),
+                "--bgp-hold-time".into(),
+                "9".into(),
+            ]);
         }
         if self.agent_probes {
             args.extend(probe_flags(t.probe));

@@ -6,6 +6,7 @@
 //! - [`runtime`]: the loop that ties datastore, fence, netlink and maps together.
 
 pub mod adapt;
+pub mod bgp;
 pub mod register;
 pub mod runtime;
 

@@ -62,6 +62,8 @@ pub struct AgentSettings {
     pub admin_addr: SocketAddr,
     /// A full reconcile at least this often, whatever the watches say.
     pub resync: Duration,
+    /// Peer with these reflectors and announce pod CIDRs and owned EIPs.
+    pub bgp: Option<super::bgp::AgentBgpConfig>,
 }
 
 /// What the admin endpoint shows.
@@ -174,8 +176,14 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     register(ds.as_ref(), &me).await?;
     tracing::info!(node = %s.node, %tunnel_ip, "registered; datapath attached");
 
+    let mut bgp = match &s.bgp {
+        Some(cfg) => Some(super::bgp::AgentBgp::start(cfg, tunnel_ip).await?),
+        None => None,
+    };
     let published = Arc::new(Mutex::new(Published::default()));
-    let (admin, _admin_task) = admin::serve(s.admin_addr, admin_handler(published.clone())).await?;
+    let learned = bgp.as_ref().map(|b| b.learned());
+    let (admin, _admin_task) =
+        admin::serve(s.admin_addr, admin_handler(published.clone(), learned)).await?;
     println!("ready node={} tunnel={} admin={}", s.node, tunnel_ip, admin);
 
     let cfg = AgentConfig {
@@ -274,6 +282,16 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 announce_new(&facts, &desired, &announced, &now_announced, s.l2_announce);
                 for gone in announced.difference(&now_announced) {
                     tracing::info!(eip = %gone, "no longer announcing");
+                }
+                if let Some(bgp) = bgp.as_mut() {
+                    let want = super::bgp::wanted_routes(
+                        &s.pod_cidrs,
+                        &now_announced,
+                        IpAddr::V4(tunnel_ip),
+                    );
+                    if let Err(e) = bgp.sync(&want).await {
+                        tracing::warn!(error = %e, "BGP announcements not in step");
+                    }
                 }
                 announced = now_announced;
             }
@@ -391,16 +409,32 @@ fn announce_new(
     }
 }
 
-fn admin_handler(published: Arc<Mutex<Published>>) -> admin::Handler {
+type Learned = Arc<Mutex<BTreeMap<egress_bgp::types::Prefix, IpAddr>>>;
+
+fn admin_handler(published: Arc<Mutex<Published>>, learned: Option<Learned>) -> admin::Handler {
     Arc::new(move |path: String| {
         let published = published.clone();
+        let learned = learned.clone();
         Box::pin(async move {
             let p = published.lock().unwrap();
             match path.as_str() {
                 "/healthz" => Response::ok("text/plain", "ok\n".into()),
                 "/readyz" if p.ready => Response::ok("text/plain", "ok\n".into()),
                 "/readyz" => Response::unavailable("the first reconcile has not finished"),
-                "/state" => Response::json(&*p),
+                "/state" => {
+                    let mut v = serde_json::to_value(&*p).unwrap_or_default();
+                    let routes: BTreeMap<String, String> = learned
+                        .map(|l| {
+                            l.lock()
+                                .unwrap()
+                                .iter()
+                                .map(|(p, nh)| (p.to_string(), nh.to_string()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    v["bgp_learned"] = serde_json::json!(routes);
+                    Response::json(&v)
+                }
                 _ => Response::not_found(),
             }
         })

@@ -16,7 +16,12 @@ use egress_failover::timers::FailoverTimers;
 use ipnet::IpNet;
 
 use super::datastore::DatastoreArgs;
-use crate::{agent::AgentSettings, datapath::Datapath, node::vxlan::VxlanSpec, EBPF_OBJECT};
+use crate::{
+    agent::{bgp::AgentBgpConfig, AgentSettings},
+    datapath::Datapath,
+    node::vxlan::VxlanSpec,
+    EBPF_OBJECT,
+};
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
@@ -76,6 +81,60 @@ pub struct AgentArgs {
     pub admin_addr: SocketAddr,
     #[command(flatten)]
     pub datastore: DatastoreArgs,
+    #[command(flatten)]
+    pub bgp: AgentBgpArgs,
+}
+
+/// `--bgp*` flags of the agent: it connects to the reflectors and never listens.
+#[derive(Debug, Clone, Args)]
+pub struct AgentBgpArgs {
+    /// Run a BGP speaker (on with --bgp-reflectors).
+    #[arg(long = "bgp", action = clap::ArgAction::Set, default_value_t = false)]
+    pub enabled: bool,
+    /// Reflectors: IPs or host names (all addresses of a name), comma separated.
+    #[arg(long = "bgp-reflectors", value_delimiter = ',')]
+    pub reflectors: Vec<String>,
+    #[arg(long = "bgp-reflector-port", default_value_t = 179)]
+    pub reflector_port: u16,
+    #[arg(long = "bgp-asn", env = "EGRESS_BGP_ASN", default_value_t = 64512)]
+    pub asn: u32,
+    /// BGP identifier (default: the tunnel address).
+    #[arg(long = "bgp-router-id")]
+    pub router_id: Option<Ipv4Addr>,
+    #[arg(long = "bgp-hold-time", default_value_t = 90)]
+    pub hold_time: u16,
+    /// Accepted for symmetry with the reflector; 0 means a third of the hold time.
+    #[arg(long = "bgp-keepalive-time", default_value_t = 0)]
+    pub keepalive_time: u16,
+    #[arg(long = "bgp-graceful-restart-time", default_value_t = 120)]
+    pub graceful_restart_time: u16,
+}
+
+impl AgentBgpArgs {
+    /// The speaker's settings, or None when BGP is off.
+    pub async fn config(&self) -> anyhow::Result<Option<AgentBgpConfig>> {
+        if !self.enabled && self.reflectors.is_empty() {
+            return Ok(None);
+        }
+        anyhow::ensure!(
+            !self.reflectors.is_empty(),
+            "--bgp=true needs --bgp-reflectors"
+        );
+        let mut reflectors = Vec::new();
+        for host in &self.reflectors {
+            let addrs = tokio::net::lookup_host((host.as_str(), self.reflector_port))
+                .await
+                .map_err(|e| anyhow::anyhow!("--bgp-reflectors: cannot resolve {host:?}: {e}"))?;
+            reflectors.extend(addrs.map(|a| (a.ip(), a.port())));
+        }
+        Ok(Some(AgentBgpConfig {
+            asn: self.asn,
+            router_id: self.router_id,
+            reflectors,
+            hold_time: self.hold_time,
+            graceful_restart_time: self.graceful_restart_time,
+        }))
+    }
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -116,6 +175,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         pin_dir: args.pin_dir.clone(),
         admin_addr: args.admin_addr,
         resync: Duration::from_secs(30),
+        bgp: args.bgp.config().await?,
     };
     crate::agent::run(settings, ds).await
 }

@@ -17,12 +17,31 @@ pub struct ReflectorArgs {
     /// Admin endpoint: /healthz, /readyz, /bgp/status.
     #[arg(long, env = "EGRESS_ADMIN_ADDR", default_value = "127.0.0.1:9464")]
     pub admin_addr: SocketAddr,
+    /// Make every node registered in the datastore a (passive) client.
+    #[arg(long)]
+    pub clients_from_datastore: bool,
+    #[command(flatten)]
+    pub datastore: super::datastore::DatastoreArgs,
 }
 
 pub async fn run(args: ReflectorArgs) -> Result<()> {
     let cfg = args.bgp.speaker_config(None)?;
+    let mut exclude: std::collections::BTreeSet<std::net::IpAddr> =
+        cfg.peers.iter().map(|p| p.address).collect();
+    exclude.insert(std::net::IpAddr::V4(cfg.router_id));
+    exclude.insert(args.bgp.listen.ip());
+    let asn = cfg.local_asn;
     let speaker = Speaker::start(cfg).await?;
     let handle = speaker.handle();
+    if args.clients_from_datastore {
+        let ds = args.datastore.connect().await?;
+        tokio::spawn(crate::reflector_clients::keep_in_step(
+            ds,
+            handle.clone(),
+            asn,
+            exclude,
+        ));
+    }
     let status_handle = handle.clone();
     let (admin, _task) = admin::serve(
         args.admin_addr,

@@ -1,0 +1,223 @@
+//! The agent as a BGP speaker: it peers with every reflector, announces its
+//! pod CIDRs and the EIPs it may announce right now (next hop: its tunnel
+//! address), withdraws an EIP the moment it loses it, and keeps the routes
+//! it learns for the operator and the datapath.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+    sync::{Arc, Mutex},
+};
+
+use anyhow::{Context, Result};
+use egress_bgp::{
+    rib::BestChange,
+    speaker::{PeerSpec, Speaker, SpeakerConfig, SpeakerHandle},
+    types::Prefix,
+};
+use ipnet::IpNet;
+
+/// Where the agent's speaker connects.
+#[derive(Clone, Debug)]
+pub struct AgentBgpConfig {
+    pub asn: u32,
+    /// None: the node's tunnel address.
+    pub router_id: Option<Ipv4Addr>,
+    pub reflectors: Vec<(IpAddr, u16)>,
+    pub hold_time: u16,
+    pub graceful_restart_time: u16,
+}
+
+/// What the agent should announce: its pod CIDRs and the EIPs it may
+/// announce now, all with its tunnel address as next hop.
+pub fn wanted_routes(
+    pod_cidrs: &[IpNet],
+    eips: &BTreeSet<IpAddr>,
+    next_hop: IpAddr,
+) -> BTreeMap<Prefix, IpAddr> {
+    // An MP_REACH next hop must be of the prefix's family: IPv6 prefixes get
+    // the IPv4-mapped form of an IPv4 tunnel address (RFC 4798).
+    let for_family = |v6: bool| match (v6, next_hop) {
+        (true, IpAddr::V4(a)) => IpAddr::V6(a.to_ipv6_mapped()),
+        _ => next_hop,
+    };
+    let mut out = BTreeMap::new();
+    for c in pod_cidrs {
+        if let Ok(p) = Prefix::new(c.network(), c.prefix_len()) {
+            out.insert(p, for_family(c.network().is_ipv6()));
+        }
+    }
+    for eip in eips {
+        let len = if eip.is_ipv4() { 32 } else { 128 };
+        if let Ok(p) = Prefix::new(*eip, len) {
+            out.insert(p, for_family(eip.is_ipv6()));
+        }
+    }
+    out
+}
+
+/// The difference between what is announced and what should be.
+pub fn route_diff(
+    have: &BTreeMap<Prefix, IpAddr>,
+    want: &BTreeMap<Prefix, IpAddr>,
+) -> (Vec<(Prefix, IpAddr)>, Vec<Prefix>) {
+    let announce = want
+        .iter()
+        .filter(|(p, nh)| have.get(p) != Some(nh))
+        .map(|(p, nh)| (*p, *nh))
+        .collect();
+    let withdraw = have
+        .keys()
+        .filter(|p| !want.contains_key(p))
+        .copied()
+        .collect();
+    (announce, withdraw)
+}
+
+pub struct AgentBgp {
+    handle: SpeakerHandle,
+    _speaker: Speaker,
+    announced: BTreeMap<Prefix, IpAddr>,
+    learned: Arc<Mutex<BTreeMap<Prefix, IpAddr>>>,
+}
+
+impl AgentBgp {
+    pub async fn start(cfg: &AgentBgpConfig, tunnel_ip: Ipv4Addr) -> Result<Self> {
+        let mut sc = SpeakerConfig::new(cfg.asn, cfg.router_id.unwrap_or(tunnel_ip));
+        // Agents only connect out: they never take port 179 on the host.
+        sc.listen = None;
+        sc.hold_time = cfg.hold_time;
+        // A reflector learns a new node from the datastore a moment after the
+        // agent starts: retry soon rather than after the usual 5 s.
+        sc.connect_retry = std::time::Duration::from_secs(1);
+        sc.graceful_restart = if cfg.graceful_restart_time == 0 {
+            None
+        } else {
+            Some(egress_bgp::gr::GrConfig {
+                restart_time: cfg.graceful_restart_time,
+                ..Default::default()
+            })
+        };
+        sc.restarting = sc.graceful_restart.is_some();
+        sc.peers = cfg
+            .reflectors
+            .iter()
+            .map(|(addr, port)| PeerSpec {
+                port: *port,
+                ..PeerSpec::new(*addr, cfg.asn)
+            })
+            .collect();
+        let speaker = Speaker::start(sc)
+            .await
+            .context("starting the agent's BGP speaker")?;
+        let handle = speaker.handle();
+        let learned = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut changes = handle.subscribe().await?;
+        let sink = learned.clone();
+        tokio::spawn(async move {
+            while let Some(ch) = changes.recv().await {
+                let mut table = sink.lock().unwrap();
+                match ch {
+                    // Our own announcements come back with `from: None`; keep only learned ones.
+                    BestChange::Set {
+                        prefix,
+                        next_hop,
+                        from: Some(_),
+                    } => {
+                        table.insert(prefix, next_hop);
+                    }
+                    BestChange::Set { prefix, .. } | BestChange::Removed { prefix } => {
+                        table.remove(&prefix);
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            handle,
+            _speaker: speaker,
+            announced: BTreeMap::new(),
+            learned,
+        })
+    }
+
+    /// Announces and withdraws until the speaker carries exactly `want`.
+    pub async fn sync(&mut self, want: &BTreeMap<Prefix, IpAddr>) -> Result<()> {
+        let (announce, withdraw) = route_diff(&self.announced, want);
+        for p in withdraw {
+            self.handle.withdraw(p).await?;
+            self.announced.remove(&p);
+            tracing::info!(prefix = %p, "BGP: withdrawn");
+        }
+        for (p, nh) in announce {
+            self.handle.announce(p, nh).await?;
+            self.announced.insert(p, nh);
+            tracing::info!(prefix = %p, next_hop = %nh, "BGP: announced");
+        }
+        Ok(())
+    }
+
+    /// Routes learned from the reflectors (prefix -> next hop), kept current
+    /// by the speaker's change stream.
+    pub fn learned(&self) -> Arc<Mutex<BTreeMap<Prefix, IpAddr>>> {
+        self.learned.clone()
+    }
+
+    pub fn handle(&self) -> &SpeakerHandle {
+        &self.handle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Prefix {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn pod_cidrs_and_eips_are_announced_via_the_node() {
+        let nh: IpAddr = "10.10.0.3".parse().unwrap();
+        let eips: BTreeSet<IpAddr> = [
+            "10.10.0.200".parse().unwrap(),
+            "fd00:10::200".parse().unwrap(),
+        ]
+        .into();
+        let w = wanted_routes(&["10.244.3.0/24".parse().unwrap()], &eips, nh);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[&p("10.10.0.200/32")], nh);
+        let mapped: IpAddr = "::ffff:10.10.0.3".parse().unwrap();
+        assert_eq!(
+            w[&p("fd00:10::200/128")],
+            mapped,
+            "IPv6 routes need an IPv6 next hop"
+        );
+        assert_eq!(w[&p("10.244.3.0/24")], nh);
+    }
+
+    #[test]
+    fn losing_an_eip_withdraws_it_and_nothing_else() {
+        let nh: IpAddr = "10.10.0.3".parse().unwrap();
+        let cidrs = ["10.244.3.0/24".parse().unwrap()];
+        let before = wanted_routes(&cidrs, &["10.10.0.200".parse().unwrap()].into(), nh);
+        let after = wanted_routes(&cidrs, &BTreeSet::new(), nh);
+        let (announce, withdraw) = route_diff(&before, &after);
+        assert!(announce.is_empty());
+        assert_eq!(withdraw, vec![p("10.10.0.200/32")]);
+        let (announce, withdraw) = route_diff(&after, &before);
+        assert_eq!(announce, vec![(p("10.10.0.200/32"), nh)]);
+        assert!(withdraw.is_empty());
+    }
+
+    #[test]
+    fn a_changed_next_hop_is_announced_again() {
+        let a: IpAddr = "10.10.0.3".parse().unwrap();
+        let b: IpAddr = "10.10.0.4".parse().unwrap();
+        let have = BTreeMap::from([(p("10.10.0.200/32"), a)]);
+        let want = BTreeMap::from([(p("10.10.0.200/32"), b)]);
+        assert_eq!(
+            route_diff(&have, &want),
+            (vec![(p("10.10.0.200/32"), b)], vec![])
+        );
+    }
+}

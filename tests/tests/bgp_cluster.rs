@@ -1,0 +1,73 @@
+//! Agents as BGP speakers in a real cluster: every agent peers with the
+//! reflector (which finds its clients in the datastore), announces its pod
+//! CIDRs and the EIPs it owns with itself as next hop, and learns the others'
+//! routes through the reflector.
+
+use std::time::Duration;
+
+use egress_tests::{
+    cluster::{examples_dir, wait_until, Cluster, ClusterSpec, REFLECTOR_ADMIN},
+    egress_bin,
+    topology::eip,
+};
+
+fn learned(cluster: &Cluster, node: usize, prefix: &str) -> Option<String> {
+    cluster.agent_state(node).ok()?["bgp_learned"][prefix]
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(
+        &egress,
+        ClusterSpec {
+            bgp: true,
+            ..ClusterSpec::default()
+        },
+    )?;
+    let ex = examples_dir();
+    cluster.apply(&ex.join("gateway.yaml"))?;
+    cluster.apply(&ex.join("policy.yaml"))?;
+
+    // w1 learns w2's pod CIDR with w2 as next hop, through the reflector.
+    let w2 = &cluster.topo.nodes[1];
+    wait_until("w1 learns w2's pod CIDR", Duration::from_secs(30), || {
+        Ok(learned(&cluster, 0, &w2.pod_cidr()).as_deref() == Some(w2.ip.to_string().as_str()))
+    })?;
+
+    // The EIP is learned with its owner as next hop.
+    let eip = eip(0).to_string();
+    wait_until(
+        "a gateway announces the EIP",
+        Duration::from_secs(30),
+        || Ok(cluster.announcers(&eip).len() == 1),
+    )?;
+    let owner = &cluster.topo.nodes[cluster.announcers(&eip)[0]];
+    let eip_prefix = format!("{eip}/32");
+    wait_until(
+        "w1 learns the EIP via its owner",
+        Duration::from_secs(30),
+        || Ok(learned(&cluster, 0, &eip_prefix).as_deref() == Some(owner.ip.to_string().as_str())),
+    )?;
+
+    // The reflector shows every node as an established client.
+    let status = cluster.topo.fabric.exec(&[
+        egress.to_str().unwrap(),
+        "bgp",
+        "status",
+        "--admin-addr",
+        REFLECTOR_ADMIN,
+        "--json",
+    ])?;
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    let peers = status["peers"].as_array().cloned().unwrap_or_default();
+    let established = peers
+        .iter()
+        .filter(|p| p["client"] == true && p["state"] == "Established")
+        .count();
+    assert_eq!(established, cluster.topo.nodes.len(), "{status}");
+    Ok(())
+}
