@@ -621,6 +621,34 @@ fn drop_ports_exhausted() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn an_idle_translation_past_its_protocol_timeout_frees_its_port() -> anyhow::Result<()> {
+    // Same one-port setup as drop_ports_exhausted, but UDP entries expire at once.
+    let mut d = desired();
+    d.config.port_block_size = 1;
+    d.port_blocks[0].blocks = vec![50000];
+    d.config.timeouts.udp = 0;
+    let mut fx = fixture_with(&d)?;
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
+    assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "the idle flow's port is taken over");
+    assert_eq!(check(&out).sport, 50000);
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 0);
+    // The reply now belongs to the new flow.
+    let (rc, out) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, 50000, b"r"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(check(&out).dport, 1001);
+    // TCP keeps its own (long) timeout: a second TCP flow finds no port.
+    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 2000, 53, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 2001, 53, true))?;
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1);
+    Ok(())
+}
+
 // ---------- worker, replies ----------
 
 /// Sends a flow out and returns the EIP port it got.
