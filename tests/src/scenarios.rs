@@ -347,10 +347,13 @@ struct Traffic {
     tcp: Option<(Proc, Proc)>,
     started: Instant,
     tcp_interval_ms: u64,
+    udp_interval_ms: u64,
 }
 
 #[derive(Debug, Default)]
 struct UdpReport {
+    /// The largest gap between arrivals, or the silence at the end of the
+    /// run (datagrams sent after the last one received) if that is longer.
     gap_ms: Option<f64>,
     lost: u64,
     sent: u64,
@@ -398,13 +401,16 @@ fn start_udp(cluster: &Cluster, bins: &Bins, port: u16, interval_ms: u64) -> Res
 }
 
 /// Stops a UDP pair: the source first, then (after the last datagrams) the sink.
-fn stop_udp(pair: (Proc, Proc)) -> Result<UdpReport> {
+fn stop_udp(pair: (Proc, Proc), interval_ms: u64) -> Result<UdpReport> {
     let (sink, src) = pair;
     let src = report_of(src)?;
     std::thread::sleep(Duration::from_millis(100));
     let udp = report_of(sink)?;
+    let sent = src["sent"].as_u64().unwrap_or(0);
+    let last = udp["last_seq"].as_u64().unwrap_or(0);
+    let tail_ms = (sent.saturating_sub(last + 1) * interval_ms) as f64;
     Ok(UdpReport {
-        gap_ms: udp["max_gap_ms"].as_f64(),
+        gap_ms: udp["max_gap_ms"].as_f64().map(|g| g.max(tail_ms)),
         lost: udp["lost"].as_u64().unwrap_or(0),
         sent: src["sent"].as_u64().unwrap_or(0),
         last_seq: udp["last_seq"].as_u64().unwrap_or(0),
@@ -442,11 +448,15 @@ impl Traffic {
             tcp: Some((tcp_sink, tcp_src)),
             started: Instant::now(),
             tcp_interval_ms: opts.tcp_interval_ms,
+            udp_interval_ms: opts.udp_interval_ms,
         })
     }
 
     fn stop_udp(&mut self) -> Result<UdpReport> {
-        stop_udp(self.udp.take().context("UDP already stopped")?)
+        stop_udp(
+            self.udp.take().context("UDP already stopped")?,
+            self.udp_interval_ms,
+        )
     }
 
     fn stop_tcp(&mut self) -> Result<TcpReport> {
@@ -465,7 +475,8 @@ impl Traffic {
             && tcp["connections"].as_array().map(Vec::len) == Some(1)
             && behind_ms < 1500.0;
         Ok(TcpReport {
-            gap_ms: conn["max_gap_ms"].as_f64(),
+            // A connection stuck at the end has been silent for `behind_ms`.
+            gap_ms: conn["max_gap_ms"].as_f64().map(|g| g.max(behind_ms)),
             survived,
             detail: json!({"source": src, "sink": tcp, "behind_ms": behind_ms.round()}),
         })
@@ -929,7 +940,7 @@ fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Result<Outcome
         let observe = (2 * opts.eviction()).max(Duration::from_secs(3));
         std::thread::sleep(observe);
         let end = Instant::now();
-        let r2 = stop_udp(udp2)?;
+        let r2 = stop_udp(udp2, opts.udp_interval_ms)?;
         let gap2 = r2.gap_ms;
         say(&format!(
             "second UDP stream over the return: gap {:.0} ms, lost {} of {}",
@@ -1156,6 +1167,14 @@ fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
     out.check(
         st.tracker.now(old).reachable,
         format!("{old_name}'s agent died during the link failure"),
+    );
+    // Its heartbeats went on over the management link: the heartbeat path
+    // must not be what moved the EIP.
+    let phase = tunnel_phase(&st.cluster, &old_name);
+    out.extra.insert("old_owner_phase".into(), json!(phase));
+    out.check(
+        phase.as_deref() != Some("HeartbeatTimeout"),
+        format!("{old_name} went HeartbeatTimeout: its datastore link was cut too"),
     );
     std::thread::sleep(opts.after);
     let now = Instant::now();
