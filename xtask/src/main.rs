@@ -1,7 +1,9 @@
 //! Project tasks: `cargo xtask <setup|build-ebpf|test|demo|e2e|bench>`.
 
+mod bench_failover;
 mod build_ebpf;
 mod demo;
+mod e2e;
 mod helm;
 mod setup;
 mod shell;
@@ -39,6 +41,20 @@ enum Task {
     },
     /// The README's first command: a local cluster in network namespaces, shown step by step.
     Demo(demo::DemoArgs),
+    /// A failover scenario of issue 5 in namespaces (gateway-kill, gateway-link-down, datastore-partition, controller-kill, gateway-recover, or all).
+    E2e {
+        name: String,
+        /// The product's default timers (5s/5s/15s) instead of the short test timers.
+        #[arg(long)]
+        default_timers: bool,
+        /// Datapath probes: interval in ms (with --probe-detect-multiplier, default 3).
+        #[arg(long)]
+        probe_interval_ms: Option<u64>,
+        #[arg(long, default_value_t = 3)]
+        probe_detect_multiplier: u32,
+    },
+    /// Benchmarks: `failover`.
+    Bench { what: String },
 }
 
 fn main() {
@@ -72,6 +88,23 @@ fn main() {
         Task::BuildEbpf { release } => build_ebpf::build(&root, release).map(|_| ()),
         Task::Test { unprivileged } => test::run(&root, unprivileged),
         Task::Demo(args) => demo::run(&root, args),
+        Task::E2e {
+            name,
+            default_timers,
+            probe_interval_ms,
+            probe_detect_multiplier,
+        } => e2e::run(
+            &root,
+            &name,
+            default_timers,
+            probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
+        ),
+        Task::Bench { what } => match what.as_str() {
+            "failover" => bench_failover::run(&root),
+            other => Err(anyhow::anyhow!(
+                "unknown benchmark {other:?}; one of: failover"
+            )),
+        },
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
