@@ -113,9 +113,11 @@ pub struct Options {
     pub after: Duration,
     /// Added to every computed deadline (process scheduling, watch latency).
     pub slack: Duration,
-    /// Sets `net.ipv4.tcp_rto_max_ms` in the pod and server namespaces, so a
-    /// long outage (default timers) is not followed by a long retransmission
-    /// backoff that would dwarf the failover itself.
+    /// Sets `net.ipv4.tcp_rto_max_ms` in the pod and server namespaces (a
+    /// shorter retransmission backoff after a long outage). Off by default:
+    /// with a cap of 1 s the kernel also gives up on the connection after
+    /// about 13 s of retransmissions (tcp_retries2 is converted to a time
+    /// with the capped backoff), which a 15 s failover exceeds.
     pub tcp_rto_max_ms: Option<u32>,
 }
 
@@ -143,8 +145,6 @@ impl Options {
     pub fn defaults() -> Self {
         Self {
             timers: Timers::default(),
-            after: Duration::from_secs(3),
-            tcp_rto_max_ms: Some(1000),
             ..Self::fast()
         }
     }
