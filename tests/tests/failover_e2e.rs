@@ -3,9 +3,16 @@
 //! 2 s) so the suite stays fast. `cargo xtask e2e NAME` runs one scenario
 //! with the same timers and prints its JSON line.
 
+use std::sync::Mutex;
+
 use egress_tests::scenarios::{run_and_report, Bins, Options};
 
+/// One scenario at a time: they measure sub-second timings, and two
+/// clusters at once on a small machine would measure each other.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 fn scenario(name: &str) -> anyhow::Result<()> {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let bins = Bins::beside_test()?;
     run_and_report(&bins, name, &Options::fast()).map(|_| ())
 }
