@@ -80,6 +80,8 @@ pub struct ClusterSpec {
     /// Run a route reflector in the fabric (10.10.0.254:179) and let every
     /// agent peer with it.
     pub bgp: bool,
+    /// Also an FRR upstream router (10.10.0.253, iBGP non-client of the reflector).
+    pub upstream_frr: bool,
 }
 
 impl Default for ClusterSpec {
@@ -91,8 +93,18 @@ impl Default for ClusterSpec {
             controllers: 1,
             timers: Timers::default(),
             bgp: false,
+            upstream_frr: false,
         }
     }
+}
+
+/// The FRR upstream router's address on the underlay.
+pub const UPSTREAM_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 10, 0, 253);
+
+/// An upstream router: FRR in its own namespace on the underlay bridge.
+pub struct Upstream {
+    pub frr: crate::frr::Frr,
+    pub ns: crate::Netns,
 }
 
 /// Admin endpoint of the fabric's reflector (on the fabric's loopback).
@@ -104,6 +116,7 @@ pub struct Cluster {
     pub controllers: Vec<Option<Proc>>,
     pub agents: Vec<Option<Proc>>,
     pub reflector: Option<Proc>,
+    pub upstream: Option<Upstream>,
     pins: Vec<PinDir>,
     egress: PathBuf,
     spec: ClusterSpec,
@@ -134,6 +147,7 @@ impl Cluster {
             controllers: Vec::new(),
             agents: Vec::new(),
             reflector: None,
+            upstream: None,
             pins: Vec::new(),
             egress: egress.to_owned(),
             spec: spec.clone(),
@@ -143,6 +157,18 @@ impl Cluster {
         for i in 0..spec.controllers {
             let c = cluster.spawn_controller(i)?;
             cluster.controllers.push(Some(c));
+        }
+        if spec.bgp && spec.upstream_frr {
+            let ns = crate::Netns::new("up")?;
+            crate::link_veth(&ns, "eth0", &cluster.topo.fabric, "up0")?;
+            cluster
+                .topo
+                .fabric
+                .ip(&["link", "set", "up0", "master", "br0"])?;
+            ns.addr("eth0", &format!("{UPSTREAM_IP}/24"))?;
+            let frr =
+                crate::frr::Frr::start(&ns, UPSTREAM_IP, 64512, &[(FABRIC_UNDERLAY_IP, 64512)])?;
+            cluster.upstream = Some(Upstream { frr, ns });
         }
         if spec.bgp {
             cluster.reflector = Some(cluster.spawn_reflector()?);
@@ -224,6 +250,10 @@ impl Cluster {
             "--admin-addr",
             REFLECTOR_ADMIN,
         ];
+        let upstream_peer = format!("{UPSTREAM_IP},asn=64512");
+        if self.upstream.is_some() {
+            argv.extend(["--bgp-peer", &upstream_peer]);
+        }
         let flags = self.etcd_flags();
         argv.extend(flags.iter().map(String::as_str));
         let mut p = self.topo.fabric.spawn(&argv)?;

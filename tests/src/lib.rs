@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod etcd;
+pub mod frr;
 mod netns;
 mod process;
 pub mod scenarios;

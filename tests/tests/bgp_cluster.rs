@@ -1,7 +1,7 @@
 //! Agents as BGP speakers in a real cluster: every agent peers with the
 //! reflector (which finds its clients in the datastore), announces its pod
 //! CIDRs and the EIPs it owns with itself as next hop, and learns the others'
-//! routes through the reflector.
+//! routes through the reflector. An FRR upstream router gets them all.
 
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
         &egress,
         ClusterSpec {
             bgp: true,
+            upstream_frr: true,
             ..ClusterSpec::default()
         },
     )?;
@@ -51,6 +52,23 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
         "w1 learns the EIP via its owner",
         Duration::from_secs(30),
         || Ok(learned(&cluster, 0, &eip_prefix).as_deref() == Some(owner.ip.to_string().as_str())),
+    )?;
+
+    // The upstream router (FRR, a non-client) receives every node's pod CIDR
+    // and the EIP with its owner as next hop.
+    let frr = &cluster.upstream.as_ref().unwrap().frr;
+    wait_until(
+        "FRR has every pod CIDR and the EIP",
+        Duration::from_secs(30),
+        || {
+            let routes = frr.ipv4_routes()?;
+            let cidrs_ok = cluster
+                .topo
+                .nodes
+                .iter()
+                .all(|n| routes.get(&n.pod_cidr()) == Some(&n.ip.to_string()));
+            Ok(cidrs_ok && routes.get(&eip_prefix) == Some(&owner.ip.to_string()))
+        },
     )?;
 
     // The reflector shows every node as an established client.
