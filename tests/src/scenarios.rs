@@ -1221,6 +1221,8 @@ fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
     let eviction = opts.eviction();
     let bound = opts.heartbeat_bound();
     let moved = wait_new_owner(&st.tracker, old, t0, bound);
+    // Let the run go on, then read the whole record.
+    std::thread::sleep(opts.after);
     // Self-fencing: silent by the eviction timeout (plus one poll period).
     let silent = st.tracker.first_silent(old, t0);
     let fenced_seen = st
@@ -1276,7 +1278,6 @@ fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
         ),
     }
     out.extra.insert("old_owner".into(), json!(old_name));
-    std::thread::sleep(opts.after);
     let now = Instant::now();
     out.dual_announce_total_ms = st.tracker.dual_ms(t0, now);
     out.dual_announce_ms = st.tracker.dual_ms(t0 + eviction, now);
