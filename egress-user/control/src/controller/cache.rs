@@ -55,6 +55,11 @@ impl ViewCache {
         Ok(Self { view, watches })
     }
 
+    /// Puts an object as written by this process (before its watch event).
+    pub fn put_stored(&mut self, s: &Stored) {
+        Self::put(&mut self.view, s);
+    }
+
     fn put(view: &mut ClusterView, s: &Stored) {
         match s.kind {
             Kind::EgressGateway => upsert(&mut view.gateways, s, |o| key_of_meta(&o.metadata)),

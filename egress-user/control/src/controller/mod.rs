@@ -11,8 +11,8 @@ pub use cache::{sizes, Changed, ViewCache};
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{reconcile, ControllerConfig, Plan};
 pub use run::{
-    gateway_eligible, run_controller, run_controller_with_stats, tick, write_plan, LoopStats,
-    RunConfig, ELECTION, MANAGER,
+    gateway_eligible, run_controller, run_controller_with_stats, tick, tick_cached, write_plan,
+    write_plan_stored, LoopStats, RunConfig, ELECTION, MANAGER,
 };
 pub use view::{ClusterView, PolicyIndex, PolicyView};
 

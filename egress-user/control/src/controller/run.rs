@@ -6,14 +6,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{stream::SelectAll, StreamExt};
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::datastore::typed::load_view;
-use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch};
+use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
-use super::{reconcile, ClusterView, ControllerConfig, HeartbeatMonitor, Plan, TimerConfig};
+use super::{
+    reconcile, ClusterView, ControllerConfig, HeartbeatMonitor, Plan, TimerConfig, ViewCache,
+};
 
 /// Field manager of every write the controller makes.
 pub const MANAGER: &str = "egress-controller";
@@ -65,6 +66,15 @@ fn patch(owned: &[&str], status: serde_json::Value) -> StatusPatch {
 /// Returns how many objects were written. Writes go out concurrently (at
 /// most [`WRITE_CONCURRENCY`] at a time): they touch different objects.
 pub async fn write_plan(ds: &dyn Datastore, view: &ClusterView, plan: &Plan) -> Result<usize> {
+    Ok(write_plan_stored(ds, view, plan).await?.len())
+}
+
+/// [`write_plan`], returning the objects as written (to update a cache).
+pub async fn write_plan_stored(
+    ds: &dyn Datastore,
+    view: &ClusterView,
+    plan: &Plan,
+) -> Result<Vec<Stored>> {
     use futures::stream::{self, TryStreamExt};
     use std::collections::BTreeMap;
     let gw_cur: BTreeMap<&str, _> = view
@@ -112,22 +122,22 @@ pub async fn write_plan(ds: &dyn Datastore, view: &ClusterView, plan: &Plan) -> 
             writes.push((*kind, key.clone(), patch(POLICY_FIELDS, json!(st))));
         }
     }
-    let n = stream::iter(writes.into_iter().map(Ok))
+    let written: Vec<Option<Stored>> = stream::iter(writes.into_iter().map(Ok))
         .map_ok(|(kind, key, p)| async move {
             match ds.write_status(kind, &key, &p).await {
-                Ok(_) => Ok(1usize),
+                Ok(s) => Ok(Some(s)),
                 // Deleted since the view was taken: nothing to write.
-                Err(e) if e.is_not_found() => Ok(0),
+                Err(e) if e.is_not_found() => Ok(None),
                 Err(e) => Err(e),
             }
         })
         .try_buffer_unordered(WRITE_CONCURRENCY)
-        .try_fold(0usize, |a, b| async move { Ok(a + b) })
+        .try_collect()
         .await?;
     for e in &plan.events {
         ds.record_event(e.clone()).await?;
     }
-    Ok(n)
+    Ok(written.into_iter().flatten().collect())
 }
 
 /// Status writes in flight at once.
@@ -199,6 +209,61 @@ pub async fn tick(
     Ok(n)
 }
 
+/// One pass as leader on a [`ViewCache`]: no relist; what this pass writes
+/// goes into the cache at once, so the next pass never works on a view that
+/// lacks its own writes (which would hand out epochs twice).
+pub async fn tick_cached(
+    ds: &dyn Datastore,
+    cache: &mut ViewCache,
+    monitor: &mut HeartbeatMonitor,
+    cfg: &RunConfig,
+) -> Result<usize> {
+    let now = Instant::now();
+    monitor.observe(&ds.heartbeats().await?, now);
+    let changes = monitor.changes(
+        &cache.view,
+        &gateway_eligible(&cache.view),
+        now,
+        cfg.timers.eip_eviction_timeout,
+    );
+    let mut n = 0;
+    for c in &changes {
+        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
+        let s = match ds
+            .write_status(
+                Kind::EgressTunnel,
+                &ObjectKey::cluster(&c.node),
+                &patch(TUNNEL_FIELDS, st),
+            )
+            .await
+        {
+            Err(e) if e.is_not_found() => continue,
+            r => r?,
+        };
+        cache.put_stored(&s);
+        let ev = if c.to == crate::api::TunnelPhase::Ready {
+            Event::normal
+        } else {
+            Event::warning
+        };
+        ds.record_event(ev(
+            Kind::EgressTunnel,
+            ObjectKey::cluster(&c.node),
+            c.to.as_str(),
+            c.message(),
+        ))
+        .await?;
+        n += 1;
+    }
+    let plan = reconcile(&cache.view, &cfg.controller);
+    let written = write_plan_stored(ds, &cache.view, &plan).await?;
+    n += written.len();
+    for s in &written {
+        cache.put_stored(s);
+    }
+    Ok(n)
+}
+
 /// What the loop reports for metrics and health checks.
 #[derive(Debug, Default)]
 pub struct LoopStats {
@@ -248,11 +313,7 @@ pub async fn run_controller_with_stats(
         stats.term.store(lead.term, Relaxed);
         println!("controller {} leading, term {}", cfg.identity, lead.term);
         let mut monitor = HeartbeatMonitor::new(Instant::now());
-        let mut watches = SelectAll::new();
-        for k in Kind::ALL {
-            let (_, rev) = ds.list(k).await?;
-            watches.push(ds.watch(k, rev).await?);
-        }
+        let mut cache = ViewCache::start(ds.as_ref()).await?;
         let mut ticker =
             tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
         loop {
@@ -262,7 +323,7 @@ pub async fn run_controller_with_stats(
                 break;
             }
             stats.passes.fetch_add(1, Relaxed);
-            match tick(ds.as_ref(), &mut monitor, &cfg).await {
+            match tick_cached(ds.as_ref(), &mut cache, &mut monitor, &cfg).await {
                 Ok(n) => {
                     stats.writes.fetch_add(n as u64, Relaxed);
                     if n > 0 {
@@ -280,11 +341,15 @@ pub async fn run_controller_with_stats(
                     return Ok(());
                 }
                 _ = ticker.tick() => {}
-                ev = watches.next() => {
-                    if ev.is_none() { break; }
-                    // Drain what else is ready so a burst is one pass.
-                    while let Some(Some(_)) = futures::FutureExt::now_or_never(watches.next()) {}
-                }
+                batch = cache.next_batch() => match batch {
+                    Some(Ok(_)) => {}
+                    // A watch failed or fell behind: list again.
+                    Some(Err(e)) => {
+                        tracing::warn!("watch: {e}; listing again");
+                        cache = ViewCache::start(ds.as_ref()).await?;
+                    }
+                    None => break,
+                },
             }
         }
     }

@@ -685,3 +685,57 @@ async fn only_the_leader_writes() {
         "resigned on shutdown"
     );
 }
+
+#[tokio::test]
+async fn cached_passes_see_their_own_writes_at_once() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1-10.0.0.2"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({}), "x", None),
+    )
+    .await
+    .unwrap();
+    let cfg = RunConfig::default();
+    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut cache = ViewCache::start(&ds).await.unwrap();
+    assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
+    // No watch event applied yet: the pass still sees its own writes.
+    assert_eq!(
+        tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap(),
+        0
+    );
+    let assigned =
+        |evs: &[crate::datastore::Event]| evs.iter().filter(|e| e.reason == "EipAssigned").count();
+    assert_eq!(assigned(&ds.events().await.unwrap()), 1);
+    // Then the watch delivers the same writes: still nothing to do.
+    cache.next_batch().await.unwrap().unwrap();
+    assert_eq!(
+        tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap(),
+        0
+    );
+    assert_eq!(gw_status(&ds, "g1").await.epoch, 1);
+    // A change from outside reaches the cache through the watch.
+    ds.create(
+        Kind::EgressPolicy,
+        policy("q", 2, "g1", json!({"allocatorPolicy": "rr"}), "y", None),
+    )
+    .await
+    .unwrap();
+    while !cache
+        .view
+        .policies
+        .iter()
+        .any(|p| p.metadata.name.as_deref() == Some("q"))
+    {
+        cache.next_batch().await.unwrap().unwrap();
+    }
+    assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
+    assert_eq!(policy_status(&ds, "q").await.eip.ipv4, "10.0.0.2");
+}
