@@ -83,6 +83,15 @@ impl Frr {
         ])
     }
 
+    /// The shell command an operator runs to ask this bgpd `cmd`.
+    pub fn vtysh_command_line(&self, cmd: &str) -> String {
+        format!(
+            "ip netns exec {} vtysh --vty_socket {} -c '{cmd}'",
+            self.ns,
+            self.dir.display()
+        )
+    }
+
     /// The IPv4 unicast table: prefix -> next hop of the best path.
     pub fn ipv4_routes(&self) -> Result<std::collections::BTreeMap<String, String>> {
         let v: serde_json::Value =

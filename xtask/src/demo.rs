@@ -1,11 +1,12 @@
-//! `cargo xtask demo`: the project's main job, shown step by step in network
-//! namespaces, with everything removed at the end (also on failure or Ctrl-C).
+//! `cargo xtask demo`: the project's main job, shown step by step.
 //!
-//! Today it shows the chain that everything else stands on: the real agent
-//! loads the embedded eBPF object in a "node" namespace, attaches a counting
-//! program to the node's uplink, real packets cross it, and `egress inspect`
-//! reads the pinned, BTF-typed map. The full cluster (etcd, controller,
-//! reflector, gateways, failover) grows here as its parts land.
+//! A local cluster in network namespaces with the project's own defaults: a
+//! real etcd, the controller, the route reflector with an FRR upstream
+//! router peering with it, two workers with pods, two gateway nodes and an
+//! external server. It applies the example EgressGateway and EgressPolicy
+//! (docs/examples), shows that the server sees the EIP, kills the active
+//! gateway, and shows the traffic gap and that the TCP connection survived.
+//! Everything it made is removed at the end, also on failure or Ctrl-C.
 
 use std::{
     path::Path,
@@ -15,7 +16,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use egress_tests::{link_veth, run as run_cmd, Netns, PinDir};
+use egress_tests::{
+    cluster::{examples_dir, wait_until, Cluster, ClusterSpec, Timers},
+    topology::{eip, SERVER_IP},
+    Proc,
+};
 
 use crate::{
     build_ebpf,
@@ -24,12 +29,18 @@ use crate::{
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Leave the namespaces and the agent up and print how to look at them.
+    /// Leave the cluster up and print how to look at it.
     #[arg(long)]
-    keep: bool,
-    /// Skip setup and builds (CI's short mode: the test command has built everything).
+    pub keep: bool,
+    /// Skip setup and builds; use the binaries already in target/<profile>.
     #[arg(long)]
-    no_build: bool,
+    pub no_build: bool,
+    /// Use target/debug binaries (what `cargo xtask test` builds) instead of release.
+    #[arg(long)]
+    pub debug: bool,
+    /// Short mode for CI: sub-second failover timers instead of the defaults (5s/5s/15s).
+    #[arg(long)]
+    pub fast: bool,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -45,118 +56,344 @@ fn check_interrupt() -> Result<()> {
     Ok(())
 }
 
+/// What the demo showed; its last line is this as JSON.
+#[derive(Default, Debug)]
+struct Summary {
+    eip: String,
+    eip_seen_by_server: bool,
+    owner_before: String,
+    owner_after: String,
+    upstream_next_hop_before: String,
+    upstream_next_hop_after: String,
+    detection_ms: f64,
+    udp_gap_ms: f64,
+    udp_lost: u64,
+    tcp_survived: bool,
+    tcp_gap_ms: f64,
+    leftover: Vec<String>,
+}
+
 pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
-    // Ctrl-C only sets a flag: the steps stop at the next check and the
-    // namespaces are removed by their destructors on the way out.
+    // Ctrl-C only sets a flag: the steps stop at the next check and every
+    // namespace and process is removed by its destructor on the way out.
     // SAFETY: the handler only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
-    let started = Instant::now();
+    let profile = if args.debug { "debug" } else { "release" };
     if !args.no_build {
         crate::setup::run(root)?;
         build_ebpf::build(root, true)?;
-        step("build the egress binary");
-        exec(&mut cargo(
-            root,
-            &["build", "--release", "-p", "egress-user", "--bin", "egress"],
-        ))?;
+        step("build egress and the traffic tool");
+        let mut build = vec![
+            "build",
+            "-p",
+            "egress-user",
+            "--bin",
+            "egress",
+            "-p",
+            "egress-tests",
+            "--bin",
+            "egress-traffic",
+        ];
+        if !args.debug {
+            build.push("--release");
+        }
+        exec(&mut cargo(root, &build))?;
     }
-    let egress = root.join("target/release/egress");
-    if !egress.exists() {
-        bail!("{} is missing: run without --no-build", egress.display());
+    let bin_dir = root.join("target").join(profile);
+    let egress = bin_dir.join("egress");
+    let traffic = bin_dir.join("egress-traffic");
+    for b in [&egress, &traffic] {
+        if !b.exists() {
+            bail!(
+                "{} is missing: run `cargo xtask demo` without --no-build",
+                b.display()
+            );
+        }
     }
-    let egress = egress.to_str().context("egress path is not UTF-8")?;
+    // The harness finds the traffic tool through this variable.
+    std::env::set_var("EGRESS_TRAFFIC_BIN", &traffic);
 
-    step("create a node and a peer namespace joined by a veth pair");
-    let node = Netns::new("node")?;
-    let peer = Netns::new("peer")?;
-    link_veth(&node, "eth0", &peer, "eth0")?;
-    node.addr("eth0", "10.99.0.1/24")?;
-    peer.addr("eth0", "10.99.0.2/24")?;
-    println!("node = {}, peer = {}", node.name(), peer.name());
+    let started = Instant::now();
+    let mut summary = Summary::default();
+    let prefix = format!("eg{}x", std::process::id());
+    let result = run_cluster(&egress, &traffic, &args, &mut summary);
+    // Everything is dropped by now: check that nothing is left behind.
+    summary.leftover = leftovers(&prefix);
+    print_summary(&summary, started.elapsed());
+    result?;
+    if args.keep {
+        return Ok(());
+    }
+    let ok = summary.eip_seen_by_server
+        && summary.tcp_survived
+        && summary.owner_after != summary.owner_before
+        && !summary.owner_after.is_empty()
+        && summary.leftover.is_empty();
+    if !ok {
+        bail!("the demo's expectations failed (see the summary)");
+    }
+    Ok(())
+}
+
+fn run_cluster(egress: &Path, traffic: &Path, args: &DemoArgs, s: &mut Summary) -> Result<()> {
+    let timers = if args.fast {
+        Timers {
+            update: "200ms".into(),
+            monitor: "200ms".into(),
+            eviction: "1s".into(),
+            ..Timers::default()
+        }
+    } else {
+        Timers::default()
+    };
+    step(&format!(
+        "start the cluster: etcd, controller, reflector + FRR upstream, w1 w2 (pods), g1 g2 (gateways), server; timers {}/{}/{}",
+        timers.update, timers.monitor, timers.eviction
+    ));
+    let spec = ClusterSpec {
+        bgp: true,
+        upstream_frr: true,
+        timers,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(egress, spec)?;
     check_interrupt()?;
 
-    step(
-        "start the agent in the node: load the eBPF object, pin its maps, attach tc_count to eth0",
+    step("apply docs/examples/gateway.yaml and docs/examples/policy.yaml");
+    let ex = examples_dir();
+    print!("{}", cluster.apply(&ex.join("gateway.yaml"))?);
+    print!("{}", cluster.apply(&ex.join("policy.yaml"))?);
+    s.eip = eip(0).to_string();
+    wait_until(
+        "a gateway announces the EIP",
+        Duration::from_secs(60),
+        || Ok(cluster.announcers(&s.eip).len() == 1),
+    )?;
+    let owner = cluster.announcers(&s.eip)[0];
+    s.owner_before = cluster.topo.nodes[owner].name.clone();
+    println!("EIP {} is owned by {}", s.eip, s.owner_before);
+    anyhow::ensure!(cluster.upstream.is_some(), "no upstream router");
+    let eip_prefix = format!("{}/32", s.eip);
+    wait_until("FRR learns the EIP", Duration::from_secs(30), || {
+        Ok(upstream_routes(&cluster)?.contains_key(&eip_prefix))
+    })?;
+    s.upstream_next_hop_before = upstream_routes(&cluster)?
+        .get(&eip_prefix)
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "FRR (upstream) routes {} via {}",
+        eip_prefix, s.upstream_next_hop_before
     );
-    let pins = PinDir::new("demo")?;
-    let pin_dir = pins.path().to_str().context("pin path")?.to_owned();
-    let mut agent = node.spawn(&[
-        egress,
-        "agent",
-        "--pin-dir",
-        &pin_dir,
-        "--count-iface",
-        "eth0",
-    ])?;
-    agent.wait_for_line("ready", Duration::from_secs(30))?;
-    println!("agent ready, maps pinned under {pin_dir}");
     check_interrupt()?;
 
-    step("send 10 pings from the peer to the node");
-    let ping = peer.exec(&["ping", "-c", "10", "-i", "0.05", "-W", "2", "10.99.0.1"])?;
-    println!("{}", ping.lines().rev().nth(1).unwrap_or("").trim());
+    step("pod p11 (app=web) streams UDP and holds a TCP connection to the external server");
+    let t = traffic.to_string_lossy().into_owned();
+    let mut udp_sink = cluster
+        .topo
+        .server
+        .spawn(&[&t, "udp-sink", "0.0.0.0:6000"])?;
+    udp_sink.wait_for_line("ready", Duration::from_secs(10))?;
+    let mut tcp_sink = cluster
+        .topo
+        .server
+        .spawn(&[&t, "tcp-sink", "0.0.0.0:5000"])?;
+    tcp_sink.wait_for_line("ready", Duration::from_secs(10))?;
+    let pod = &cluster.topo.nodes[0].pods[0].ns;
+    let mut udp_source = pod.spawn(&[&t, "udp-source", &format!("{SERVER_IP}:6000"), "10"])?;
+    udp_source.wait_for_line("ready", Duration::from_secs(10))?;
+    let mut tcp_source = pod.spawn(&[&t, "tcp-source", &format!("{SERVER_IP}:5000"), "20"])?;
+    tcp_source.wait_for_line("ready", Duration::from_secs(10))?;
+    std::thread::sleep(Duration::from_secs(2));
     check_interrupt()?;
-
-    step("read the pinned map with `egress inspect`");
-    let table = run_cmd(&[egress, "inspect", "--pin-dir", &pin_dir])?;
-    print!("{table}");
-    let json: serde_json::Value = serde_json::from_str(&run_cmd(&[
-        egress,
-        "inspect",
-        "--pin-dir",
-        &pin_dir,
-        "--json",
-    ])?)?;
-    let packets = json["iface_stats"]["packets"].as_u64().unwrap_or(0);
-    let dump = run_cmd(&[
-        "bpftool",
-        "-j",
-        "map",
-        "dump",
-        "pinned",
-        &format!("{pin_dir}/IFACE_STATS"),
-    ])?;
-    let btf_fields = dump.contains("\"packets\"") && dump.contains("\"bytes\"");
-    println!("bpftool map dump shows named fields: {btf_fields}");
 
     if args.keep {
-        println!("\n--keep: the namespaces and the agent stay up. Look at them with:");
-        println!("  ip netns exec {} ping -c 3 10.99.0.1", peer.name());
-        println!("  {egress} inspect --pin-dir {pin_dir}");
-        println!("  bpftool map dump pinned {pin_dir}/IFACE_STATS");
-        println!(
-            "Remove them with: ip netns del {}; ip netns del {}; rm -r {pin_dir}",
-            node.name(),
-            peer.name()
-        );
-        std::mem::forget(agent);
-        std::mem::forget(pins);
-        std::mem::forget(node);
-        std::mem::forget(peer);
+        print_keep(&cluster, egress);
+        // Leave every namespace and process running.
+        std::mem::forget(udp_sink);
+        std::mem::forget(tcp_sink);
+        std::mem::forget(udp_source);
+        std::mem::forget(tcp_source);
+        std::mem::forget(cluster);
         return Ok(());
     }
 
-    agent.terminate()?;
-    drop(node);
-    drop(peer);
-    drop(pins);
-    let leftover = std::path::Path::new(&pin_dir).exists();
+    step(&format!(
+        "kill the active gateway {}: its agent dies and its link is cut",
+        s.owner_before
+    ));
+    let fault = Instant::now();
+    cluster.kill_agent(owner);
+    cluster.topo.cut_node(owner)?;
+    wait_until(
+        "another gateway announces the EIP",
+        Duration::from_secs(90),
+        || Ok(cluster.announcers(&s.eip).iter().any(|&i| i != owner)),
+    )?;
+    s.detection_ms = fault.elapsed().as_secs_f64() * 1000.0;
+    let new_owner = *cluster
+        .announcers(&s.eip)
+        .iter()
+        .find(|&&i| i != owner)
+        .unwrap();
+    s.owner_after = cluster.topo.nodes[new_owner].name.clone();
+    println!(
+        "{} took the EIP over after {:.0} ms",
+        s.owner_after, s.detection_ms
+    );
+    let new_ip = cluster.topo.nodes[new_owner].ip.to_string();
+    let _ = wait_until("FRR follows the move", Duration::from_secs(30), || {
+        Ok(upstream_routes(&cluster)?.get(&eip_prefix) == Some(&new_ip))
+    });
+    s.upstream_next_hop_after = upstream_routes(&cluster)?
+        .get(&eip_prefix)
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "FRR (upstream) now routes {} via {}",
+        eip_prefix, s.upstream_next_hop_after
+    );
+    // Let traffic run on the new gateway for a while.
+    std::thread::sleep(Duration::from_secs(3));
+    check_interrupt()?;
 
-    println!("\n==> summary");
-    println!("{:<34} {}", "packets counted by tc_count", packets);
-    println!(
-        "{:<34} {}",
-        "bpftool shows BTF field names",
-        if btf_fields { "yes" } else { "NO" }
-    );
-    println!(
-        "{:<34} {}",
-        "cleanup left nothing behind",
-        if leftover { "NO" } else { "yes" }
-    );
-    println!("{:<34} {:.1} s", "elapsed", started.elapsed().as_secs_f64());
-    if packets < 10 || leftover || !btf_fields {
-        bail!("demo expectation failed: packets={packets}, btf fields={btf_fields}, leftover pins={leftover}");
-    }
+    step("stop the traffic and read what the server saw");
+    let tcp = report(tcp_source)?;
+    let udp = report(udp_source)?;
+    let udp_seen = report(udp_sink)?;
+    let tcp_seen = report(tcp_sink)?;
+    s.eip_seen_by_server = udp_seen["sources"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x == s.eip.as_str()))
+        && tcp_seen["connections"][0]["peer"] == s.eip.as_str();
+    s.udp_gap_ms = udp_seen["max_gap_ms"].as_f64().unwrap_or(f64::NAN);
+    s.udp_lost = udp_seen["lost"].as_u64().unwrap_or(0);
+    s.tcp_survived =
+        tcp["survived"] == true && tcp_seen["connections"].as_array().map(|c| c.len()) == Some(1);
+    s.tcp_gap_ms = tcp_seen["connections"][0]["max_gap_ms"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    println!("udp source: {udp}");
+    println!("udp sink:   {udp_seen}");
+    println!("tcp source: {tcp}");
+    println!("tcp sink:   {tcp_seen}");
+    drop(cluster);
     Ok(())
+}
+
+fn upstream_routes(cluster: &Cluster) -> Result<std::collections::BTreeMap<String, String>> {
+    cluster
+        .upstream
+        .as_ref()
+        .context("no upstream router")?
+        .frr
+        .ipv4_routes()
+}
+
+fn report(mut p: Proc) -> Result<serde_json::Value> {
+    p.signal_term();
+    let line = p.wait_for_line("\"role\"", Duration::from_secs(40))?;
+    Ok(serde_json::from_str(&line)?)
+}
+
+/// Namespaces and pin folders of this process still present.
+fn leftovers(prefix: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for dir in ["/run/netns", "/sys/fs/bpf"] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(prefix) {
+                    left.push(format!("{dir}/{name}"));
+                }
+            }
+        }
+    }
+    left
+}
+
+fn print_keep(cluster: &Cluster, egress: &Path) {
+    let e = egress.display();
+    let n = |i: usize| cluster.topo.nodes[i].ns.name().to_owned();
+    println!("\n--keep: the cluster stays up. Look at it with:");
+    println!(
+        "  ip netns exec {} {e} inspect --pin-dir <the agent's pin dir>",
+        n(0)
+    );
+    println!(
+        "  ip netns exec {} curl -s http://127.0.0.1:9465/state   # the agent's view",
+        n(0)
+    );
+    println!(
+        "  ip netns exec {} {e} bgp status --admin-addr 127.0.0.1:9464",
+        cluster.topo.fabric.name()
+    );
+    if let Some(u) = &cluster.upstream {
+        println!(
+            "  FRR: {}",
+            u.frr.vtysh_command_line("show bgp ipv4 unicast")
+        );
+    }
+    println!(
+        "  {e} get EgressGateway --etcd-endpoints {}",
+        cluster.etcd.endpoint()
+    );
+    println!("Remove everything with: ip -all netns delete (only these namespaces: ip netns list | grep eg{})", std::process::id());
+}
+
+fn print_summary(s: &Summary, elapsed: Duration) {
+    println!("\n==> summary");
+    let rows: Vec<(&str, String)> = vec![
+        ("EIP", s.eip.clone()),
+        ("server saw the EIP as source", yes(s.eip_seen_by_server)),
+        (
+            "gateway before -> after",
+            format!("{} -> {}", s.owner_before, s.owner_after),
+        ),
+        (
+            "upstream (FRR) next hop before -> after",
+            format!(
+                "{} -> {}",
+                s.upstream_next_hop_before, s.upstream_next_hop_after
+            ),
+        ),
+        (
+            "failover detected after",
+            format!("{:.0} ms", s.detection_ms),
+        ),
+        (
+            "largest UDP gap at the server",
+            format!("{:.0} ms ({} datagrams lost)", s.udp_gap_ms, s.udp_lost),
+        ),
+        ("TCP connection survived", yes(s.tcp_survived)),
+        (
+            "largest TCP gap at the server",
+            format!("{:.0} ms", s.tcp_gap_ms),
+        ),
+        (
+            "cleanup left nothing behind",
+            if s.leftover.is_empty() {
+                "yes".into()
+            } else {
+                format!("NO: {:?}", s.leftover)
+            },
+        ),
+        ("elapsed", format!("{:.1} s", elapsed.as_secs_f64())),
+    ];
+    for (k, v) in &rows {
+        println!("{k:<42} {v}");
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "demo": "gateway-failover", "eip": s.eip, "eip_seen": s.eip_seen_by_server,
+            "owner_before": s.owner_before, "owner_after": s.owner_after,
+            "detection_ms": s.detection_ms, "udp_gap_ms": s.udp_gap_ms, "udp_lost": s.udp_lost,
+            "tcp_survived": s.tcp_survived, "tcp_gap_ms": s.tcp_gap_ms, "clean": s.leftover.is_empty(),
+        })
+    );
+}
+
+fn yes(b: bool) -> String {
+    if b { "yes" } else { "NO" }.into()
 }

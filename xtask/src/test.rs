@@ -69,5 +69,15 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
         root,
         &["test", "--workspace", "--", "--ignored"],
     ))?;
+    step("demo, short mode (sub-second timers), asserting its summary");
+    crate::demo::run(
+        root,
+        crate::demo::DemoArgs {
+            keep: false,
+            no_build: true,
+            debug: true,
+            fast: true,
+        },
+    )?;
     Ok(())
 }
