@@ -493,10 +493,17 @@ impl Rib {
 
     /// Announces a prefix of ours (pod CIDR, EIP) with the given next hop.
     pub fn announce_local(&mut self, prefix: Prefix, next_hop: IpAddr) {
+        self.announce_local_with_pref(prefix, next_hop, DEFAULT_LOCAL_PREF);
+    }
+
+    /// Like [`Self::announce_local`] with a chosen LOCAL_PREF, so that a
+    /// newer owner of a prefix wins over an older one whose route lingers
+    /// (for example kept as stale by graceful restart).
+    pub fn announce_local_with_pref(&mut self, prefix: Prefix, next_hop: IpAddr, local_pref: u32) {
         let attrs = PathAttributes {
             origin: Some(Origin::Igp),
             as_path: AsPath::default(),
-            local_pref: Some(DEFAULT_LOCAL_PREF),
+            local_pref: Some(local_pref),
             ..Default::default()
         };
         self.insert_candidate(Route {

@@ -5,6 +5,7 @@
 //! The agent (or controller) uses [`SpeakerHandle`]: announce and withdraw
 //! prefixes, follow best-route changes, read the status.
 
+mod md5;
 mod rib_task;
 mod session;
 
@@ -44,6 +45,9 @@ pub struct PeerSpec {
     /// Advertise our own address as next hop to this peer.
     #[serde(default)]
     pub next_hop_self: bool,
+    /// TCP-MD5 (RFC 2385) key shared with the peer, at most 80 octets.
+    #[serde(default)]
+    pub password: Option<String>,
 }
 
 fn default_port() -> u16 {
@@ -59,6 +63,7 @@ impl PeerSpec {
             client: false,
             passive: false,
             next_hop_self: false,
+            password: None,
         }
     }
 }
@@ -178,6 +183,23 @@ impl SpeakerHandle {
         self.send(RibMsg::AnnounceMany(routes)).await
     }
 
+    /// Announces `prefix` with a chosen LOCAL_PREF: the agent gives an EIP
+    /// a preference that grows with its assignment's epoch, so the newest
+    /// owner wins everywhere even while an old owner's route is still held.
+    pub async fn announce_with_local_pref(
+        &self,
+        prefix: Prefix,
+        next_hop: IpAddr,
+        local_pref: u32,
+    ) -> Result<(), SpeakerError> {
+        self.send(RibMsg::AnnounceWithPref {
+            prefix,
+            next_hop,
+            local_pref,
+        })
+        .await
+    }
+
     /// Withdraws a prefix announced with [`Self::announce`] at once.
     pub async fn withdraw(&self, prefix: Prefix) -> Result<(), SpeakerError> {
         self.send(RibMsg::Withdraw { prefix }).await
@@ -250,11 +272,23 @@ impl Speaker {
             }
             None => (None, None),
         };
+        let listen_fd = listener.as_ref().map(|l| {
+            use std::os::fd::AsRawFd;
+            l.as_raw_fd()
+        });
+        for p in &cfg.peers {
+            if let (Some(fd), Some(key)) = (listen_fd, &p.password) {
+                md5::set_key(fd, p.address, key.as_bytes()).map_err(|e| {
+                    SpeakerError::Config(format!("TCP-MD5 key for {}: {e}", p.address))
+                })?;
+            }
+        }
         let (tx, rx) = mpsc::channel(1024);
         let restarting = Arc::new(AtomicBool::new(
             cfg.restarting && cfg.graceful_restart.is_some(),
         ));
         let rib_task = tokio::spawn(rib_task::run(
+            listen_fd,
             cfg,
             rx,
             tx.clone(),

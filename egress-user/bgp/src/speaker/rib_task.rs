@@ -46,6 +46,11 @@ pub(crate) enum RibMsg {
         next_hop: IpAddr,
     },
     AnnounceMany(Vec<(Prefix, IpAddr)>),
+    AnnounceWithPref {
+        prefix: Prefix,
+        next_hop: IpAddr,
+        local_pref: u32,
+    },
     Withdraw {
         prefix: Prefix,
     },
@@ -85,6 +90,9 @@ struct PeerEntry {
 }
 
 struct RibTask {
+    /// The listener, for TCP-MD5 keys of peers added at run time; it lives
+    /// as long as the speaker.
+    listen_fd: Option<std::os::fd::RawFd>,
     cfg: SpeakerConfig,
     rib: Rib,
     peers: HashMap<IpAddr, PeerEntry>,
@@ -100,6 +108,7 @@ struct RibTask {
 const FLUSH_EVERY: usize = 16;
 
 pub(super) async fn run(
+    listen_fd: Option<std::os::fd::RawFd>,
     cfg: SpeakerConfig,
     mut rx: mpsc::Receiver<RibMsg>,
     self_tx: mpsc::Sender<RibMsg>,
@@ -122,6 +131,7 @@ pub(super) async fn run(
         deferral,
     );
     let mut t = RibTask {
+        listen_fd,
         rib,
         peers: HashMap::new(),
         restarter,
@@ -164,6 +174,11 @@ impl RibTask {
         let addr = spec.address;
         if self.peers.contains_key(&addr) {
             return;
+        }
+        if let (Some(fd), Some(key)) = (self.listen_fd, &spec.password) {
+            if let Err(e) = super::md5::set_key(fd, addr, key.as_bytes()) {
+                tracing::warn!(peer = %addr, error = %e, "TCP-MD5 key not set on the listener");
+            }
         }
         let stale_time = self
             .cfg
@@ -241,6 +256,13 @@ impl RibTask {
             RibMsg::Update { peer, update } => self.update(peer, update),
             RibMsg::RouteRefresh { peer, rr } => self.route_refresh(peer, rr),
             RibMsg::Announce { prefix, next_hop } => self.rib.announce_local(prefix, next_hop),
+            RibMsg::AnnounceWithPref {
+                prefix,
+                next_hop,
+                local_pref,
+            } => self
+                .rib
+                .announce_local_with_pref(prefix, next_hop, local_pref),
             RibMsg::AnnounceMany(routes) => {
                 for (prefix, next_hop) in routes {
                     self.rib.announce_local(prefix, next_hop);

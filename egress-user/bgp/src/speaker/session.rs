@@ -233,6 +233,7 @@ impl Session {
             Action::Connect => {
                 if self.conn.is_none() {
                     self.connecting = Some(Box::pin(connect(
+                        self.setup.spec.password.clone(),
                         self.setup.source_addr,
                         SocketAddr::new(self.peer(), self.setup.spec.port),
                     )));
@@ -435,12 +436,20 @@ async fn refuse(mut conn: Conn) {
     }
 }
 
-async fn connect(source: Option<IpAddr>, to: SocketAddr) -> io::Result<TcpStream> {
+async fn connect(
+    password: Option<String>,
+    source: Option<IpAddr>,
+    to: SocketAddr,
+) -> io::Result<TcpStream> {
     let socket = if to.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
         TcpSocket::new_v6()?
     };
+    if let Some(key) = password {
+        use std::os::fd::AsRawFd;
+        super::md5::set_key(socket.as_raw_fd(), to.ip(), key.as_bytes())?;
+    }
     socket.set_recv_buffer_size(super::SOCKET_BUFFER)?;
     socket.set_send_buffer_size(super::SOCKET_BUFFER)?;
     if let Some(src) = source.filter(|s| s.is_ipv4() == to.is_ipv4() && !s.is_unspecified()) {
