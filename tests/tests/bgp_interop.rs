@@ -127,6 +127,8 @@ struct Router {
     dir: Dir,
     cfg: RouterCfg,
     proc: Option<Proc>,
+    /// TCP-MD5 key used with every neighbour.
+    password: Option<&'static str>,
 }
 
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
@@ -147,6 +149,15 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>
 
 impl Router {
     fn start(kind: Kind, ns: Netns, cfg: RouterCfg) -> Result<Router> {
+        Self::start_with_password(kind, ns, cfg, None)
+    }
+
+    fn start_with_password(
+        kind: Kind,
+        ns: Netns,
+        cfg: RouterCfg,
+        password: Option<&'static str>,
+    ) -> Result<Router> {
         let dir = Dir::new(match kind {
             Kind::Ours => "ours",
             Kind::Frr => "frr",
@@ -159,6 +170,7 @@ impl Router {
             dir,
             cfg,
             proc: None,
+            password,
         };
         r.write_config()?;
         r.spawn()?;
@@ -172,7 +184,10 @@ impl Router {
                 let peers: Vec<Value> = c
                     .neighbors
                     .iter()
-                    .map(|n| json!({"address": n.addr.to_string(), "asn": ASN, "client": n.client}))
+                    .map(|n| {
+                        json!({"address": n.addr.to_string(), "asn": ASN, "client": n.client,
+                            "password": self.password})
+                    })
                     .collect();
                 let announce: Vec<Value> = c
                     .announce
@@ -203,6 +218,9 @@ impl Router {
                         " neighbor {a} remote-as {ASN}\n neighbor {a} timers 3 9\n neighbor {a} timers connect 1\n",
                         a = n.addr
                     );
+                    if let Some(pw) = self.password {
+                        s += &format!(" neighbor {} password {pw}\n", n.addr);
+                    }
                 }
                 s += " address-family ipv4 unicast\n";
                 for n in c.neighbors.iter().filter(|n| n.client) {
@@ -229,8 +247,12 @@ impl Router {
                         (true, None) => "  rr client;\n".to_string(),
                         _ => String::new(),
                     };
+                    let pw = self
+                        .password
+                        .map(|p| format!("  password \"{p}\";\n"))
+                        .unwrap_or_default();
                     s += &format!(
-                        "protocol bgp {name} {{\n  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  direct;\n  \
+                        "protocol bgp {name} {{\n{pw}  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  direct;\n  \
                          hold time 9;\n  keepalive time 3;\n  connect retry time 1;\n  graceful restart on;\n  \
                          graceful restart time 30;\n{rr}  ipv4 {{ import all; export where source ~ [RTS_STATIC, RTS_BGP]; }};\n}}\n",
                         name = bird_proto(n.addr),
@@ -247,10 +269,14 @@ impl Router {
                 );
                 for n in &c.neighbors {
                     s += &format!(
-                        "[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{a}\"\n    peer-as = {ASN}\n  \
+                        "[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{a}\"\n    peer-as = {ASN}\n{auth}  \
                          [neighbors.timers.config]\n    hold-time = 9\n    keepalive-interval = 3\n    connect-retry = 1\n  \
                          [neighbors.graceful-restart.config]\n    enabled = true\n    restart-time = 30\n",
-                        a = n.addr
+                        a = n.addr,
+                        auth = self
+                            .password
+                            .map(|p| format!("    auth-password = \"{p}\"\n"))
+                            .unwrap_or_default()
                     );
                     if n.client {
                         s += &format!(
@@ -933,6 +959,46 @@ fn incident(clients: Kind, n: u8) -> Result<()> {
     Ok(())
 }
 
+/// TCP-MD5 (RFC 2385): our reflector and `kind` share a key; the session
+/// comes up and our route arrives.
+fn md5_session(kind: Kind) -> Result<()> {
+    let mut lan = Lan::new()?;
+    let rr = ip(1);
+    let _ours = Router::start_with_password(
+        Kind::Ours,
+        lan.node("rr", rr)?,
+        RouterCfg {
+            me: rr,
+            cluster_id: Some(CLUSTER),
+            neighbors: vec![Neighbor {
+                addr: ip(11),
+                client: true,
+            }],
+            announce: vec!["192.0.2.1/32".into()],
+        },
+        Some("s3cret"),
+    )?;
+    let theirs = Router::start_with_password(
+        kind,
+        lan.node("peer", ip(11))?,
+        RouterCfg {
+            me: ip(11),
+            cluster_id: None,
+            neighbors: vec![Neighbor {
+                addr: rr,
+                client: false,
+            }],
+            announce: vec![],
+        },
+        Some("s3cret"),
+    )?;
+    wait_until(
+        "our route over an MD5-signed session",
+        Duration::from_secs(30),
+        || Ok(theirs.routes()?.contains_key("192.0.2.1/32")),
+    )
+}
+
 macro_rules! interop {
     ($name:ident, $body:expr) => {
         #[test]
@@ -976,3 +1042,6 @@ interop!(
 interop!(incident_with_our_clients, incident(Kind::Ours, 20));
 interop!(incident_with_frr_clients, incident(Kind::Frr, 20));
 interop!(incident_with_bird_clients, incident(Kind::Bird, 20));
+interop!(frr_tcp_md5, md5_session(Kind::Frr));
+interop!(bird_tcp_md5, md5_session(Kind::Bird));
+interop!(gobgp_tcp_md5, md5_session(Kind::Gobgp));
