@@ -32,6 +32,18 @@ pub struct GrConfig {
     pub llgr_stale_time: u32,
 }
 
+/// The deferral actually used: it must end before the restart time we
+/// asked peers for, or they drop our routes while we still hold back; a
+/// longer setting is cut to half the restart time.
+pub fn effective_deferral(cfg: &GrConfig) -> Duration {
+    let restart = Duration::from_secs(cfg.restart_time.into());
+    if cfg.deferral_time < restart {
+        cfg.deferral_time
+    } else {
+        restart / 2
+    }
+}
+
 /// RFC 9494 well-known communities.
 pub const LLGR_STALE: u32 = 0xffff_0006;
 pub const NO_LLGR: u32 = 0xffff_0007;

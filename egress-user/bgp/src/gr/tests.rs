@@ -388,3 +388,15 @@ fn peer_back_during_long_lived_phase_waits_for_end_of_rib() {
         vec![HelperAction::PurgeStale(V4), HelperAction::StopStaleTimer]
     );
 }
+
+#[test]
+fn deferral_always_ends_before_the_restart_time() {
+    let c = |restart_time, secs| GrConfig {
+        restart_time,
+        deferral_time: Duration::from_secs(secs),
+        ..cfg()
+    };
+    assert_eq!(effective_deferral(&c(120, 60)), Duration::from_secs(60));
+    assert_eq!(effective_deferral(&c(30, 60)), Duration::from_secs(15));
+    assert_eq!(effective_deferral(&c(30, 30)), Duration::from_secs(15));
+}

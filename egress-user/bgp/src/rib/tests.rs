@@ -496,3 +496,21 @@ fn route_carrying_llgr_stale_from_a_peer_is_least_preferred() {
     rib.apply_update(ip(CLIENT2), &announce("192.0.2.10/32", CLIENT2, |_| {}));
     assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT2)));
 }
+
+#[test]
+fn local_announcement_with_a_chosen_local_pref_is_sent_with_it() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.announce_local_with_pref(p("192.0.2.10/32"), ip(ME), 1007);
+    let (_, a) = out_attrs(&rib, CLIENT, "192.0.2.10/32").unwrap();
+    assert_eq!(a.local_pref, Some(1007));
+    // At another reflector, the newer owner (higher LOCAL_PREF) wins.
+    rib.apply_update(
+        ip(CLIENT),
+        &announce("198.51.100.7/32", CLIENT, |a| a.local_pref = Some(1001)),
+    );
+    rib.apply_update(
+        ip(CLIENT2),
+        &announce("198.51.100.7/32", CLIENT2, |a| a.local_pref = Some(1002)),
+    );
+    assert_eq!(from_of(&rib, "198.51.100.7/32"), Some(ip(CLIENT2)));
+}

@@ -253,12 +253,12 @@ impl Speaker {
             ));
         }
         if let Some(g) = &cfg.graceful_restart {
-            if g.deferral_time >= Duration::from_secs(g.restart_time.into()) {
-                return Err(SpeakerError::Config(
-                    "graceful restart: the deferral time must be shorter than the restart time, \
-                     or peers drop our routes before we send them again"
-                        .into(),
-                ));
+            if crate::gr::effective_deferral(g) != g.deferral_time {
+                tracing::warn!(
+                    restart_time = g.restart_time,
+                    deferral = ?g.deferral_time,
+                    "selection deferral cut to half the restart time, so peers keep our routes until we send them"
+                );
             }
         }
         let sessions: SessionMap = Arc::default();

@@ -123,7 +123,7 @@ pub(super) async fn run(
     let deferral = cfg
         .graceful_restart
         .as_ref()
-        .map(|g| g.deferral_time)
+        .map(crate::gr::effective_deferral)
         .unwrap_or_default();
     let (restarter, actions) = Restarter::new(
         restarting.load(Ordering::Relaxed),
