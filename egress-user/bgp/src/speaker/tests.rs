@@ -522,3 +522,126 @@ async fn tcp_md5_password_must_match() {
         sp.shutdown().await;
     }
 }
+
+/// A hand-driven peer: OPEN with the given capabilities, KEEPALIVEs, and
+/// then whatever the test writes.
+async fn raw_peer(
+    target: SocketAddr,
+    me: u8,
+    caps: Vec<crate::codec::Capability>,
+) -> (tokio::net::TcpStream, bytes::BytesMut) {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(lo(me), 0)).unwrap();
+    let mut s = socket.connect(target).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let open = Open::new(ASN, 9, Ipv4Addr::new(10, 0, 0, me), caps);
+    let opts = CodecOptions::default();
+    s.write_all(&Message::Open(open).to_bytes(opts).unwrap())
+        .await
+        .unwrap();
+    assert!(matches!(
+        read_message(&mut s, &mut buf).await,
+        Message::Open(_)
+    ));
+    s.write_all(&Message::Keepalive.to_bytes(opts).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(read_message(&mut s, &mut buf).await, Message::Keepalive);
+    (s, buf)
+}
+
+/// Reads until `f` returns Some, skipping KEEPALIVEs.
+async fn read_until<T>(
+    s: &mut tokio::net::TcpStream,
+    buf: &mut bytes::BytesMut,
+    mut f: impl FnMut(&Message) -> Option<T>,
+) -> T {
+    loop {
+        let m = read_message(s, buf).await;
+        if let Some(t) = f(&m) {
+            return t;
+        }
+    }
+}
+
+#[tokio::test]
+async fn enhanced_route_refresh_both_ways() {
+    use crate::codec::{Capability, RouteRefresh, RouteRefreshSubtype, Update};
+    use tokio::io::AsyncWriteExt;
+    let rr = reflector(121, &[122]).await;
+    let h = rr.handle();
+    h.announce(p("10.0.0.0/8"), lo(121)).await.unwrap();
+    let v4 = crate::types::Family::Ipv4Unicast;
+    let caps = vec![
+        Capability::Multiprotocol(v4.into()),
+        Capability::RouteRefresh,
+        Capability::EnhancedRouteRefresh,
+    ];
+    let (mut s, mut buf) = raw_peer(h.listen_addr().unwrap(), 122, caps).await;
+    let opts = CodecOptions::default();
+    // Initial table, then End-of-RIB.
+    read_until(&mut s, &mut buf, |m| match m {
+        Message::Update(u) if u.end_of_rib_family() == Some(v4) => Some(()),
+        _ => None,
+    })
+    .await;
+
+    // We ask for a refresh: BoRR, the table again, EoRR (RFC 7313).
+    let ask = RouteRefresh {
+        afi_safi: v4.into(),
+        subtype: RouteRefreshSubtype::Request,
+    };
+    s.write_all(&Message::RouteRefresh(ask).to_bytes(opts).unwrap())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    read_until(&mut s, &mut buf, |m| {
+        match m {
+            Message::RouteRefresh(r) => seen.push(format!("{:?}", r.subtype)),
+            Message::Update(u) if u.nlri.contains(&p("10.0.0.0/8")) => seen.push("table".into()),
+            _ => {}
+        }
+        (seen.last().map(String::as_str) == Some("EndRefresh")).then_some(())
+    })
+    .await;
+    assert_eq!(seen, vec!["BeginRefresh", "table", "EndRefresh"]);
+
+    // The peer refreshes us: BoRR, one of its two routes again, EoRR; the
+    // other one goes.
+    let announce = |prefix: &str| {
+        let mut u = Update {
+            nlri: vec![p(prefix)],
+            ..Update::default()
+        };
+        u.attrs.origin = Some(crate::types::Origin::Igp);
+        u.attrs.next_hop = Some(Ipv4Addr::new(127, 0, 0, 122));
+        Message::Update(u).to_bytes(opts).unwrap()
+    };
+    s.write_all(&announce("192.0.2.1/32")).await.unwrap();
+    s.write_all(&announce("192.0.2.2/32")).await.unwrap();
+    wait_status(&h, "two routes from the peer", |st| {
+        peer_state(st, lo(122)).is_some_and(|p| p.received == 2)
+    })
+    .await;
+    let rr_msg = |subtype| {
+        Message::RouteRefresh(RouteRefresh {
+            afi_safi: v4.into(),
+            subtype,
+        })
+        .to_bytes(opts)
+        .unwrap()
+    };
+    s.write_all(&rr_msg(RouteRefreshSubtype::BeginRefresh))
+        .await
+        .unwrap();
+    s.write_all(&announce("192.0.2.1/32")).await.unwrap();
+    s.write_all(&rr_msg(RouteRefreshSubtype::EndRefresh))
+        .await
+        .unwrap();
+    wait_status(&h, "the route not re-sent is gone", |st| {
+        peer_state(st, lo(122)).is_some_and(|p| p.received == 1 && p.stale == 0)
+    })
+    .await;
+    rr.shutdown().await;
+}
