@@ -149,16 +149,31 @@ pub(crate) fn pack(pending: HashMap<Prefix, Option<Arc<Exported>>>) -> Vec<Updat
                         ..Update::default()
                     }
                 }
-                _ => Update {
+                // An IPv6 route via an IPv4 next hop (a node with only an
+                // IPv4 tunnel address) travels with the IPv4-mapped form,
+                // as RFC 4798 does; MP_REACH needs a next hop of its family.
+                (Family::Ipv6Unicast, nh) => Update {
                     attrs,
                     mp_reach: Some(MpReach {
                         family: fam,
-                        next_hop: e.next_hop,
+                        next_hop: match nh {
+                            IpAddr::V4(a) => IpAddr::V6(a.to_ipv6_mapped()),
+                            v6 => v6,
+                        },
                         link_local: None,
                         nlri: chunk.to_vec(),
                     }),
                     ..Update::default()
                 },
+                // IPv4 via an IPv6 next hop needs RFC 8950, which is not
+                // negotiated: such routes are not sent.
+                (Family::Ipv4Unicast, IpAddr::V6(_)) => {
+                    tracing::debug!(
+                        routes = chunk.len(),
+                        "IPv4 routes with an IPv6 next hop not sent"
+                    );
+                    continue;
+                }
             };
             out.push(u);
         }

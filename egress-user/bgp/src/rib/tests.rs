@@ -514,3 +514,20 @@ fn local_announcement_with_a_chosen_local_pref_is_sent_with_it() {
     );
     assert_eq!(from_of(&rib, "198.51.100.7/32"), Some(ip(CLIENT2)));
 }
+
+#[test]
+fn next_hop_of_the_other_family_is_mapped_or_not_sent() {
+    let mut rib = reflector(LOCAL_ASN);
+    rib.announce_local(p("2001:db8:10::/64"), ip(ME));
+    rib.announce_local(p("198.51.100.0/24"), "2001:db8::1".parse().unwrap());
+    let ups = rib.take_updates(ip(UPSTREAM));
+    let v6: Vec<_> = ups.iter().filter_map(|u| u.mp_reach.as_ref()).collect();
+    assert_eq!(v6.len(), 1);
+    assert_eq!(v6[0].next_hop, "::ffff:10.0.0.1".parse::<IpAddr>().unwrap());
+    assert!(ups.iter().all(|u| !u.nlri.contains(&p("198.51.100.0/24"))));
+    for u in &ups {
+        Message::Update(u.clone())
+            .to_bytes(CodecOptions::default())
+            .unwrap();
+    }
+}
