@@ -63,6 +63,7 @@ struct Summary {
     eip_seen_by_server: bool,
     owner_before: String,
     owner_after: String,
+    owner_after_ip: String,
     upstream_next_hop_before: String,
     upstream_next_hop_after: String,
     detection_ms: f64,
@@ -127,6 +128,7 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     let ok = summary.eip_seen_by_server
         && summary.tcp_survived
         && summary.owner_after != summary.owner_before
+        && summary.upstream_next_hop_after == summary.owner_after_ip
         && !summary.owner_after.is_empty()
         && summary.leftover.is_empty();
     if !ok {
@@ -242,6 +244,7 @@ fn run_cluster(egress: &Path, traffic: &Path, args: &DemoArgs, s: &mut Summary) 
         s.owner_after, s.detection_ms
     );
     let new_ip = cluster.topo.nodes[new_owner].ip.to_string();
+    s.owner_after_ip = new_ip.clone();
     let _ = wait_until("FRR follows the move", Duration::from_secs(30), || {
         Ok(upstream_routes(&cluster)?.get(&eip_prefix) == Some(&new_ip))
     });

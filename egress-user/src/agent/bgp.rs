@@ -4,7 +4,7 @@
 //! it learns for the operator and the datapath.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     net::{IpAddr, Ipv4Addr},
     sync::{Arc, Mutex},
 };
@@ -32,9 +32,9 @@ pub struct AgentBgpConfig {
 /// announce now, all with its tunnel address as next hop.
 pub fn wanted_routes(
     pod_cidrs: &[IpNet],
-    eips: &BTreeSet<IpAddr>,
+    eips: &BTreeMap<IpAddr, u64>,
     next_hop: IpAddr,
-) -> BTreeMap<Prefix, IpAddr> {
+) -> BTreeMap<Prefix, Route> {
     // An MP_REACH next hop must be of the prefix's family: IPv6 prefixes get
     // the IPv4-mapped form of an IPv4 tunnel address (RFC 4798).
     let for_family = |v6: bool| match (v6, next_hop) {
@@ -44,23 +44,55 @@ pub fn wanted_routes(
     let mut out = BTreeMap::new();
     for c in pod_cidrs {
         if let Ok(p) = Prefix::new(c.network(), c.prefix_len()) {
-            out.insert(p, for_family(c.network().is_ipv6()));
+            let next_hop = for_family(c.network().is_ipv6());
+            out.insert(
+                p,
+                Route {
+                    next_hop,
+                    local_pref: BASE_LOCAL_PREF,
+                },
+            );
         }
     }
-    for eip in eips {
+    for (eip, epoch) in eips {
         let len = if eip.is_ipv4() { 32 } else { 128 };
         if let Ok(p) = Prefix::new(*eip, len) {
-            out.insert(p, for_family(eip.is_ipv6()));
+            let next_hop = for_family(eip.is_ipv6());
+            out.insert(
+                p,
+                Route {
+                    next_hop,
+                    local_pref: eip_local_pref(*epoch),
+                },
+            );
         }
     }
     out
 }
 
+/// LOCAL_PREF of ordinary announcements (the BGP default).
+pub const BASE_LOCAL_PREF: u32 = 100;
+
+/// An EIP's LOCAL_PREF grows with its assignment's epoch, so the newest
+/// owner's route wins at every router even while the old owner's route is
+/// still held (a dead gateway's session lingers until its hold time, and
+/// graceful restart keeps its routes as stale after that).
+pub fn eip_local_pref(epoch: u64) -> u32 {
+    BASE_LOCAL_PREF.saturating_add(u32::try_from(epoch).unwrap_or(u32::MAX))
+}
+
+/// One announcement: where to, and how much it is preferred.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub next_hop: IpAddr,
+    pub local_pref: u32,
+}
+
 /// The difference between what is announced and what should be.
 pub fn route_diff(
-    have: &BTreeMap<Prefix, IpAddr>,
-    want: &BTreeMap<Prefix, IpAddr>,
-) -> (Vec<(Prefix, IpAddr)>, Vec<Prefix>) {
+    have: &BTreeMap<Prefix, Route>,
+    want: &BTreeMap<Prefix, Route>,
+) -> (Vec<(Prefix, Route)>, Vec<Prefix>) {
     let announce = want
         .iter()
         .filter(|(p, nh)| have.get(p) != Some(nh))
@@ -77,7 +109,7 @@ pub fn route_diff(
 pub struct AgentBgp {
     handle: SpeakerHandle,
     _speaker: Speaker,
-    announced: BTreeMap<Prefix, IpAddr>,
+    announced: BTreeMap<Prefix, Route>,
     learned: Arc<Mutex<BTreeMap<Prefix, IpAddr>>>,
 }
 
@@ -141,17 +173,19 @@ impl AgentBgp {
     }
 
     /// Announces and withdraws until the speaker carries exactly `want`.
-    pub async fn sync(&mut self, want: &BTreeMap<Prefix, IpAddr>) -> Result<()> {
+    pub async fn sync(&mut self, want: &BTreeMap<Prefix, Route>) -> Result<()> {
         let (announce, withdraw) = route_diff(&self.announced, want);
         for p in withdraw {
             self.handle.withdraw(p).await?;
             self.announced.remove(&p);
             tracing::info!(prefix = %p, "BGP: withdrawn");
         }
-        for (p, nh) in announce {
-            self.handle.announce(p, nh).await?;
-            self.announced.insert(p, nh);
-            tracing::info!(prefix = %p, next_hop = %nh, "BGP: announced");
+        for (p, r) in announce {
+            self.handle
+                .announce_with_local_pref(p, r.next_hop, r.local_pref)
+                .await?;
+            self.announced.insert(p, r);
+            tracing::info!(prefix = %p, next_hop = %r.next_hop, local_pref = r.local_pref, "BGP: announced");
         }
         Ok(())
     }
@@ -175,49 +209,87 @@ mod tests {
         s.parse().unwrap()
     }
 
+    const NH: &str = "10.10.0.3";
+
+    fn nh() -> IpAddr {
+        NH.parse().unwrap()
+    }
+
     #[test]
     fn pod_cidrs_and_eips_are_announced_via_the_node() {
-        let nh: IpAddr = "10.10.0.3".parse().unwrap();
-        let eips: BTreeSet<IpAddr> = [
-            "10.10.0.200".parse().unwrap(),
-            "fd00:10::200".parse().unwrap(),
-        ]
-        .into();
-        let w = wanted_routes(&["10.244.3.0/24".parse().unwrap()], &eips, nh);
+        let eips = BTreeMap::from([
+            ("10.10.0.200".parse().unwrap(), 7),
+            ("fd00:10::200".parse().unwrap(), 7),
+        ]);
+        let w = wanted_routes(&["10.244.3.0/24".parse().unwrap()], &eips, nh());
         assert_eq!(w.len(), 3);
-        assert_eq!(w[&p("10.10.0.200/32")], nh);
+        assert_eq!(w[&p("10.10.0.200/32")].next_hop, nh());
         let mapped: IpAddr = "::ffff:10.10.0.3".parse().unwrap();
         assert_eq!(
-            w[&p("fd00:10::200/128")],
+            w[&p("fd00:10::200/128")].next_hop,
             mapped,
             "IPv6 routes need an IPv6 next hop"
         );
-        assert_eq!(w[&p("10.244.3.0/24")], nh);
+        assert_eq!(
+            w[&p("10.244.3.0/24")],
+            Route {
+                next_hop: nh(),
+                local_pref: BASE_LOCAL_PREF
+            }
+        );
+    }
+
+    #[test]
+    fn a_newer_epoch_is_preferred() {
+        assert!(eip_local_pref(8) > eip_local_pref(7));
+        assert!(eip_local_pref(0) >= BASE_LOCAL_PREF);
+        assert_eq!(
+            eip_local_pref(u64::MAX),
+            u32::MAX,
+            "saturates, never wraps to a low preference"
+        );
     }
 
     #[test]
     fn losing_an_eip_withdraws_it_and_nothing_else() {
-        let nh: IpAddr = "10.10.0.3".parse().unwrap();
         let cidrs = ["10.244.3.0/24".parse().unwrap()];
-        let before = wanted_routes(&cidrs, &["10.10.0.200".parse().unwrap()].into(), nh);
-        let after = wanted_routes(&cidrs, &BTreeSet::new(), nh);
+        let before = wanted_routes(
+            &cidrs,
+            &BTreeMap::from([("10.10.0.200".parse().unwrap(), 1)]),
+            nh(),
+        );
+        let after = wanted_routes(&cidrs, &BTreeMap::new(), nh());
         let (announce, withdraw) = route_diff(&before, &after);
         assert!(announce.is_empty());
         assert_eq!(withdraw, vec![p("10.10.0.200/32")]);
         let (announce, withdraw) = route_diff(&after, &before);
-        assert_eq!(announce, vec![(p("10.10.0.200/32"), nh)]);
+        assert_eq!(announce.len(), 1);
         assert!(withdraw.is_empty());
     }
 
     #[test]
-    fn a_changed_next_hop_is_announced_again() {
-        let a: IpAddr = "10.10.0.3".parse().unwrap();
-        let b: IpAddr = "10.10.0.4".parse().unwrap();
-        let have = BTreeMap::from([(p("10.10.0.200/32"), a)]);
-        let want = BTreeMap::from([(p("10.10.0.200/32"), b)]);
-        assert_eq!(
-            route_diff(&have, &want),
-            (vec![(p("10.10.0.200/32"), b)], vec![])
+    fn a_changed_epoch_is_announced_again() {
+        let have = wanted_routes(
+            &[],
+            &BTreeMap::from([("10.10.0.200".parse().unwrap(), 1)]),
+            nh(),
         );
+        let want = wanted_routes(
+            &[],
+            &BTreeMap::from([("10.10.0.200".parse().unwrap(), 2)]),
+            nh(),
+        );
+        let (announce, withdraw) = route_diff(&have, &want);
+        assert_eq!(
+            announce,
+            vec![(
+                p("10.10.0.200/32"),
+                Route {
+                    next_hop: nh(),
+                    local_pref: eip_local_pref(2)
+                }
+            )]
+        );
+        assert!(withdraw.is_empty());
     }
 }

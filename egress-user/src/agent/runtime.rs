@@ -284,11 +284,13 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     tracing::info!(eip = %gone, "no longer announcing");
                 }
                 if let Some(bgp) = bgp.as_mut() {
-                    let want = super::bgp::wanted_routes(
-                        &s.pod_cidrs,
-                        &now_announced,
-                        IpAddr::V4(tunnel_ip),
-                    );
+                    let eips: BTreeMap<IpAddr, u64> = desired
+                        .owned_eips
+                        .iter()
+                        .map(|o| (o.eip, u64::from(o.epoch)))
+                        .collect();
+                    let want =
+                        super::bgp::wanted_routes(&s.pod_cidrs, &eips, IpAddr::V4(tunnel_ip));
                     if let Err(e) = bgp.sync(&want).await {
                         tracing::warn!(error = %e, "BGP announcements not in step");
                     }
