@@ -29,6 +29,10 @@ pub struct DatapathConfig {
     pub node_tunnel_ip: [u8; 4],
     /// Seconds a NAT entry lives without traffic, per protocol/state.
     pub timeouts: NatTimeouts,
+    /// Changes whenever the policy tables change (a digest of them); NAT
+    /// entries validated under the current epoch skip the policy lookups.
+    pub policy_epoch: u32,
+    pub _pad1: u32,
 }
 
 /// Idle timeouts in seconds after which a NAT entry's port may be reused.
@@ -65,6 +69,6 @@ mod tests {
         assert_eq!(core::mem::size_of::<NatTimeouts>(), 16);
         assert_eq!(core::mem::offset_of!(DatapathConfig, uplink_mac), 20);
         assert_eq!(core::mem::offset_of!(DatapathConfig, node_tunnel_ip), 28);
-        assert_eq!(core::mem::size_of::<DatapathConfig>(), 48);
+        assert_eq!(core::mem::size_of::<DatapathConfig>(), 56);
     }
 }

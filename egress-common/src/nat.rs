@@ -24,6 +24,9 @@ pub const TCP_SYN_SENT: u8 = 1;
 pub const TCP_ESTABLISHED: u8 = 2;
 pub const TCP_CLOSING: u8 = 3;
 
+/// Forward entry flag: the gateway is this node (no tunnel).
+pub const NAT_LOCAL_GATEWAY: u8 = 1;
+
 /// Value of both NAT maps: the other side of the translation.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,11 +37,16 @@ pub struct NatEntry {
     pub port: u16,
     /// `TCP_*` state (TCP only).
     pub state: u8,
-    pub _pad0: u8,
+    /// Forward map: `NAT_LOCAL_GATEWAY` when the EIP lives on this node.
+    pub flags: u8,
     /// Reverse map: the pod's host-side veth, where replies are delivered.
+    /// Forward map: the gateway's tunnel endpoint (IPv4, network order bytes
+    /// read as a native u32).
     pub ifindex: u32,
     pub policy_id: u32,
-    pub _pad1: u32,
+    /// Forward map: the `policy_epoch` the entry was validated under; while
+    /// it equals the config's, packets skip the policy lookups.
+    pub epoch: u32,
     /// bpf_ktime_get_ns() of the last packet either way.
     pub last_seen_ns: u64,
 }

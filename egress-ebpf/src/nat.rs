@@ -6,7 +6,14 @@ use aya_ebpf::{
     helpers::generated::bpf_ktime_get_ns,
     programs::TcContext,
 };
-use egress_common::{addr::Addr, config::DatapathConfig, drops::*, nat::*, ports::flow_hash};
+use egress_common::{
+    addr::Addr,
+    config::DatapathConfig,
+    drops::*,
+    nat::*,
+    policy::{EgressTarget, TARGET_LOCAL_GATEWAY},
+    ports::flow_hash,
+};
 
 use crate::{
     flow::{rewrite, rewrite_icmp_error, Flow, Side, ICMP_KIND_ERROR},
@@ -35,7 +42,7 @@ fn idle_timeout_ns(cfg: &DatapathConfig, proto: u8, fwd_state: u8, rev_state: u8
 }
 
 #[inline(always)]
-fn next_tcp_state(old: u8, flags: u8) -> u8 {
+pub fn next_tcp_state(old: u8, flags: u8) -> u8 {
     if flags & (TCP_FIN | TCP_RST) != 0 {
         TCP_CLOSING
     } else if flags & TCP_SYN != 0 && old == 0 {
@@ -66,9 +73,16 @@ pub fn forward_port_inner(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     f: &Flow,
-    eip: &Addr,
-    policy_id: u32,
+    target: &EgressTarget,
 ) -> i64 {
+    let eip = if f.v6 { &target.eip_v6 } else { &target.eip_v4 };
+    let policy_id = target.policy_id;
+    let gw = u32::from_ne_bytes(target.gateway_tunnel_ip);
+    let nflags = if target.flags & TARGET_LOCAL_GATEWAY != 0 {
+        NAT_LOCAL_GATEWAY
+    } else {
+        0
+    };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let key = fwd_key(f);
@@ -80,6 +94,11 @@ pub fn forward_port_inner(
                 if f.proto == IPPROTO_TCP {
                     (*e).state = next_tcp_state((*e).state, f.tcp_flags);
                 }
+                // Still right under the current policy tables.
+                (*e).epoch = cfg.policy_epoch;
+                (*e).ifindex = gw;
+                (*e).flags = nflags;
+                (*e).policy_id = policy_id;
                 return i64::from((*e).port);
             }
         }
@@ -112,11 +131,11 @@ pub fn forward_port_inner(
         addr: f.src,
         port: f.sport,
         state: 0,
-        _pad0: 0,
+        flags: 0,
         // SAFETY: skb pointer from the context.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
         policy_id,
-        _pad1: 0,
+        epoch: 0,
         last_seen_ns: now,
     };
     let mut i: u32 = 0;
@@ -175,10 +194,10 @@ pub fn forward_port_inner(
                 addr: *eip,
                 port,
                 state,
-                _pad0: 0,
-                ifindex: 0,
+                flags: nflags,
+                ifindex: gw,
                 policy_id,
-                _pad1: 0,
+                epoch: cfg.policy_epoch,
                 last_seen_ns: now,
             };
             if NAT_FWD.insert(&key, &fwd_val, u64::from(BPF_ANY)).is_err() {
@@ -262,10 +281,9 @@ pub fn forward_port_raw(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     f: &Flow,
-    eip: &Addr,
-    policy_id: u32,
+    target: &EgressTarget,
 ) -> i64 {
-    forward_port_inner(ctx, cfg, f, eip, policy_id)
+    forward_port_inner(ctx, cfg, f, target)
 }
 
 #[inline(always)]
@@ -278,10 +296,9 @@ pub fn forward_port(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     f: &Flow,
-    eip: &Addr,
-    policy_id: u32,
+    target: &EgressTarget,
 ) -> Result<u16, u32> {
-    let v = forward_port_raw(ctx, cfg, f, eip, policy_id);
+    let v = forward_port_raw(ctx, cfg, f, target);
     if v < 0 {
         Err((-(v + 1)) as u32)
     } else {

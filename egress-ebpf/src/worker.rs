@@ -1,15 +1,16 @@
 //! `worker_egress`: TC ingress on a pod's host-side veth (packets from the pod).
 
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use egress_common::{drops::*, policy::*};
+use egress_common::{config::DatapathConfig, drops::*, nat::NAT_LOCAL_GATEWAY, policy::*};
 
 use crate::{
     ctx::drop_with,
     flow::{parse, rewrite, Flow, Side, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
     fwd::{encap, fib_forward},
     hdr::*,
-    maps::{CONFIG, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS},
+    maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS},
     nat::forward_port,
 };
 
@@ -88,6 +89,18 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     if f.icmp_kind == ICMP_KIND_ECHO_REPLY || f.icmp_kind == ICMP_KIND_ERROR {
         return Ok(TC_ACT_OK as i32);
     }
+    let cfg = match CONFIG.get(0) {
+        Some(c) => c,
+        None => return Err(DROP_NO_CONFIG),
+    };
+    // Established flow validated under the current policy tables: no lookups.
+    let v = fast_path(ctx, cfg, f);
+    if v >= 0 {
+        return Ok(v as i32);
+    }
+    if v < -1 {
+        return Err((-(v + 2)) as u32);
+    }
     let src = match POLICY_SRC.get(&Key::new(128, f.src)) {
         Some(s) => s.slots,
         None => return Ok(TC_ACT_OK as i32),
@@ -115,10 +128,6 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         }
         &target.eip_v4
     };
-    let cfg = match CONFIG.get(0) {
-        Some(c) => c,
-        None => return Err(DROP_NO_CONFIG),
-    };
     let local = target.flags & TARGET_LOCAL_GATEWAY != 0;
     if !local
         && f.proto != IPPROTO_TCP
@@ -134,7 +143,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         }
         return Ok(v as i32);
     }
-    let port = forward_port(ctx, cfg, f, eip, target.policy_id)?;
+    let port = forward_port(ctx, cfg, f, target)?;
     rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;
     if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
         let hdrs = if f.v6 { 60 } else { 40 };
@@ -153,4 +162,72 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         return fib_forward(ctx, f);
     }
     encap(ctx, cfg, target.gateway_tunnel_ip)
+}
+
+/// The established-flow path: a forward NAT entry validated under the
+/// current `policy_epoch` carries everything (EIP, port, gateway, policy).
+/// Returns a verdict (>= 0), -1 when the full path must decide (no entry,
+/// stale epoch, or an oversized packet that needs the ICMP answer), or
+/// -(reason + 2) for a drop.
+#[inline(never)]
+fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
+    if cfg.policy_epoch == 0 {
+        return -1;
+    }
+    let key = crate::nat::fwd_key(f);
+    let e = match NAT_FWD.get_ptr_mut(&key) {
+        Some(e) => e,
+        None => return -1,
+    };
+    // SAFETY: valid map value pointer; fields copied before the packet changes.
+    let (eip, port, gw, local, policy_id) = unsafe {
+        if (*e).epoch != cfg.policy_epoch {
+            return -1;
+        }
+        let local = (*e).flags & NAT_LOCAL_GATEWAY != 0;
+        if !local
+            && f.proto != IPPROTO_TCP
+            && (f.v6 || f.df)
+            && cfg.tunnel_mtu != 0
+            && f.l3_len > u32::from(cfg.tunnel_mtu)
+        {
+            return -1;
+        }
+        (*e).last_seen_ns = bpf_ktime_get_ns();
+        if f.proto == IPPROTO_TCP {
+            (*e).state = crate::nat::next_tcp_state((*e).state, f.tcp_flags);
+        }
+        (
+            (*e).addr,
+            (*e).port,
+            (*e).ifindex.to_ne_bytes(),
+            local,
+            (*e).policy_id,
+        )
+    };
+    if rewrite(ctx, f, Side::Src, &eip, port).is_err() {
+        return -(i64::from(DROP_HELPER)) - 2;
+    }
+    if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
+        let hdrs = if f.v6 { 60 } else { 40 };
+        clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
+    }
+    if let Some(s) = POLICY_STATS.get_ptr_mut(&policy_id) {
+        // SAFETY: per-CPU value of this CPU.
+        unsafe {
+            (*s).egress_packets += 1;
+            (*s).egress_bytes += u64::from(ctx.len());
+        }
+    }
+    let r = if local {
+        f.src = eip;
+        f.sport = port;
+        fib_forward(ctx, f)
+    } else {
+        encap(ctx, cfg, gw)
+    };
+    match r {
+        Ok(v) => i64::from(v),
+        Err(reason) => -(i64::from(reason)) - 2,
+    }
 }

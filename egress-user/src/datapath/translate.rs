@@ -99,6 +99,8 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         _pad0: [0; 2],
         node_tunnel_ip: c.node_tunnel_ip.octets(),
         timeouts: c.timeouts,
+        policy_epoch: 0,
+        _pad1: 0,
     };
 
     // Sources and destinations per slot; "no destSubnet" means everything.
@@ -174,6 +176,8 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         out.policy_dst.insert(lpm_key(pre), m);
     }
 
+    out.config.policy_epoch = policy_epoch(&out);
+
     for g in &d.port_blocks {
         let mut blocks: Vec<u16> = g.blocks.clone();
         blocks.sort_unstable();
@@ -227,6 +231,39 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         );
     }
     Ok(out)
+}
+
+/// A digest (FNV-1a, never 0) of everything that decides a flow's policy:
+/// both tries and the slot table. A change makes every NAT entry take the
+/// full policy lookup once more.
+fn policy_epoch(m: &MapContents) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u32::from(*b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    };
+    for ((len, a), v) in &m.policy_src {
+        eat(&len.to_le_bytes());
+        eat(a);
+        eat(&v.slots.to_le_bytes());
+    }
+    for ((len, a), v) in &m.policy_dst {
+        eat(&len.to_le_bytes());
+        eat(a);
+        eat(&v.slots.to_le_bytes());
+        eat(&v.excluded.to_le_bytes());
+        eat(&v.flags.to_le_bytes());
+    }
+    for t in &m.targets {
+        eat(&t.policy_id.to_le_bytes());
+        eat(&t.flags.to_le_bytes());
+        eat(&t.eip_v4);
+        eat(&t.eip_v6);
+        eat(&t.gateway_tunnel_ip);
+    }
+    h.max(1)
 }
 
 /// What the program would pick for a packet from `src` to `dst`: the
@@ -289,6 +326,29 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn policy_epoch_follows_the_policy_tables_only() {
+        let d = DesiredMaps {
+            policies: vec![policy(1, 0, &["10.244.0.0/16"], &[], &[])],
+            ..Default::default()
+        };
+        let a = translate(&d).unwrap().config.policy_epoch;
+        assert_ne!(a, 0);
+        let mut d2 = d.clone();
+        d2.config.vni = 99;
+        assert_eq!(
+            translate(&d2).unwrap().config.policy_epoch,
+            a,
+            "config only"
+        );
+        d2.policies[0].gateway_tunnel_ip = Ipv4Addr::new(10, 0, 0, 2);
+        assert_ne!(
+            translate(&d2).unwrap().config.policy_epoch,
+            a,
+            "new gateway"
+        );
     }
 
     #[test]
