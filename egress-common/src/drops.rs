@@ -17,10 +17,8 @@ pub const DROP_NO_CONFIG: u32 = 6;
 pub const DROP_NAT_INSERT: u32 = 7;
 /// A helper (tunnel key, checksum, store) failed.
 pub const DROP_HELPER: u32 = 8;
-/// Forwarded packet whose TTL/hop limit ran out.
-pub const DROP_TTL: u32 = 9;
 
-pub const DROP_REASONS: usize = 10;
+pub const DROP_REASONS: usize = 9;
 
 /// Names in index order, for tools.
 pub const DROP_NAMES: [&str; DROP_REASONS] = [
@@ -33,5 +31,4 @@ pub const DROP_NAMES: [&str; DROP_REASONS] = [
     "no_config",
     "nat_insert",
     "helper",
-    "ttl",
 ];

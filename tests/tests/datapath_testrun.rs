@@ -1070,3 +1070,56 @@ fn worker_and_gateway_in_one_node_skip_the_tunnel() -> anyhow::Result<()> {
     assert_eq!((r.dst, r.dport), (IpAddr::from(POD), 5353));
     Ok(())
 }
+
+// ---------- userspace apply ----------
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn apply_writes_only_the_difference() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    // The same desired state again: nothing is written or removed.
+    let again = apply(&mut fx.dp, &desired())?;
+    assert_eq!(
+        (again.total_written(), again.total_removed()),
+        (0, 0),
+        "{again:?}"
+    );
+    // An established flow keeps working across a resync that changes nothing.
+    let p = open_flow(&mut fx, &udp4(POD, SERVER, 5353, 53, b"q"));
+    // One more owned EIP and one steering entry fewer: exactly those change.
+    let mut d = desired();
+    d.owned_eips.push(OwnedEip {
+        eip: Ipv4Addr::new(198, 51, 100, 77).into(),
+        answer_neigh: true,
+        node_ip: false,
+        epoch: 3,
+    });
+    d.reply_steering.pop();
+    let r = apply(&mut fx.dp, &d)?;
+    assert_eq!(r.written[egress_common::maps::OWNED_EIPS], 1, "{r:?}");
+    assert_eq!(r.removed[egress_common::maps::REPLY_STEERING], 1, "{r:?}");
+    assert_eq!((r.total_written(), r.total_removed()), (1, 1), "{r:?}");
+    let (rc, out) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, p, b"a"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(check(&out).dport, 5353);
+    // A policy change rewrites the tables it touches and bumps the epoch.
+    let mut d2 = d.clone();
+    d2.policies[0].excluded.push(cidr("203.0.113.0/28"));
+    let r = apply(&mut fx.dp, &d2)?;
+    assert!(r.written[egress_common::maps::POLICY_DST] >= 1, "{r:?}");
+    assert_eq!(
+        r.written[egress_common::maps::CONFIG],
+        1,
+        "new policy epoch: {r:?}"
+    );
+    assert_eq!(r.written[egress_common::maps::PORT_BLOCKS], 0, "{r:?}");
+    // The established flow now goes to an excluded destination: normal path.
+    let pkt = udp4(POD, SERVER, 5353, 53, b"q");
+    let (rc, out) = fx.run("worker_egress", &pkt)?;
+    assert_eq!(
+        (rc, out),
+        (TC_ACT_OK, pkt),
+        "an old NAT entry does not outlive the policy"
+    );
+    Ok(())
+}
