@@ -192,6 +192,87 @@ pub struct Prepared<'a> {
     active: BTreeMap<usize, u32>,
     targets: BTreeMap<u32, PolicyTarget>,
     cluster_cidrs: ClusterCidrs,
+    gateways: Vec<GatewayParts>,
+}
+
+/// One gateway's status, parsed once per view.
+struct GatewayParts {
+    eligible: BTreeSet<String>,
+    /// node -> EIP -> its blocks.
+    blocks: BTreeMap<String, BTreeMap<IpAddr, Vec<PortRange>>>,
+    steering: BTreeMap<(IpAddr, u16), IpAddr>,
+    /// node -> EIPs it owns.
+    owned: BTreeMap<String, BTreeMap<IpAddr, OwnedEip>>,
+}
+
+fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
+    let endpoints: BTreeMap<&str, IpAddr> = view
+        .tunnels
+        .iter()
+        .filter_map(|t| {
+            let n = t.metadata.name.as_deref()?;
+            Some((n, tunnel_endpoint(view, n)?))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for g in &view.gateways {
+        let Some(st) = &g.status else { continue };
+        let size = st.port_block_size.max(1) as u32;
+        let gw_name = g.metadata.name.clone().unwrap_or_default();
+        let mut parts = GatewayParts {
+            eligible: view
+                .nodes
+                .iter()
+                .filter(|n| eligible(g, view, &n.name))
+                .map(|n| n.name.clone())
+                .collect(),
+            blocks: BTreeMap::new(),
+            steering: BTreeMap::new(),
+            owned: BTreeMap::new(),
+        };
+        for b in &st.port_blocks {
+            let Ok(eip) = b.eip.parse::<IpAddr>() else {
+                continue;
+            };
+            let ranges = parts
+                .blocks
+                .entry(b.node.clone())
+                .or_default()
+                .entry(eip)
+                .or_default();
+            ranges.extend(b.blocks.iter().map(|&i| {
+                let first = (i as u32 * size).min(65535) as u16;
+                PortRange {
+                    block: i,
+                    first,
+                    last: (first as u32 + size - 1).min(65535) as u16,
+                }
+            }));
+            ranges.sort();
+            if let Some(ep) = endpoints.get(b.node.as_str()) {
+                for &i in &b.blocks {
+                    parts.steering.insert((eip, i), *ep);
+                }
+            }
+        }
+        for n in &st.node_list {
+            for e in &n.eips {
+                for a in [&e.ipv4, &e.ipv6] {
+                    if let Ok(ip) = a.parse::<IpAddr>() {
+                        parts.owned.entry(n.name.clone()).or_default().insert(
+                            ip,
+                            OwnedEip {
+                                gateway: gw_name.clone(),
+                                epoch: e.epoch,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        out.push(parts);
+    }
+    out
 }
 
 impl<'a> Prepared<'a> {
@@ -289,6 +370,7 @@ impl<'a> Prepared<'a> {
             active,
             targets,
             cluster_cidrs: cc,
+            gateways: gateway_parts(view),
         }
     }
 
@@ -372,52 +454,24 @@ impl<'a> Prepared<'a> {
         out.rules = rules.into_iter().collect();
 
         // Port blocks, reply steering, owned EIPs.
-        for g in &view.gateways {
-            let Some(st) = &g.status else { continue };
-            let size = st.port_block_size.max(1);
-            let gw_name = g.metadata.name.clone().unwrap_or_default();
-            let is_eligible = eligible(g, view, me);
-            out.gateway_eligible |= is_eligible;
-            for b in &st.port_blocks {
-                let Ok(eip) = b.eip.parse::<IpAddr>() else {
-                    continue;
-                };
-                if b.node == me {
+        for g in &self.gateways {
+            out.gateway_eligible |= g.eligible.contains(me);
+            if let Some(b) = g.blocks.get(me) {
+                for (eip, ranges) in b {
                     out.port_blocks
-                        .entry(eip)
+                        .entry(*eip)
                         .or_default()
-                        .extend(b.blocks.iter().map(|&i| {
-                            let first = (i as u32 * size as u32).min(65535) as u16;
-                            PortRange {
-                                block: i,
-                                first,
-                                last: (first as u32 + size as u32 - 1).min(65535) as u16,
-                            }
-                        }));
-                }
-                if is_eligible {
-                    if let Some(ep) = tunnel_endpoint(view, &b.node) {
-                        for &i in &b.blocks {
-                            out.reply_steering.insert((eip, i), ep);
-                        }
-                    }
+                        .extend(ranges.iter().copied());
                 }
             }
+            if g.eligible.contains(me) {
+                out.reply_steering
+                    .extend(g.steering.iter().map(|(k, v)| (*k, *v)));
+            }
             if view.phase(me) == TunnelPhase::Ready {
-                for n in st.node_list.iter().filter(|n| n.name == me) {
-                    for e in &n.eips {
-                        for a in [&e.ipv4, &e.ipv6] {
-                            if let Ok(ip) = a.parse::<IpAddr>() {
-                                out.owned_eips.insert(
-                                    ip,
-                                    OwnedEip {
-                                        gateway: gw_name.clone(),
-                                        epoch: e.epoch,
-                                    },
-                                );
-                            }
-                        }
-                    }
+                if let Some(owned) = g.owned.get(me) {
+                    out.owned_eips
+                        .extend(owned.iter().map(|(k, v)| (*k, v.clone())));
                 }
             }
         }
