@@ -326,6 +326,22 @@ impl Cluster {
         self.egress(&["apply", "-f", &file.to_string_lossy()])
     }
 
+    /// The body of `GET path` from node `i`'s agent admin endpoint.
+    pub fn agent_http(&self, i: usize, path: &str) -> Result<String> {
+        let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
+        self.topo.nodes[i].ns.enter(move || {
+            let mut s = TcpStream::connect(AGENT_ADMIN)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(req.as_bytes())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_owned())
+                .unwrap_or_default())
+        })
+    }
+
     /// The `/state` document of node `i`'s agent.
     pub fn agent_state(&self, i: usize) -> Result<serde_json::Value> {
         self.topo.nodes[i].ns.enter(|| {

@@ -7,6 +7,7 @@
 
 pub mod adapt;
 pub mod bgp;
+pub mod metrics;
 pub mod register;
 pub mod runtime;
 

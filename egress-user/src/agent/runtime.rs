@@ -77,6 +77,8 @@ struct Published {
     policies: usize,
     written: usize,
     removed: usize,
+    /// Policy id (the key of its counters) -> kind/namespace/name.
+    policy_names: BTreeMap<u32, String>,
 }
 
 /// Every EIP assignment in the view, for the fence.
@@ -182,8 +184,11 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     };
     let published = Arc::new(Mutex::new(Published::default()));
     let learned = bgp.as_ref().map(|b| b.learned());
-    let (admin, _admin_task) =
-        admin::serve(s.admin_addr, admin_handler(published.clone(), learned)).await?;
+    let (admin, _admin_task) = admin::serve(
+        s.admin_addr,
+        admin_handler(published.clone(), learned, s.pin_dir.clone()),
+    )
+    .await?;
     println!("ready node={} tunnel={} admin={}", s.node, tunnel_ip, admin);
 
     let cfg = AgentConfig {
@@ -271,6 +276,16 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                         p.fenced = fence.is_fenced(now);
                         p.announced = now_announced.iter().copied().collect();
                         p.policies = desired.policies.len();
+                        p.policy_names = nd
+                            .policies
+                            .iter()
+                            .map(|(id, t)| {
+                                (
+                                    *id,
+                                    format!("{}/{}/{}", t.kind.name(), t.key.namespace, t.key.name),
+                                )
+                            })
+                            .collect();
                         p.written = report.total_written();
                         p.removed = report.total_removed();
                     }
@@ -413,13 +428,31 @@ fn announce_new(
 
 type Learned = Arc<Mutex<BTreeMap<egress_bgp::types::Prefix, IpAddr>>>;
 
-fn admin_handler(published: Arc<Mutex<Published>>, learned: Option<Learned>) -> admin::Handler {
+fn admin_handler(
+    published: Arc<Mutex<Published>>,
+    learned: Option<Learned>,
+    pin_dir: PathBuf,
+) -> admin::Handler {
     Arc::new(move |path: String| {
         let published = published.clone();
         let learned = learned.clone();
+        let pin_dir = pin_dir.clone();
         Box::pin(async move {
             let p = published.lock().unwrap();
             match path.as_str() {
+                "/metrics" => {
+                    let facts = super::metrics::AgentFacts {
+                        policy_names: p.policy_names.clone(),
+                        announced_eips: p.announced.len(),
+                        fenced: p.fenced,
+                        reconciles: p.reconciles,
+                        bgp_learned_routes: learned.map(|l| l.lock().unwrap().len()).unwrap_or(0),
+                    };
+                    Response::ok(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        super::metrics::render(&pin_dir, &facts),
+                    )
+                }
                 "/healthz" => Response::ok("text/plain", "ok\n".into()),
                 "/readyz" if p.ready => Response::ok("text/plain", "ok\n".into()),
                 "/readyz" => Response::unavailable("the first reconcile has not finished"),

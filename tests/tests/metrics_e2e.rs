@@ -1,0 +1,79 @@
+//! The agent's /metrics during real traffic: the per-policy counters grow by
+//! (at least) what the pod sent, and the EIP's NAT use is visible.
+
+use std::time::Duration;
+
+use egress_tests::{
+    cluster::{examples_dir, traffic_report, wait_until, Cluster, ClusterSpec},
+    egress_bin,
+    topology::SERVER_IP,
+    traffic_bin,
+};
+
+/// Value of the sample `name{labels...}` (labels in any order), 0 if absent.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let ex = examples_dir();
+    cluster.apply(&ex.join("gateway.yaml"))?;
+    cluster.apply(&ex.join("policy.yaml"))?;
+    wait_until("w1 applies the policy", Duration::from_secs(30), || {
+        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
+    })?;
+    let policy = [
+        ("policy", "EgressPolicy/default/web"),
+        ("direction", "egress"),
+    ];
+    let before = cluster.agent_http(0, "/metrics")?;
+    let bytes0 = sample(&before, "egress_policy_bytes_total", &policy);
+    let packets0 = sample(&before, "egress_policy_packets_total", &policy);
+
+    let traffic = traffic_bin()?;
+    let t = traffic.to_string_lossy().into_owned();
+    let mut sink = cluster
+        .topo
+        .server
+        .spawn(&[&t, "udp-sink", "0.0.0.0:6000"])?;
+    sink.wait_for_line("ready", Duration::from_secs(10))?;
+    let sent = traffic_report(
+        &cluster.topo.nodes[0].pods[0].ns,
+        &["udp-source", &format!("{SERVER_IP}:6000"), "2"],
+        0.5,
+    )?;
+    let sent = sent["sent"].as_u64().unwrap();
+    assert!(sent > 50, "the source sent too little to measure: {sent}");
+
+    let after = cluster.agent_http(0, "/metrics")?;
+    let bytes = sample(&after, "egress_policy_bytes_total", &policy) - bytes0;
+    let packets = sample(&after, "egress_policy_packets_total", &policy) - packets0;
+    // Each datagram is 64 bytes of payload + 8 UDP + 20 IPv4 at least.
+    assert!(
+        packets >= sent as f64,
+        "{packets} packets counted for {sent} sent:\n{after}"
+    );
+    assert!(
+        bytes >= (sent * 92) as f64,
+        "{bytes} bytes counted for {sent} datagrams:\n{after}"
+    );
+    assert!(
+        after.contains("egress_nat_entries{eip=\"10.10.0.200\"}"),
+        "no NAT use for the EIP:\n{after}"
+    );
+    sink.signal_term();
+    Ok(())
+}
