@@ -65,9 +65,20 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
         );
     }
     step("tests (privileged: namespaces, BPF, real peers)");
+    // Every privileged test is #[ignore]d so that a plain `cargo test` runs
+    // anywhere; benchmarks and generators are ignored too and skipped here.
     exec(&mut cargo(
         root,
-        &["test", "--workspace", "--", "--ignored"],
+        &[
+            "test",
+            "--workspace",
+            "--",
+            "--ignored",
+            "--skip",
+            "bench_",
+            "--skip",
+            "write_seed_corpus",
+        ],
     ))?;
     step("demo, short mode (sub-second timers), asserting its summary");
     crate::demo::run(
