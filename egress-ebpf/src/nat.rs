@@ -7,7 +7,6 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use egress_common::{
-    addr::Addr,
     config::DatapathConfig,
     drops::*,
     nat::*,

@@ -44,15 +44,17 @@ pub fn run(root: &Path) -> Result<()> {
             out.status
         );
     }
+    // libtest may print "test bench_datapath ... " on the same line first.
     let json = stdout
         .lines()
         .rev()
-        .find(|l| l.trim_start().starts_with('{'))
+        .filter_map(|l| l.find('{').map(|i| &l[i..]))
+        .find(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
         .context("the benchmark printed no JSON line")?
         .to_string();
-    serde_json::from_str::<serde_json::Value>(&json).context("the benchmark's JSON line")?;
-    for line in stdout.lines().filter(|l| *l != json) {
-        if !line.trim().is_empty() && !line.starts_with("test ") && !line.starts_with("running ") {
+    for line in stdout.lines().filter(|l| !l.contains(json.as_str())) {
+        let l = line.trim();
+        if !l.is_empty() && l != "ok" && !l.starts_with("test ") && !l.starts_with("running ") {
             println!("{line}");
         }
     }
