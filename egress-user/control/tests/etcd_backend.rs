@@ -348,3 +348,42 @@ async fn controller_reconciles_through_etcd() {
         h.await.unwrap().unwrap();
     }
 }
+
+#[tokio::test]
+async fn status_writes_are_fenced_by_the_leader_term() {
+    let etcd = EtcdServer::start().unwrap();
+    let old = connect(&etcd, "/f").await;
+    let new = connect(&etcd, "/f").await;
+    old.create(Kind::EgressGateway, gw("g")).await.unwrap();
+    let k = ObjectKey::cluster("g");
+    let w = |e: u64| StatusPatch::owning_all("c", json!({"epoch": e}));
+    let lead = old
+        .try_acquire("ctl", "old", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    old.fence(Some(&lead)).await.unwrap();
+    old.write_status(Kind::EgressGateway, &k, &w(1))
+        .await
+        .unwrap();
+    // The old leader is deposed (its key goes; a new term starts) while
+    // it still believes it leads: its next write must not land.
+    old.resign(&lead).await.unwrap();
+    let l2 = new
+        .try_acquire("ctl", "new", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    new.fence(Some(&l2)).await.unwrap();
+    let e = old
+        .write_status(Kind::EgressGateway, &k, &w(99))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, DatastoreError::LostLeadership { .. }), "{e}");
+    new.write_status(Kind::EgressGateway, &k, &w(2))
+        .await
+        .unwrap();
+    let g: EgressGateway =
+        decode(&new.get(Kind::EgressGateway, &k).await.unwrap().unwrap()).unwrap();
+    assert_eq!(g.status.unwrap().epoch, 2);
+}

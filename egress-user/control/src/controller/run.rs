@@ -311,6 +311,8 @@ pub async fn run_controller_with_stats(
         tracing::info!(identity = %cfg.identity, term = lead.term, "leading");
         stats.leader.store(true, Relaxed);
         stats.term.store(lead.term, Relaxed);
+        // From here every status write is fenced by this term.
+        ds.fence(Some(&lead)).await?;
         println!("controller {} leading, term {}", cfg.identity, lead.term);
         let mut monitor = HeartbeatMonitor::new(Instant::now());
         let mut cache = ViewCache::start(ds.as_ref()).await?;
@@ -320,6 +322,7 @@ pub async fn run_controller_with_stats(
             if let Err(e) = ds.renew_leadership(&lead).await {
                 tracing::warn!("lost leadership: {e}");
                 stats.leader.store(false, Relaxed);
+                ds.fence(None).await?;
                 break;
             }
             stats.passes.fetch_add(1, Relaxed);
@@ -330,6 +333,12 @@ pub async fn run_controller_with_stats(
                         tracing::debug!(writes = n, "reconciled");
                     }
                 }
+                Err(crate::datastore::DatastoreError::LostLeadership { .. }) => {
+                    tracing::warn!("a write was fenced off: another replica leads");
+                    stats.leader.store(false, Relaxed);
+                    ds.fence(None).await?;
+                    break;
+                }
                 Err(e) => {
                     stats.errors.fetch_add(1, Relaxed);
                     tracing::warn!("reconcile failed: {e}");
@@ -337,6 +346,7 @@ pub async fn run_controller_with_stats(
             }
             tokio::select! {
                 _ = &mut shutdown => {
+                    let _ = ds.fence(None).await;
                     let _ = ds.resign(&lead).await;
                     return Ok(());
                 }

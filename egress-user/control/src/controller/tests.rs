@@ -739,3 +739,60 @@ async fn cached_passes_see_their_own_writes_at_once() {
     assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
     assert_eq!(policy_status(&ds, "q").await.eip.ipv4, "10.0.0.2");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deposed_leader_cannot_write() {
+    use std::time::Duration;
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1"], "", "a"),
+    )
+    .await
+    .unwrap();
+    let old = ds.handle();
+    let new = ds.handle();
+    let lead = old
+        .try_acquire("e", "old", Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    old.fence(Some(&lead)).await.unwrap();
+    let w = |st: serde_json::Value| StatusPatch::owning_all("c", st);
+    old.write_status(
+        Kind::EgressGateway,
+        &ObjectKey::cluster("g1"),
+        &w(json!({"epoch": 1})),
+    )
+    .await
+    .unwrap();
+    // The old leader stalls past its lease; another replica takes over.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let l2 = new
+        .try_acquire("e", "new", Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(l2.term > lead.term);
+    new.fence(Some(&l2)).await.unwrap();
+    let e = old
+        .write_status(
+            Kind::EgressGateway,
+            &ObjectKey::cluster("g1"),
+            &w(json!({"epoch": 99})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, crate::datastore::DatastoreError::LostLeadership { .. }),
+        "{e}"
+    );
+    new.write_status(
+        Kind::EgressGateway,
+        &ObjectKey::cluster("g1"),
+        &w(json!({"epoch": 2})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(gw_status(&ds, "g1").await.epoch, 2);
+}

@@ -27,6 +27,8 @@ pub struct EtcdDatastore {
     client: Client,
     prefix: String,
     seq: AtomicU64,
+    /// (leader key, term, election) every status write is conditioned on.
+    fence: std::sync::Mutex<Option<(String, i64, String)>>,
 }
 
 impl EtcdDatastore {
@@ -41,6 +43,7 @@ impl EtcdDatastore {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
             seq: AtomicU64::new(0),
+            fence: std::sync::Mutex::new(None),
         })
     }
 
@@ -94,14 +97,33 @@ impl EtcdDatastore {
             if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("resourceVersion");
             }
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    path.clone(),
+            let mut when = vec![Compare::mod_revision(
+                path.clone(),
+                CompareOp::Equal,
+                cur.revision as i64,
+            )];
+            let fence = self.fence.lock().unwrap().clone();
+            if let Some((key, term, _)) = &fence {
+                when.push(Compare::create_revision(
+                    key.clone(),
                     CompareOp::Equal,
-                    cur.revision as i64,
-                )])
-                .and_then([TxnOp::put(path.clone(), serde_json::to_vec(&new)?, None)]);
+                    *term,
+                ));
+            }
+            let txn = Txn::new().when(when).and_then([TxnOp::put(
+                path.clone(),
+                serde_json::to_vec(&new)?,
+                None,
+            )]);
             let resp = self.client().txn(txn).await?;
+            if !resp.succeeded() {
+                if let Some((key, term, election)) = fence {
+                    let r = self.client().get(key, None).await?;
+                    if r.kvs().first().map(|kv| kv.create_revision()) != Some(term) {
+                        return Err(DatastoreError::LostLeadership { election });
+                    }
+                }
+            }
             if resp.succeeded() {
                 let rev = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
                 set_revision(&mut new, rev);
@@ -466,6 +488,17 @@ impl Datastore for EtcdDatastore {
             Some(PutOptions::new().with_lease(lease)),
         )
         .await?;
+        Ok(())
+    }
+
+    async fn fence(&self, lead: Option<&Leadership>) -> Result<()> {
+        *self.fence.lock().unwrap() = lead.map(|l| {
+            (
+                format!("{}/leaders/{}", self.prefix, l.election),
+                l.term as i64,
+                l.election.clone(),
+            )
+        });
         Ok(())
     }
 

@@ -27,11 +27,16 @@ struct State {
     inject_conflicts: u32,
 }
 
+/// A fence per handle: [`MemoryDatastore::handle`] gives another handle on
+/// the same data with its own fence, as a second replica would have.
+type Fence = Arc<Mutex<Option<(String, u64)>>>;
+
 /// A datastore in memory. Clones share the same state.
 #[derive(Clone)]
 pub struct MemoryDatastore {
     state: Arc<Mutex<State>>,
     tx: broadcast::Sender<WatchEvent>,
+    fence: Fence,
 }
 
 impl Default for MemoryDatastore {
@@ -46,6 +51,16 @@ impl MemoryDatastore {
         Self {
             state: Arc::default(),
             tx,
+            fence: Arc::default(),
+        }
+    }
+
+    /// Another handle on the same data with its own fence (a second replica).
+    pub fn handle(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            tx: self.tx.clone(),
+            fence: Arc::default(),
         }
     }
 
@@ -215,6 +230,17 @@ impl Datastore for MemoryDatastore {
             return Err(DatastoreError::NoStatus { kind });
         }
         let mut st = self.state.lock().unwrap();
+        let fence = self.fence.lock().unwrap().clone();
+        if let Some((election, term)) = fence {
+            let now = Instant::now();
+            let ok = st
+                .leaders
+                .get(&election)
+                .is_some_and(|(i, until)| i.term == term && *until > now);
+            if !ok {
+                return Err(DatastoreError::LostLeadership { election });
+            }
+        }
         let Some(cur) = st.objects.get(&(kind, key.clone())).cloned() else {
             return Err(DatastoreError::NotFound {
                 kind,
@@ -355,6 +381,11 @@ impl Datastore for MemoryDatastore {
 
     async fn events(&self) -> Result<Vec<Event>> {
         Ok(self.state.lock().unwrap().events.clone())
+    }
+
+    async fn fence(&self, lead: Option<&Leadership>) -> Result<()> {
+        *self.fence.lock().unwrap() = lead.map(|l| (l.election.clone(), l.term));
+        Ok(())
     }
 }
 

@@ -258,6 +258,18 @@ pub trait Datastore: Send + Sync {
     async fn record_event(&self, event: Event) -> Result<()>;
     /// Recent events, oldest first.
     async fn events(&self) -> Result<Vec<Event>>;
+
+    /// Fences every later status write of this handle with `lead`: a write
+    /// made after another replica took the leadership fails with
+    /// `LostLeadership` and changes nothing, atomically where the backend
+    /// can (etcd: the write's transaction compares the leader key's term;
+    /// memory: under its lock). `None` lifts the fence. The Kubernetes API
+    /// has no cross-object compare: there the default (no fence) holds and
+    /// the Lease renewal before each pass is the guard.
+    async fn fence(&self, lead: Option<&Leadership>) -> Result<()> {
+        let _ = lead;
+        Ok(())
+    }
 }
 
 /// Fills the bookkeeping fields of a new object's metadata.
