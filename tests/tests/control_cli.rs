@@ -193,7 +193,8 @@ fn apply_get_delete_pods_and_controller_on_etcd() {
 fn http_get(port: u16, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out

@@ -151,9 +151,16 @@ async fn serve_metrics(listener: tokio::net::TcpListener, stats: Arc<LoopStats>)
         };
         let stats = stats.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n = sock.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
+            // Read the request head (up to 8 KiB), then answer.
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+                match sock.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let req = String::from_utf8_lossy(&buf);
             let body = if req.starts_with("GET /healthz") {
                 "ok\n".to_string()
             } else {
