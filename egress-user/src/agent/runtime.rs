@@ -62,6 +62,8 @@ pub struct AgentSettings {
     pub admin_addr: SocketAddr,
     /// A full reconcile at least this often, whatever the watches say.
     pub resync: Duration,
+    /// Answer datapath probes on (tunnel address, port) with these settings.
+    pub probe: Option<(egress_failover::probe::SessionConfig, u16)>,
     /// Peer with these reflectors and announce pod CIDRs and owned EIPs.
     pub bgp: Option<super::bgp::AgentBgpConfig>,
 }
@@ -136,10 +138,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     // The kernel edge first: a node whose datapath cannot come up must not
     // register as Ready.
     let mut dp = Datapath::load(EBPF_OBJECT, &s.pin_dir)?;
-    let vxlan_ifindex = vxlan::ensure(&handle, &s.vxlan).await?;
     let uplink = vxlan::find_link(&handle, &s.uplink)
         .await?
         .with_context(|| format!("uplink interface {} does not exist (--uplink)", s.uplink))?;
+    let mut s = s;
+    if s.vxlan.mtu == 0 {
+        // VXLAN over IPv4 adds 50 bytes.
+        s.vxlan.mtu = uplink.mtu.saturating_sub(50);
+    }
+    let vxlan_ifindex = vxlan::ensure(&handle, &s.vxlan).await?;
     let uplink_mac = uplink
         .mac
         .with_context(|| format!("uplink {} has no Ethernet address", s.uplink))?;
@@ -178,6 +185,28 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     register(ds.as_ref(), &me).await?;
     tracing::info!(node = %s.node, %tunnel_ip, "registered; datapath attached");
 
+    // The controller probes gateway candidates over the underlay; answering
+    // from here proves this node's datapath, not just its datastore link.
+    let prober = match s.probe {
+        Some((session, port)) => Some(
+            egress_failover::prober::Prober::start(egress_failover::prober::ProberConfig {
+                bind: SocketAddr::new(IpAddr::V4(tunnel_ip), port),
+                session,
+                accept_unknown_peers: true,
+            })
+            .await
+            .map(|(prober, mut events)| {
+                tokio::spawn(async move {
+                    while let Some(ev) = events.recv().await {
+                        tracing::debug!(?ev, "probe session change");
+                    }
+                });
+                prober
+            })
+            .context("starting the probe responder")?,
+        ),
+        None => None,
+    };
     let mut bgp = match &s.bgp {
         Some(cfg) => Some(super::bgp::AgentBgp::start(cfg, tunnel_ip).await?),
         None => None,
@@ -355,6 +384,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             }
             _ = resync.tick() => dirty = true,
         }
+    }
+    if let Some(p) = prober {
+        // AdminDown tells the peers this is a restart, not a dead datapath.
+        p.shutdown().await;
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())

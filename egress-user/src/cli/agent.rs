@@ -52,8 +52,8 @@ pub struct AgentArgs {
     /// VXLAN UDP port.
     #[arg(long, default_value_t = 4789)]
     pub vxlan_port: u16,
-    /// MTU of the tunnel device (underlay MTU minus 50).
-    #[arg(long, default_value_t = 1450)]
+    /// MTU of the tunnel device; 0: the uplink's MTU minus 50 (VXLAN over IPv4).
+    #[arg(long, default_value_t = 0)]
     pub mtu: u32,
     /// This node's pod CIDRs (where the datastore does not know them).
     #[arg(long = "pod-cidr")]
@@ -81,6 +81,24 @@ pub struct AgentArgs {
     pub admin_addr: SocketAddr,
     #[command(flatten)]
     pub datastore: DatastoreArgs,
+    /// Namespace of the heartbeat Leases (with --datastore kubernetes).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "egress-system")]
+    pub lease_namespace: String,
+    /// Serve /metrics, /healthz, /readyz and /state on 0.0.0.0:PORT (instead of --admin-addr).
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+    /// Answer the controller's datapath probes (BFD-style, UDP) on the tunnel address.
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+    pub gateway_failover: bool,
+    /// Probe interval in milliseconds (what this node asks its prober peers for).
+    #[arg(long, default_value_t = 200)]
+    pub probe_interval_ms: u32,
+    /// Probes missed before a peer is declared down.
+    #[arg(long, default_value_t = 3)]
+    pub probe_detect_multiplier: u8,
+    /// UDP port of the probes.
+    #[arg(long, default_value_t = egress_failover::prober::DEFAULT_PROBE_PORT)]
+    pub probe_port: u16,
     #[command(flatten)]
     pub bgp: AgentBgpArgs,
 }
@@ -155,7 +173,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &args.tunnel_monitor_period,
         &args.eip_eviction_timeout,
     )?;
-    let ds = args.datastore.connect().await?;
+    let ds = super::controller::connect(&args.datastore, &args.lease_namespace).await?;
+    anyhow::ensure!(
+        (1..=255).contains(&args.probe_detect_multiplier) && args.probe_interval_ms >= 10,
+        "--probe-interval-ms must be at least 10 and --probe-detect-multiplier from 1 to 255"
+    );
     let settings = AgentSettings {
         node,
         labels: args.node_labels.iter().cloned().collect::<BTreeMap<_, _>>(),
@@ -173,7 +195,18 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         timers,
         l2_announce: !args.no_l2_announce,
         pin_dir: args.pin_dir.clone(),
-        admin_addr: args.admin_addr,
+        admin_addr: match args.metrics_port {
+            Some(port) => SocketAddr::from(([0, 0, 0, 0], port)),
+            None => args.admin_addr,
+        },
+        probe: args.gateway_failover.then_some((
+            egress_failover::probe::SessionConfig {
+                desired_min_tx_ms: args.probe_interval_ms,
+                required_min_rx_ms: args.probe_interval_ms,
+                detect_multiplier: args.probe_detect_multiplier,
+            },
+            args.probe_port,
+        )),
         resync: Duration::from_secs(30),
         bgp: args.bgp.config().await?,
     };
