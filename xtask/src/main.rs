@@ -1,5 +1,8 @@
 //! Project tasks: `cargo xtask <setup|build-ebpf|test|demo|e2e|bench>`.
 
+mod bench_bgp;
+mod bench_control_plane;
+mod bench_datapath;
 mod bench_failover;
 mod build_ebpf;
 mod demo;
@@ -53,8 +56,19 @@ enum Task {
         #[arg(long, default_value_t = 3)]
         probe_detect_multiplier: u32,
     },
-    /// Benchmarks: `failover`.
-    Bench { what: String },
+    /// Benchmarks (not part of the tests): `datapath`, `control-plane`, `failover`, `bgp`.
+    Bench {
+        what: String,
+        /// For `bgp`: how many routes to send (default 100000).
+        #[arg(long)]
+        routes: Option<usize>,
+        /// For `bgp`: receiving clients (default 10).
+        #[arg(long)]
+        clients: Option<usize>,
+        /// For `bgp`: which implementations take the reflector's seat, comma separated (default all).
+        #[arg(long, value_delimiter = ',')]
+        reflectors: Vec<String>,
+    },
 }
 
 fn main() {
@@ -99,10 +113,19 @@ fn main() {
             default_timers,
             probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
         ),
-        Task::Bench { what } => match what.as_str() {
+        Task::Bench {
+            what,
+            routes,
+            clients,
+            reflectors,
+        } => match what.as_str() {
+            "datapath" => bench_datapath::run(&root),
+            "control-plane" => bench_control_plane::run(&root),
             "failover" => bench_failover::run(&root),
+            "bgp" => bench_bgp_args(routes, clients, &reflectors)
+                .and_then(|args| bench_bgp::run_bench(&root, args)),
             other => Err(anyhow::anyhow!(
-                "unknown benchmark {other:?}; one of: failover"
+                "unknown benchmark {other:?}; one of: datapath, control-plane, failover, bgp"
             )),
         },
     };
@@ -110,6 +133,26 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn bench_bgp_args(
+    routes: Option<usize>,
+    clients: Option<usize>,
+    reflectors: &[String],
+) -> anyhow::Result<bench_bgp::BenchArgs> {
+    let mut args = bench_bgp::BenchArgs::default();
+    args.routes = routes.unwrap_or(args.routes);
+    args.clients = clients.unwrap_or(args.clients);
+    if !reflectors.is_empty() {
+        args.reflectors = reflectors
+            .iter()
+            .map(|r| {
+                bench_bgp::Reflector::parse(r)
+                    .ok_or_else(|| anyhow::anyhow!("--reflectors: unknown implementation {r:?}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    Ok(args)
 }
 
 /// The workspace root: the parent of this crate's manifest folder.
