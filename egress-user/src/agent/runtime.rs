@@ -35,7 +35,6 @@ use crate::{
     admin::{self, Response},
     datapath::{apply, links, Datapath, DesiredMaps, PinnedMaps},
     node::{
-        announce,
         vxlan::{self, VxlanSpec},
         watch::{LinkEvent, LinkWatch},
     },
@@ -323,7 +322,13 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                         published.lock().unwrap().last_error = Some(e.to_string());
                     }
                 }
-                announce_new(&facts, &desired, &announced, &now_announced, s.l2_announce);
+                announce_new(
+                    &s.uplink,
+                    &desired,
+                    &announced,
+                    &now_announced,
+                    s.l2_announce,
+                );
                 for gone in announced.difference(&now_announced) {
                     tracing::info!(eip = %gone, "no longer announcing");
                 }
@@ -435,7 +440,7 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 
 /// Gratuitous ARP / unsolicited NA for every EIP this node just took over.
 fn announce_new(
-    facts: &NodeFacts,
+    uplink: &str,
     desired: &DesiredMaps,
     before: &BTreeSet<IpAddr>,
     now: &BTreeSet<IpAddr>,
@@ -452,7 +457,7 @@ fn announce_new(
         if node_ip {
             continue;
         }
-        match announce::announce(facts.uplink_ifindex, facts.uplink_mac, *eip) {
+        match crate::datapath::announce::announce_eip(uplink, *eip, 2) {
             Ok(()) => tracing::info!(eip = %eip, "took over; announced with gratuitous ARP/NA"),
             Err(e) => tracing::warn!(eip = %eip, error = %e, "gratuitous announcement failed"),
         }

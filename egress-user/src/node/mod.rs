@@ -3,7 +3,6 @@
 //! What should exist is decided by pure functions; the netlink calls only
 //! carry the decision out.
 
-pub mod announce;
 pub mod link;
 pub mod vxlan;
 pub mod watch;
