@@ -117,6 +117,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             port_block_size: args.port_block_size,
             first_port: 1024,
         },
+        ..Default::default()
     };
     let stats = Arc::new(LoopStats::default());
     if args.metrics_port != 0 {

@@ -29,6 +29,9 @@ pub struct RunConfig {
     pub lease_ttl: Duration,
     pub timers: TimerConfig,
     pub controller: ControllerConfig,
+    /// After a change wakes the loop, how long to gather further changes
+    /// into the same pass (heartbeat timeouts are not delayed by this).
+    pub coalesce: Duration,
 }
 
 impl Default for RunConfig {
@@ -39,6 +42,7 @@ impl Default for RunConfig {
             lease_ttl: Duration::from_secs(15),
             timers: TimerConfig::default(),
             controller: ControllerConfig::default(),
+            coalesce: Duration::from_millis(50),
         }
     }
 }
@@ -352,7 +356,19 @@ pub async fn run_controller_with_stats(
                 }
                 _ = ticker.tick() => {}
                 batch = cache.next_batch() => match batch {
-                    Some(Ok(_)) => {}
+                    Some(Ok(_)) => {
+                        // Gather what follows closely into the same pass.
+                        if !cfg.coalesce.is_zero() {
+                            tokio::time::sleep(cfg.coalesce).await;
+                            while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
+                                if let Err(e) = b {
+                                    tracing::warn!("watch: {e}; listing again");
+                                    cache = ViewCache::start(ds.as_ref()).await?;
+                                    break;
+                                }
+                            }
+                        }
+                    }
                     // A watch failed or fell behind: list again.
                     Some(Err(e)) => {
                         tracing::warn!("watch: {e}; listing again");
