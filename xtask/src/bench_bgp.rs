@@ -446,3 +446,18 @@ pub fn run_bench(root: &Path, args: BenchArgs) -> Result<()> {
     println!("{}", serde_json::Value::Object(out));
     Ok(())
 }
+
+/// Entry point for `cargo xtask bench bgp [--routes N] [--only ours,frr]`.
+pub fn run_cli(root: &Path, routes: Option<usize>, only: Option<&str>) -> Result<()> {
+    let mut args = BenchArgs::default();
+    if let Some(n) = routes {
+        args.routes = n;
+    }
+    if let Some(list) = only {
+        args.reflectors = list
+            .split(',')
+            .map(|k| Reflector::parse(k.trim()).with_context(|| format!("unknown reflector {k:?}")))
+            .collect::<Result<_>>()?;
+    }
+    run_bench(root, args)
+}
