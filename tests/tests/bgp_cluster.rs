@@ -72,20 +72,27 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
     )?;
 
     // The reflector shows every node as an established client.
-    let status = cluster.topo.fabric.exec(&[
-        egress.to_str().unwrap(),
-        "bgp",
-        "status",
-        "--admin-addr",
-        REFLECTOR_ADMIN,
-        "--json",
-    ])?;
-    let status: serde_json::Value = serde_json::from_str(&status)?;
-    let peers = status["peers"].as_array().cloned().unwrap_or_default();
-    let established = peers
-        .iter()
-        .filter(|p| p["client"] == true && p["state"] == "Established")
-        .count();
-    assert_eq!(established, cluster.topo.nodes.len(), "{status}");
+    // (The last node to register may still be connecting: wait for it.)
+    let established = || -> anyhow::Result<usize> {
+        let status = cluster.topo.fabric.exec(&[
+            egress.to_str().unwrap(),
+            "bgp",
+            "status",
+            "--admin-addr",
+            REFLECTOR_ADMIN,
+            "--json",
+        ])?;
+        let status: serde_json::Value = serde_json::from_str(&status)?;
+        let peers = status["peers"].as_array().cloned().unwrap_or_default();
+        Ok(peers
+            .iter()
+            .filter(|p| p["client"] == true && p["state"] == "Established")
+            .count())
+    };
+    wait_until(
+        "every node is an established client",
+        Duration::from_secs(30),
+        || Ok(established()? == cluster.topo.nodes.len()),
+    )?;
     Ok(())
 }
