@@ -72,6 +72,7 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
         &[
             "test",
             "--workspace",
+            "--no-fail-fast",
             "--",
             "--ignored",
             "--skip",
