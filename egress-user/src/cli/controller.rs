@@ -89,6 +89,12 @@ pub struct ControllerArgs {
     pub probe_interval_ms: u64,
     #[arg(long, default_value_t = 3)]
     pub probe_detect_multiplier: u32,
+    /// Run the BGP route reflector in this process: every replica reflects
+    /// (one shared --bgp-cluster-id), the nodes in the datastore are its clients.
+    #[arg(long = "bgp", action = clap::ArgAction::Set, default_value_t = false)]
+    pub bgp_enabled: bool,
+    #[command(flatten)]
+    pub bgp: super::bgp::BgpArgs,
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -108,6 +114,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         format!("{}-{}", host.trim(), std::process::id())
     });
     let ds = connect(&args.datastore, &args.lease_namespace).await?;
+    // Kept for the life of the process; the reflector runs on every replica.
+    let _reflector = if args.bgp_enabled {
+        Some(start_reflector(&args.bgp, ds.clone()).await?)
+    } else {
+        None
+    };
     let cfg = RunConfig {
         identity,
         election: args.leader_election_lease_name.clone(),
@@ -141,6 +153,26 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         stats,
     )
     .await
+}
+
+/// Starts the route reflector and keeps its clients equal to the registered nodes.
+async fn start_reflector(
+    bgp: &super::bgp::BgpArgs,
+    ds: Arc<dyn Datastore>,
+) -> anyhow::Result<egress_bgp::speaker::Speaker> {
+    let cfg = bgp.speaker_config(None)?;
+    let mut exclude: std::collections::BTreeSet<std::net::IpAddr> =
+        cfg.peers.iter().map(|p| p.address).collect();
+    exclude.insert(std::net::IpAddr::V4(cfg.router_id));
+    let asn = cfg.local_asn;
+    let speaker = egress_bgp::speaker::Speaker::start(cfg).await?;
+    tokio::spawn(crate::reflector_clients::keep_in_step(
+        ds,
+        speaker.handle(),
+        asn,
+        exclude,
+    ));
+    Ok(speaker)
 }
 
 /// A minimal HTTP endpoint: `/healthz` answers 200 while the process runs;

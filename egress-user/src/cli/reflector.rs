@@ -70,6 +70,8 @@ pub async fn run(args: ReflectorArgs) -> Result<()> {
     tracing::info!(%listen, %admin, "reflector running");
     println!("ready bgp={listen} admin={admin}");
     super::agent::shutdown_signal().await;
-    speaker.shutdown().await;
+    // Close without NOTIFICATION: every graceful-restart helper keeps our routes
+    // for our restart time, so a reflector restart drops nothing (RFC 4724).
+    speaker.abort();
     Ok(())
 }

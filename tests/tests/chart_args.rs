@@ -1,0 +1,88 @@
+//! The chart and the binary agree: every container command the chart renders
+//! parses with the `egress` binary's own command line definition, so a
+//! deployed agent or controller cannot crash-loop on an unknown flag.
+
+#[path = "../../xtask/src/helm.rs"]
+#[allow(dead_code)]
+mod helm;
+
+use std::{path::Path, process::Command};
+
+use clap::Parser;
+use egress_user::cli::Cli;
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `command` + `args` of every container in the rendered chart, by container name.
+fn rendered_commands(sets: &[&str]) -> Vec<(String, Vec<String>)> {
+    let helm = helm::ensure_helm(&root()).expect("helm for the chart tests");
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "rel"])
+        .arg(root().join("charts/egress-gateway"));
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("running helm");
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut found = Vec::new();
+    for doc in serde_yaml::Deserializer::from_slice(&out.stdout) {
+        let v = serde_yaml::Value::deserialize(doc).unwrap();
+        let containers = &v["spec"]["template"]["spec"]["containers"];
+        for c in containers.as_sequence().into_iter().flatten() {
+            let mut argv: Vec<String> = Vec::new();
+            for key in ["command", "args"] {
+                for a in c[key].as_sequence().into_iter().flatten() {
+                    argv.push(a.as_str().unwrap_or_default().to_owned());
+                }
+            }
+            found.push((c["name"].as_str().unwrap_or_default().to_owned(), argv));
+        }
+    }
+    found
+}
+
+/// Kubernetes expands `$(VAR)` from the container's env; stand in plausible values.
+fn expand(arg: &str) -> String {
+    arg.replace("$(NODE_NAME)", "node-1")
+        .replace("$(NODE_IP)", "10.0.0.11")
+        .replace("$(POD_IP)", "10.244.0.9")
+        .replace("$(POD_NAME)", "pod-1")
+        .replace("$(POD_NAMESPACE)", "egress-system")
+}
+
+use serde::Deserialize;
+
+fn assert_parses(sets: &[&str]) {
+    let commands = rendered_commands(sets);
+    let mut seen = 0;
+    for (name, argv) in commands {
+        if argv.first().map(String::as_str) != Some("egress") {
+            continue;
+        }
+        seen += 1;
+        let argv: Vec<String> = argv.iter().map(|a| expand(a)).collect();
+        if let Err(e) = Cli::try_parse_from(&argv) {
+            panic!("container {name} (values {sets:?}): the binary rejects {argv:?}:\n{e}");
+        }
+    }
+    assert!(
+        seen >= 2,
+        "expected the agent and controller containers, found {seen}"
+    );
+}
+
+#[test]
+fn default_chart_commands_parse() {
+    assert_parses(&[]);
+}
+
+#[test]
+fn chart_commands_parse_with_bgp_and_failover_off() {
+    assert_parses(&["bgp.enabled=false", "feature.gatewayFailover.enable=false"]);
+}
