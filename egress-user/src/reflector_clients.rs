@@ -82,7 +82,7 @@ pub async fn keep_in_step(
         // Wait for a node change (or re-list every 30 s, or after an error).
         let wait = async {
             if let Some(rev) = rev {
-                if let Ok(mut w) = ds.watch(Kind::Node, rev + 1).await {
+                if let Ok(mut w) = ds.watch(Kind::Node, rev).await {
                     let _ = w.next().await;
                     return;
                 }

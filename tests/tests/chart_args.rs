@@ -3,7 +3,6 @@
 //! deployed agent or controller cannot crash-loop on an unknown flag.
 
 #[path = "../../xtask/src/helm.rs"]
-#[allow(dead_code)]
 mod helm;
 
 use std::{path::Path, process::Command};

@@ -62,12 +62,9 @@ enum Task {
         /// For `bgp`: how many routes to send (default 100000).
         #[arg(long)]
         routes: Option<usize>,
-        /// For `bgp`: receiving clients (default 10).
+        /// For `bgp`: which implementations take the reflector's seat, e.g. `ours,frr` (default all).
         #[arg(long)]
-        clients: Option<usize>,
-        /// For `bgp`: which implementations take the reflector's seat, comma separated (default all).
-        #[arg(long, value_delimiter = ',')]
-        reflectors: Vec<String>,
+        only: Option<String>,
     },
 }
 
@@ -113,17 +110,11 @@ fn main() {
             default_timers,
             probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
         ),
-        Task::Bench {
-            what,
-            routes,
-            clients,
-            reflectors,
-        } => match what.as_str() {
+        Task::Bench { what, routes, only } => match what.as_str() {
             "datapath" => bench_datapath::run(&root),
             "control-plane" => bench_control_plane::run(&root),
             "failover" => bench_failover::run(&root),
-            "bgp" => bench_bgp_args(routes, clients, &reflectors)
-                .and_then(|args| bench_bgp::run_bench(&root, args)),
+            "bgp" => bench_bgp::run_cli(&root, routes, only.as_deref()),
             other => Err(anyhow::anyhow!(
                 "unknown benchmark {other:?}; one of: datapath, control-plane, failover, bgp"
             )),
@@ -133,26 +124,6 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
-}
-
-fn bench_bgp_args(
-    routes: Option<usize>,
-    clients: Option<usize>,
-    reflectors: &[String],
-) -> anyhow::Result<bench_bgp::BenchArgs> {
-    let mut args = bench_bgp::BenchArgs::default();
-    args.routes = routes.unwrap_or(args.routes);
-    args.clients = clients.unwrap_or(args.clients);
-    if !reflectors.is_empty() {
-        args.reflectors = reflectors
-            .iter()
-            .map(|r| {
-                bench_bgp::Reflector::parse(r)
-                    .ok_or_else(|| anyhow::anyhow!("--reflectors: unknown implementation {r:?}"))
-            })
-            .collect::<anyhow::Result<_>>()?;
-    }
-    Ok(args)
 }
 
 /// The workspace root: the parent of this crate's manifest folder.

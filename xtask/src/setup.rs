@@ -16,8 +16,9 @@ const PACKAGES: &[&str] = &[
     "libpolly-22-dev",
     "zlib1g-dev",
     "libzstd-dev",
-    // etcd-client's build
+    // etcd-client's build (protoc and the well-known .proto files)
     "protobuf-compiler",
+    "libprotobuf-dev",
     // the datapath and its tests
     "bpftool",
     "iproute2",

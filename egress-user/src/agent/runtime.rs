@@ -124,7 +124,7 @@ async fn watch_all(ds: &dyn Datastore) -> Result<SelectAll<WatchStream>> {
     let mut all = SelectAll::new();
     for kind in Kind::ALL {
         let (_, rev) = ds.list(kind).await?;
-        all.push(ds.watch(kind, rev + 1).await?);
+        all.push(ds.watch(kind, rev).await?);
     }
     Ok(all)
 }
