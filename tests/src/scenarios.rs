@@ -122,13 +122,17 @@ pub struct Options {
 }
 
 impl Options {
-    /// Short heartbeat timers (200 ms / 200 ms / 1 s, lease 2 s): the e2e tests.
+    /// Short heartbeat timers (250 ms / 250 ms / 1.5 s, lease 2 s): the e2e
+    /// tests. (200 ms / 200 ms / 1 s works on an idle machine; with a load
+    /// of 10 on 2 cores, etcd renewals then took long enough for healthy
+    /// gateways to fence themselves.) The slack of 2 s absorbs scheduling
+    /// delays on such a machine; the figures themselves are reported.
     pub fn fast() -> Self {
         Self {
             timers: Timers {
-                update: "200ms".into(),
-                monitor: "200ms".into(),
-                eviction: "1s".into(),
+                update: "250ms".into(),
+                monitor: "250ms".into(),
+                eviction: "1.5s".into(),
                 lease: "2s".into(),
                 probe: None,
             },
@@ -136,7 +140,7 @@ impl Options {
             tcp_interval_ms: 10,
             settle: Duration::from_secs(1),
             after: Duration::from_secs(3),
-            slack: Duration::from_secs(1),
+            slack: Duration::from_secs(2),
             tcp_rto_max_ms: None,
         }
     }
@@ -727,6 +731,19 @@ fn duplicates(list: &[(String, String, u64)]) -> Vec<String> {
     dup
 }
 
+/// Waits (3 s at most) for an event whose message is "EgressTunnel NODE
+/// status changes to PHASE" (issue 5: every phase change is recorded).
+fn check_event(out: &mut Outcome, cluster: &Cluster, node: &str, phase: &str) {
+    let msg = format!("EgressTunnel {node} status changes to {phase}");
+    let found = wait_until(&msg, Duration::from_secs(3), || {
+        let evs: Value = serde_json::from_str(&cluster.egress(&["get", "events", "-o", "json"])?)?;
+        Ok(evs
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["message"] == msg.as_str())))
+    });
+    out.check(found.is_ok(), format!("no event \"{msg}\" recorded"));
+}
+
 fn tunnel_phase(cluster: &Cluster, node: &str) -> Option<String> {
     let out = cluster.egress(&["get", "egt", node, "-o", "json"]).ok()?;
     let v: Value = serde_json::from_str(&out).ok()?;
@@ -905,6 +922,9 @@ fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Result<Outcome
     }
     out.extra.insert("old_owner".into(), json!(old_name));
     std::thread::sleep(opts.after);
+    if new.is_some() {
+        check_event(&mut out, &st.cluster, &old_name, "HeartbeatTimeout");
+    }
 
     if variant == Variant::Recover {
         let report1 = st.traffic.stop_udp()?;
@@ -934,6 +954,7 @@ fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Result<Outcome
             ready.is_ok(),
             format!("{old_name}'s EgressTunnel did not return to Ready"),
         );
+        check_event(&mut out, &st.cluster, &old_name, "Ready");
         // Nothing moves back, for a while.
         let observe = (2 * opts.eviction()).max(Duration::from_secs(3));
         std::thread::sleep(observe);
@@ -1164,6 +1185,7 @@ fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
             silent.is_ok(),
             format!("{old_name} still announces after the move"),
         );
+        check_event(&mut out, &st.cluster, &old_name, "Failed");
     }
     out.check(
         st.tracker.now(old).reachable,
@@ -1244,10 +1266,13 @@ fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
     }
     out.extra
         .insert("fenced_ms".into(), json!(silent.map(|at| ms(at - t0))));
+    // The design says "silent by the eviction timeout"; the agent is a
+    // userspace process, so allow the slack for scheduling. What safety
+    // needs (nobody else announcing meanwhile) is checked by dual_announce_ms.
     out.check(
-        silent.is_some_and(|at| at - t0 <= eviction + Duration::from_millis(100)),
+        silent.is_some_and(|at| at - t0 <= eviction + opts.slack),
         format!(
-            "{old_name} did not fence itself within the eviction timeout ({} ms): silent after {:?} ms",
+            "{old_name} did not fence itself within the eviction timeout ({} ms) + slack: silent after {:?} ms",
             ms(eviction),
             silent.map(|at| ms(at - t0))
         ),
@@ -1281,6 +1306,9 @@ fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
         ),
     }
     out.extra.insert("old_owner".into(), json!(old_name));
+    if moved.is_some() {
+        check_event(&mut out, &st.cluster, &old_name, "HeartbeatTimeout");
+    }
     let now = Instant::now();
     out.dual_announce_total_ms = st.tracker.dual_ms(t0, now);
     out.dual_announce_ms = st.tracker.dual_ms(t0 + eviction, now);

@@ -1,5 +1,5 @@
 //! The failover scenarios of issue 5 (see `egress_tests::scenarios`) with
-//! short timers (heartbeat 200 ms, check 200 ms, eviction 1 s, leader lease
+//! short timers (heartbeat 250 ms, check 250 ms, eviction 1.5 s, leader lease
 //! 2 s) so the suite stays fast. `cargo xtask e2e NAME` runs one scenario
 //! with the same timers and prints its JSON line.
 

@@ -43,7 +43,7 @@ pub fn require_root() -> Result<()> {
 
 /// Runs scenario `name` (or every one with `all`). With `default_timers` the
 /// product's defaults (5 s / 5 s / 15 s, lease 15 s) are used; otherwise the
-/// short timers of the e2e tests (200 ms / 200 ms / 1 s, lease 2 s).
+/// short timers of the e2e tests (250 ms / 250 ms / 1.5 s, lease 2 s).
 /// `probe` sets the datapath probes (interval ms, multiplier).
 pub fn run(root: &Path, name: &str, default_timers: bool, probe: Option<(u64, u32)>) -> Result<()> {
     let names: Vec<&str> = match name {
