@@ -1146,10 +1146,7 @@ fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
     say(&format!(
         "fault: {old_name}'s underlay link cut; agent and datastore stay up"
     ));
-    let probes = st.cluster.agents_probe();
-    if !probes {
-        say("note: the agents have no probe flags: only the datapath prober can see this fault, and it is not wired yet");
-    }
+    say("note: only the datapath probes can see this fault (the heartbeats go on)");
     let bound = opts.probe_bound();
     let moved = wait_new_owner(&st.tracker, old, t0, bound);
     let new = match moved {
