@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod agent;
 pub mod cli;
+pub mod controller_probes;
 pub mod datapath;
 pub mod node;
 pub mod reflector_clients;

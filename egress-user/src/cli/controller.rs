@@ -81,14 +81,17 @@ pub struct ControllerArgs {
     /// Port of the HTTP endpoint with /metrics and /healthz (0: none).
     #[arg(long, default_value_t = 0)]
     pub metrics_port: u16,
-    /// Datapath probing of gateway candidates (issue 5; the controller-side
-    /// prober is not part of this binary yet: the agents probe each other).
+    /// Probe every gateway candidate's datapath (BFD-style UDP); a failed
+    /// probe moves its EIPs like a heartbeat timeout.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gateway_failover: bool,
     #[arg(long, default_value_t = 200)]
     pub probe_interval_ms: u64,
     #[arg(long, default_value_t = 3)]
     pub probe_detect_multiplier: u32,
+    /// UDP port the agents answer probes on.
+    #[arg(long, default_value_t = egress_failover::prober::DEFAULT_PROBE_PORT)]
+    pub probe_port: u16,
     /// Run the BGP route reflector in this process: every replica reflects
     /// (one shared --bgp-cluster-id), the nodes in the datastore are its clients.
     #[arg(long = "bgp", action = clap::ArgAction::Set, default_value_t = false)]
@@ -131,6 +134,23 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         },
         ..Default::default()
     };
+    let mut cfg = cfg;
+    if args.gateway_failover {
+        anyhow::ensure!(
+            (10..=60_000).contains(&args.probe_interval_ms)
+                && (1..=255).contains(&args.probe_detect_multiplier),
+            "--probe-interval-ms must be 10..60000 and --probe-detect-multiplier 1..255"
+        );
+        let session = egress_failover::probe::SessionConfig {
+            desired_min_tx_ms: args.probe_interval_ms as u32,
+            required_min_rx_ms: args.probe_interval_ms as u32,
+            detect_multiplier: args.probe_detect_multiplier as u8,
+        };
+        let refresh = args.tunnel_monitor_period.min(Duration::from_secs(1));
+        cfg.probe_down = Some(
+            crate::controller_probes::start(ds.clone(), session, args.probe_port, refresh).await?,
+        );
+    }
     let stats = Arc::new(LoopStats::default());
     if args.metrics_port != 0 {
         let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.metrics_port))

@@ -94,6 +94,9 @@ impl TunnelChange {
 pub struct HeartbeatMonitor {
     started: Instant,
     seen: BTreeMap<String, (u64, Instant, String)>,
+    /// Nodes whose datapath probe failed: their EIPs move like after a
+    /// heartbeat timeout, even while their heartbeats still arrive.
+    probe_down: BTreeSet<String>,
 }
 
 impl HeartbeatMonitor {
@@ -103,7 +106,13 @@ impl HeartbeatMonitor {
         Self {
             started: now,
             seen: BTreeMap::new(),
+            probe_down: BTreeSet::new(),
         }
+    }
+
+    /// The nodes whose datapath probe is down now (replaces the last set).
+    pub fn set_probe_down(&mut self, nodes: BTreeSet<String>) {
+        self.probe_down = nodes;
     }
 
     pub fn observe(&mut self, heartbeats: &[Heartbeat], now: Instant) {
@@ -148,6 +157,8 @@ impl HeartbeatMonitor {
                 TunnelPhase::Ready
             } else if now.duration_since(self.last_seen(&node)) > timeout {
                 TunnelPhase::HeartbeatTimeout
+            } else if self.probe_down.contains(&node) {
+                TunnelPhase::Failed
             } else if seen.is_some() || st.phase == TunnelPhase::Ready {
                 TunnelPhase::Ready
             } else {

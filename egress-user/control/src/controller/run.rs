@@ -32,6 +32,9 @@ pub struct RunConfig {
     /// After a change wakes the loop, how long to gather further changes
     /// into the same pass (heartbeat timeouts are not delayed by this).
     pub coalesce: Duration,
+    /// Nodes whose datapath probe is down, kept current by a prober; a
+    /// change wakes the loop at once.
+    pub probe_down: Option<tokio::sync::watch::Receiver<BTreeSet<String>>>,
 }
 
 impl Default for RunConfig {
@@ -43,6 +46,7 @@ impl Default for RunConfig {
             timers: TimerConfig::default(),
             controller: ControllerConfig::default(),
             coalesce: Duration::from_millis(50),
+            probe_down: None,
         }
     }
 }
@@ -288,6 +292,16 @@ pub async fn run_controller(
     run_controller_with_stats(ds, cfg, shutdown, Arc::default()).await
 }
 
+/// Resolves when the probe-down set changes; pending forever without a prober.
+async fn probe_changed(
+    rx: &mut Option<tokio::sync::watch::Receiver<BTreeSet<String>>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// [`run_controller`], counting into `stats`.
 pub async fn run_controller_with_stats(
     ds: Arc<dyn Datastore>,
@@ -322,7 +336,11 @@ pub async fn run_controller_with_stats(
         let mut cache = ViewCache::start(ds.as_ref()).await?;
         let mut ticker =
             tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
+        let mut probe_down = cfg.probe_down.clone();
         loop {
+            if let Some(rx) = &probe_down {
+                monitor.set_probe_down(rx.borrow().clone());
+            }
             if let Err(e) = ds.renew_leadership(&lead).await {
                 tracing::warn!("lost leadership: {e}");
                 stats.leader.store(false, Relaxed);
@@ -355,6 +373,11 @@ pub async fn run_controller_with_stats(
                     return Ok(());
                 }
                 _ = ticker.tick() => {}
+                changed = probe_changed(&mut probe_down) => {
+                    if changed.is_err() {
+                        probe_down = None;
+                    }
+                }
                 batch = cache.next_batch() => match batch {
                     Some(Ok(_)) => {
                         // Gather what follows closely into the same pass.

@@ -1,0 +1,136 @@
+//! The controller's datapath probes: one BFD-style session to every
+//! gateway-eligible node's tunnel address. A session that was up and fails
+//! marks the node's datapath down, and the controller moves its EIPs as after
+//! a heartbeat timeout, while the datastore may still be perfectly healthy.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use egress_control::{
+    controller::{gateway_eligible, ClusterView},
+    datastore::{typed::load_view, Datastore},
+};
+use egress_failover::{
+    monitor::ProbeHealth,
+    probe::SessionConfig,
+    prober::{Prober, ProberConfig},
+};
+use tokio::sync::watch;
+
+/// Pure: the probe targets of a view (gateway-eligible node -> tunnel address).
+pub fn probe_targets(view: &ClusterView, port: u16) -> BTreeMap<SocketAddr, String> {
+    gateway_eligible(view)
+        .into_iter()
+        .filter_map(|node| {
+            let ip: IpAddr = view
+                .tunnel(&node)?
+                .status
+                .as_ref()?
+                .tunnel
+                .ipv4
+                .parse()
+                .ok()?;
+            Some((SocketAddr::new(ip, port), node))
+        })
+        .collect()
+}
+
+/// Pure: the nodes whose probe health is Down.
+pub fn down_nodes(
+    health: &BTreeMap<SocketAddr, ProbeHealth>,
+    targets: &BTreeMap<SocketAddr, String>,
+) -> BTreeSet<String> {
+    health
+        .iter()
+        .filter(|(_, h)| **h == ProbeHealth::Down)
+        .filter_map(|(peer, _)| targets.get(peer).cloned())
+        .collect()
+}
+
+/// Starts the prober and the task that keeps its peers and the down set current.
+pub async fn start(
+    ds: Arc<dyn Datastore>,
+    session: SessionConfig,
+    port: u16,
+    refresh: Duration,
+) -> Result<watch::Receiver<BTreeSet<String>>> {
+    let (prober, mut events) = Prober::start(ProberConfig {
+        bind: SocketAddr::from(([0, 0, 0, 0], port)),
+        session,
+        accept_unknown_peers: false,
+    })
+    .await
+    .with_context(|| format!("starting the datapath prober on UDP port {port}"))?;
+    let (tx, rx) = watch::channel(BTreeSet::new());
+    tokio::spawn(async move {
+        let mut targets: BTreeMap<SocketAddr, String> = BTreeMap::new();
+        let mut health: BTreeMap<SocketAddr, ProbeHealth> = BTreeMap::new();
+        let mut tick = tokio::time::interval(refresh);
+        loop {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(ev) => {
+                        let h = ProbeHealth::after(ev.event);
+                        tracing::info!(peer = %ev.peer, health = ?h, "datapath probe");
+                        health.insert(ev.peer, h);
+                    }
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    if let Ok(view) = load_view(ds.as_ref()).await {
+                        let want = probe_targets(&view, port);
+                        for gone in targets.keys().filter(|p| !want.contains_key(p)) {
+                            prober.remove_peer(*gone);
+                            health.remove(gone);
+                        }
+                        for new in want.keys().filter(|p| !targets.contains_key(p)) {
+                            prober.add_peer(*new);
+                        }
+                        targets = want;
+                    }
+                }
+            }
+            let down = down_nodes(&health, &targets);
+            tx.send_if_modified(|cur| {
+                let changed = *cur != down;
+                *cur = down;
+                changed
+            });
+        }
+    });
+    Ok(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_failed_sessions_count_as_down() {
+        let a: SocketAddr = "10.10.0.3:13784".parse().unwrap();
+        let b: SocketAddr = "10.10.0.4:13784".parse().unwrap();
+        let c: SocketAddr = "10.10.0.5:13784".parse().unwrap();
+        let targets = BTreeMap::from([
+            (a, "g1".to_string()),
+            (b, "g2".to_string()),
+            (c, "g3".to_string()),
+        ]);
+        let health = BTreeMap::from([
+            (a, ProbeHealth::Down),
+            (b, ProbeHealth::AdminDown),
+            (c, ProbeHealth::Up),
+        ]);
+        assert_eq!(
+            down_nodes(&health, &targets),
+            BTreeSet::from(["g1".to_string()])
+        );
+        // A peer no longer targeted (node gone) is not reported.
+        let fewer = BTreeMap::from([(b, "g2".to_string())]);
+        assert!(down_nodes(&health, &fewer).is_empty());
+    }
+}
