@@ -40,6 +40,13 @@ pub struct BgpArgs {
     /// Keepalive interval, seconds; 0 means a third of the negotiated hold time.
     #[arg(long = "bgp-keepalive-time", default_value_t = 0)]
     pub keepalive_time: u16,
+    /// TCP-MD5 password (RFC 2385) for every session without its own.
+    #[arg(
+        long = "bgp-password",
+        env = "EGRESS_BGP_PASSWORD",
+        hide_env_values = true
+    )]
+    pub password: Option<String>,
     /// Graceful restart time we ask peers to keep our routes for, seconds (RFC 4724); 0 turns GR off.
     #[arg(long = "bgp-graceful-restart-time", default_value_t = 120)]
     pub graceful_restart_time: u16,
@@ -106,6 +113,9 @@ impl BgpArgs {
         cfg.keepalive_time = self.keepalive_time;
         cfg.connect_retry = Duration::from_secs(2);
         cfg.peers = self.peers.clone();
+        for p in cfg.peers.iter_mut().filter(|p| p.password.is_none()) {
+            p.password = self.password.clone();
+        }
         if self.graceful_restart_time == 0 {
             cfg.graceful_restart = None;
             cfg.restarting = false;
@@ -244,6 +254,7 @@ mod tests {
             peers: vec![],
             hold_time: 90,
             keepalive_time: 0,
+            password: None,
             graceful_restart_time: 120,
         }
     }
