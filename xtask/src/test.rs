@@ -75,6 +75,9 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
             "--no-fail-fast",
             "--",
             "--ignored",
+            // One at a time: the end-to-end tests time real failovers and BGP
+            // restarts, which two cores shared by parallel clusters blur.
+            "--test-threads=1",
             "--skip",
             "bench_",
             "--skip",
