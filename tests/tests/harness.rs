@@ -66,7 +66,7 @@ fn loading_without_capabilities_names_the_missing_ones() -> anyhow::Result<()> {
             "--inh-caps=-all",
         ])
         .arg(&egress)
-        .args(["agent", "--pin-dir"])
+        .args(["agent", "--count-iface", "lo", "--pin-dir"])
         .arg(pins.path())
         .output()?;
     assert!(
