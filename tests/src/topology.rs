@@ -152,6 +152,14 @@ impl Topology {
             "-qw",
             &format!("net.ipv4.conf.{host_veth}.proxy_arp=1"),
         ])?;
+        // Proxy ARP answers broadcast requests after a random delay of up
+        // to 0.8 s by default; the pod's first packets would wait in its
+        // neighbour queue that long. CNIs set it to 0 (Calico does).
+        n.ns.exec(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv4.neigh.{host_veth}.proxy_delay=0"),
+        ])?;
         n.ns.exec(&[
             "sysctl",
             "-qw",

@@ -58,12 +58,24 @@ fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
     let sent = sent["sent"].as_u64().unwrap();
     assert!(sent > 50, "the source sent too little to measure: {sent}");
 
-    let after = cluster.agent_http(0, "/metrics")?;
-    let bytes = sample(&after, "egress_policy_bytes_total", &policy) - bytes0;
-    let packets = sample(&after, "egress_policy_packets_total", &policy) - packets0;
+    // The counters are read until they cover what was sent (a datagram can
+    // still be in flight when the source exits), not once.
+    let mut after = String::new();
+    let mut bytes = 0.0;
+    let mut packets = 0.0;
+    let counted = wait_until(
+        "the counters cover the datagrams sent",
+        Duration::from_secs(5),
+        || {
+            after = cluster.agent_http(0, "/metrics")?;
+            bytes = sample(&after, "egress_policy_bytes_total", &policy) - bytes0;
+            packets = sample(&after, "egress_policy_packets_total", &policy) - packets0;
+            Ok(packets >= sent as f64)
+        },
+    );
     // Each datagram is 64 bytes of payload + 8 UDP + 20 IPv4 at least.
     assert!(
-        packets >= sent as f64,
+        counted.is_ok(),
         "{packets} packets counted for {sent} sent:\n{after}"
     );
     assert!(

@@ -354,7 +354,9 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         tokio::select! {
             _ = &mut shutdown => break,
             ev = link_watch.next() => match ev {
-                Some(LinkEvent::Present(link)) if link.is_pod_veth() => {
+                // The uplink can be a veth too (nodes that are containers or
+                // namespaces); it is never a pod's.
+                Some(LinkEvent::Present(link)) if link.is_pod_veth() && link.index != facts.uplink_ifindex => {
                     match links::attach_ingress(&mut dp, PROG_WORKER_EGRESS, &link.name, link.index) {
                         Ok(how) => tracing::info!(iface = %link.name, ?how, "worker program on pod veth"),
                         Err(e) => tracing::error!(iface = %link.name, error = %format!("{e:#}"), "attaching to pod veth failed"),
