@@ -31,6 +31,12 @@ pub const OWNED_EIPS: &str = "OWNED_EIPS";
 pub const CONFIG: &str = "CONFIG";
 /// Per-CPU array: drop reason -> `TrafficCounter`.
 pub const DROPS: &str = "DROPS";
+/// Array (one slot): `u64` monotonic instant (ns, the clock of
+/// `bpf_ktime_get_ns`) until which this node may answer ARP/NDP for its
+/// EIPs; 0 means no limit. The agent extends it on every heartbeat renewal,
+/// so a node whose agent died falls silent by itself (self-fencing that does
+/// not need the agent to be alive).
+pub const ANNOUNCE_UNTIL: &str = "ANNOUNCE_UNTIL";
 
 /// Every map userspace pins, in the order it creates them.
 pub const PINNED_MAPS: &[&str] = &[
@@ -46,6 +52,7 @@ pub const PINNED_MAPS: &[&str] = &[
     OWNED_EIPS,
     CONFIG,
     DROPS,
+    ANNOUNCE_UNTIL,
 ];
 
 /// Programs in the object.

@@ -9,7 +9,7 @@
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    helpers::generated::bpf_redirect,
+    helpers::generated::{bpf_ktime_get_ns, bpf_redirect},
     macros::classifier,
     programs::TcContext,
 };
@@ -25,7 +25,7 @@ use crate::{
     flow::{parse, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
     fwd::{encap, fib_forward, to_pod},
     hdr::*,
-    maps::{CONFIG, OWNED_EIPS, REPLY_STEERING},
+    maps::{ANNOUNCE_UNTIL, CONFIG, OWNED_EIPS, REPLY_STEERING},
     nat::reverse,
 };
 
@@ -72,8 +72,23 @@ pub fn uplink_ingress(mut ctx: TcContext) -> i32 {
     }
 }
 
+/// The agent's announce lease has not run out (or there is none). It is
+/// extended on every heartbeat renewal; when the agent dies the node stops
+/// answering for its EIPs when the agent itself would have fenced.
+#[inline(always)]
+fn announce_lease_valid() -> bool {
+    match ANNOUNCE_UNTIL.get(0) {
+        // SAFETY: plain helper call.
+        Some(&until) => until == 0 || unsafe { bpf_ktime_get_ns() } < until,
+        None => true,
+    }
+}
+
 #[inline(always)]
 fn owned_answering(addr: &Addr) -> bool {
+    if !announce_lease_valid() {
+        return false;
+    }
     match OWNED_EIPS.get_ptr(addr) {
         // SAFETY: valid map value pointer.
         Some(o) => unsafe { (*o).flags & OWNED_ANSWER_NEIGH != 0 },

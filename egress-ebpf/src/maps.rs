@@ -35,6 +35,10 @@ pub static REPLY_STEERING: HashMap<SteerKey, SteerTarget, 65536> = HashMap::new(
 pub static OWNED_EIPS: HashMap<Addr, OwnedEip, 4096> = HashMap::new();
 #[btf_map]
 pub static CONFIG: Array<DatapathConfig, 1> = Array::new();
+/// See `egress_common::maps::ANNOUNCE_UNTIL`: 0, or the instant (ns) after
+/// which owned EIPs are no longer answered for.
+#[btf_map]
+pub static ANNOUNCE_UNTIL: Array<u64, 1> = Array::new();
 #[btf_map]
 pub static DROPS: PerCpuArray<TrafficCounter, DROP_REASONS> = PerCpuArray::new();
 

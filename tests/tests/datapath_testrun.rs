@@ -867,17 +867,7 @@ fn drop_no_config_without_block_size() -> anyhow::Result<()> {
 #[ignore = "needs root: loads BPF programs"]
 fn gateway_answers_arp_for_owned_eips_only() -> anyhow::Result<()> {
     let mut fx = fixture()?;
-    let arp = |tpa: Ipv4Addr| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&[0xff; 6]);
-        v.extend_from_slice(&PEER_MAC);
-        v.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-        v.extend_from_slice(&PEER_MAC);
-        v.extend_from_slice(&SERVER.octets());
-        v.extend_from_slice(&[0; 6]);
-        v.extend_from_slice(&tpa.octets());
-        v
-    };
+    let arp = arp_request;
     let (rc, out) = fx.run("uplink_ingress", &arp(EIP))?;
     assert_eq!(rc, TC_ACT_REDIRECT, "reply sent back out of the uplink");
     let p = SlicedPacket::from_ethernet(&out)?;
@@ -895,6 +885,51 @@ fn gateway_answers_arp_for_owned_eips_only() -> anyhow::Result<()> {
     let req = arp(Ipv4Addr::new(198, 51, 100, 99));
     let (rc, out) = fx.run("uplink_ingress", &req)?;
     assert_eq!((rc, out), (TC_ACT_OK, req), "not an owned EIP: untouched");
+    Ok(())
+}
+
+/// A broadcast ARP request from the server for `tpa`.
+fn arp_request(tpa: Ipv4Addr) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&[0xff; 6]);
+    v.extend_from_slice(&PEER_MAC);
+    v.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    v.extend_from_slice(&PEER_MAC);
+    v.extend_from_slice(&SERVER.octets());
+    v.extend_from_slice(&[0; 6]);
+    v.extend_from_slice(&tpa.octets());
+    v
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn an_expired_announce_lease_silences_arp_answers() -> anyhow::Result<()> {
+    use egress_user::datapath::lease;
+    use std::time::{Duration, Instant};
+    let mut fx = fixture()?;
+    let req = arp_request(EIP);
+    lease::write(
+        fx.pins.path(),
+        Some(Instant::now() + Duration::from_secs(60)),
+    )?;
+    let (rc, _) = fx.run("uplink_ingress", &req)?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "lease valid: answered");
+    // The agent stopped renewing (crashed): past the deadline the node no
+    // longer answers for its EIP, though the EIP is still in OWNED_EIPS.
+    let past = Instant::now()
+        .checked_sub(Duration::from_millis(1))
+        .expect("the monotonic clock is past 1 ms");
+    lease::write(fx.pins.path(), Some(past))?;
+    assert!(matches!(lease::read(fx.pins.path())?, lease::Lease::Until(t) if t <= Instant::now()));
+    let (rc, out) = fx.run("uplink_ingress", &req)?;
+    assert_eq!(
+        (rc, out),
+        (TC_ACT_OK, req.clone()),
+        "lease expired: untouched"
+    );
+    lease::write(fx.pins.path(), None)?;
+    let (rc, _) = fx.run("uplink_ingress", &req)?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "no limit: answered");
     Ok(())
 }
 

@@ -33,7 +33,7 @@ use super::{
 };
 use crate::{
     admin::{self, Response},
-    datapath::{apply, links, Datapath, DesiredMaps, PinnedMaps},
+    datapath::{apply, lease, links, Datapath, DesiredMaps, PinnedMaps},
     node::{
         vxlan::{self, VxlanSpec},
         watch::{LinkEvent, LinkWatch},
@@ -226,6 +226,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         pod_cidrs: s.pod_cidrs.clone(),
     };
     let mut fence = Fence::new(&s.node, &s.timers);
+    seed_fence_from_lease(&mut fence, &s.pin_dir, s.timers.fence_after());
     let mut view = ClusterView::default();
     let mut have_view = false;
     let mut announced: BTreeSet<IpAddr> = BTreeSet::new();
@@ -379,7 +380,13 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     Ok(ds.renew_heartbeat(&s.node, s.timers.eip_eviction_timeout).await?)
                 };
                 match ds_call(&fence, &s.timers, renew).await {
-                    Ok(_) => fence.on_heartbeat_renewed(sent),
+                    Ok(_) => {
+                        fence.on_heartbeat_renewed(sent);
+                        let until = sent + s.timers.fence_after();
+                        if let Err(e) = lease::write(&s.pin_dir, Some(until)) {
+                            tracing::warn!(error = %format!("{e:#}"), "extending the datapath's announce lease failed");
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "heartbeat renewal failed"),
                 }
                 // Renewals move the fence's deadline; the announcements may change.
@@ -398,6 +405,26 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())
+}
+
+/// After a restart the pinned announce lease still holds the previous run's
+/// deadline (its last renewal + `fence_after`): the fence starts from that
+/// renewal, so the EIPs stay announced across the restart instead of going
+/// silent until this run's first renewal. An expired lease changes nothing.
+fn seed_fence_from_lease(fence: &mut Fence, pin_dir: &std::path::Path, fence_after: Duration) {
+    match lease::read(pin_dir) {
+        Ok(lease::Lease::Until(until)) if until > std::time::Instant::now() => {
+            if let Some(renewed) = until.checked_sub(fence_after) {
+                tracing::info!(
+                    left_ms = (until - std::time::Instant::now()).as_millis() as u64,
+                    "announce lease of the previous run still valid; the fence starts from it"
+                );
+                fence.on_heartbeat_renewed(renewed);
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "reading the announce lease failed"),
+    }
 }
 
 /// Runs one datastore call, but never past the fence's next deadline (one

@@ -81,6 +81,15 @@ fn print_datapath(dp: &serde_json::Value) {
         &["eip", "block", "worker_tunnel_ip", "flags"],
     );
     table("OWNED EIPS", "owned_eips", &["eip", "flags", "epoch"]);
+    match dp.get("announce_lease_ms") {
+        Some(serde_json::Value::Null) => println!("  announce lease: no limit"),
+        Some(v) if v.as_i64().is_some_and(|ms| ms < 0) => println!(
+            "  announce lease: EXPIRED {} ms ago (ARP/NDP for owned EIPs not answered; agent down or fenced?)",
+            -v.as_i64().unwrap_or(0)
+        ),
+        Some(v) => println!("  announce lease: {} ms left", s(v)),
+        None => {}
+    }
     table("NAT USE", "nat_use", &["eip", "entries", "ports_in_use"]);
     if let Some(p) = dp.get("policy_stats").and_then(|v| v.as_object()) {
         println!("\nPOLICY COUNTERS");

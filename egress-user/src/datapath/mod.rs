@@ -11,6 +11,7 @@ pub mod apply;
 pub mod bpffs;
 pub mod caps;
 pub mod desired;
+pub mod lease;
 pub mod links;
 pub mod loader;
 pub mod stats;

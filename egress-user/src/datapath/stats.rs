@@ -213,6 +213,22 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
             .collect();
         out.insert("policy_stats".into(), p.into());
     }
+    if pin_dir.join(ANNOUNCE_UNTIL).exists() {
+        // Milliseconds left (negative: expired, the node answers for no EIP);
+        // null: no limit.
+        let left = match super::lease::read(pin_dir)? {
+            super::lease::Lease::Unlimited => serde_json::Value::Null,
+            super::lease::Lease::Until(t) => {
+                let now = std::time::Instant::now();
+                json!(if t >= now {
+                    (t - now).as_millis() as i64
+                } else {
+                    -((now - t).as_millis() as i64)
+                })
+            }
+        };
+        out.insert("announce_lease_ms".into(), left);
+    }
     if pin_dir.join(NAT_REV).exists() {
         out.insert(
             "nat_use".into(),
