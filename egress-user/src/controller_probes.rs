@@ -52,13 +52,32 @@ pub fn down_nodes(
         .collect()
 }
 
+/// Pure: every probed node's health (Unknown until its session has news).
+pub fn node_health(
+    health: &BTreeMap<SocketAddr, ProbeHealth>,
+    targets: &BTreeMap<SocketAddr, String>,
+) -> BTreeMap<String, ProbeHealth> {
+    targets
+        .iter()
+        .map(|(peer, node)| (node.clone(), health.get(peer).copied().unwrap_or_default()))
+        .collect()
+}
+
+/// What the prober publishes.
+pub struct ProbeWatch {
+    /// Nodes whose datapath probe failed (drives the controller).
+    pub down: watch::Receiver<BTreeSet<String>>,
+    /// Every probed node's health (for the metrics).
+    pub health: watch::Receiver<BTreeMap<String, ProbeHealth>>,
+}
+
 /// Starts the prober and the task that keeps its peers and the down set current.
 pub async fn start(
     ds: Arc<dyn Datastore>,
     session: SessionConfig,
     port: u16,
     refresh: Duration,
-) -> Result<watch::Receiver<BTreeSet<String>>> {
+) -> Result<ProbeWatch> {
     let (prober, mut events) = Prober::start(ProberConfig {
         // Any local port: the agents answer to the source of each probe, and
         // several controller replicas may share a network namespace.
@@ -69,6 +88,7 @@ pub async fn start(
     .await
     .context("starting the datapath prober")?;
     let (tx, rx) = watch::channel(BTreeSet::new());
+    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
     tokio::spawn(async move {
         let mut targets: BTreeMap<SocketAddr, String> = BTreeMap::new();
         let mut health: BTreeMap<SocketAddr, ProbeHealth> = BTreeMap::new();
@@ -103,9 +123,18 @@ pub async fn start(
                 *cur = down;
                 changed
             });
+            let per_node = node_health(&health, &targets);
+            health_tx.send_if_modified(|cur| {
+                let changed = *cur != per_node;
+                *cur = per_node;
+                changed
+            });
         }
     });
-    Ok(rx)
+    Ok(ProbeWatch {
+        down: rx,
+        health: health_rx,
+    })
 }
 
 #[cfg(test)]
@@ -134,5 +163,21 @@ mod tests {
         // A peer no longer targeted (node gone) is not reported.
         let fewer = BTreeMap::from([(b, "g2".to_string())]);
         assert!(down_nodes(&health, &fewer).is_empty());
+    }
+
+    #[test]
+    fn every_target_has_a_health_unknown_until_its_session_reports() {
+        let a: SocketAddr = "10.10.0.3:13784".parse().unwrap();
+        let b: SocketAddr = "10.10.0.4:13784".parse().unwrap();
+        let gone: SocketAddr = "10.10.0.9:13784".parse().unwrap();
+        let targets = BTreeMap::from([(a, "g1".to_string()), (b, "g2".to_string())]);
+        let health = BTreeMap::from([(a, ProbeHealth::Down), (gone, ProbeHealth::Up)]);
+        assert_eq!(
+            node_health(&health, &targets),
+            BTreeMap::from([
+                ("g1".to_string(), ProbeHealth::Down),
+                ("g2".to_string(), ProbeHealth::Unknown),
+            ])
+        );
     }
 }

@@ -3,7 +3,9 @@
 
 pub mod admin;
 pub mod agent;
+pub mod bgp_metrics;
 pub mod cli;
+pub mod controller_metrics;
 pub mod controller_probes;
 pub mod datapath;
 pub mod node;

@@ -23,6 +23,11 @@ pub struct AgentFacts {
     pub fenced: bool,
     pub reconciles: u64,
     pub bgp_learned_routes: usize,
+    /// Time since this node's last successful heartbeat renewal (None: the
+    /// node does not heartbeat, not gateway-eligible, or has not renewed yet).
+    pub heartbeat_renewal_age: Option<std::time::Duration>,
+    /// The node's BGP speaker (None: BGP off).
+    pub bgp: Option<egress_bgp::speaker::Status>,
 }
 
 /// Renders the metrics in Prometheus' text format.
@@ -115,6 +120,18 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         "Routes learned from the reflectors",
         facts.bgp_learned_routes as i64,
     );
+    if let Some(age) = facts.heartbeat_renewal_age {
+        let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        g.set(age.as_secs_f64());
+        reg.register(
+            "heartbeat_renewal_age_seconds",
+            "Seconds since this node last renewed its heartbeat in the datastore",
+            g,
+        );
+    }
+    if let Some(status) = &facts.bgp {
+        crate::bgp_metrics::register(&mut reg, status);
+    }
     let reconciles = Counter::<u64>::default();
     reconciles.inc_by(facts.reconciles);
     reg.register(
@@ -144,5 +161,26 @@ mod tests {
         assert!(text.contains("egress_fenced 1"), "{text}");
         assert!(text.contains("egress_reconciles_total 5"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(!text.contains("egress_bgp_sessions"), "{text}");
+        assert!(!text.contains("heartbeat_renewal_age"), "{text}");
+    }
+
+    #[test]
+    fn renders_the_speaker_and_the_heartbeat_age() {
+        let facts = AgentFacts {
+            heartbeat_renewal_age: Some(std::time::Duration::from_millis(250)),
+            bgp: Some(crate::bgp_metrics::tests::status()),
+            ..Default::default()
+        };
+        let text = render(Path::new("/nonexistent"), &facts);
+        for line in [
+            "# TYPE egress_heartbeat_renewal_age_seconds gauge",
+            "egress_heartbeat_renewal_age_seconds 0.25",
+            "egress_bgp_sessions{state=\"Established\"} 2",
+            "egress_bgp_peer_up{peer=\"10.10.0.3\"} 0",
+            "egress_bgp_prefixes_advertised{peer=\"10.10.0.1\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
     }
 }

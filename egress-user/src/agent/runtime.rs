@@ -80,6 +80,9 @@ struct Published {
     removed: usize,
     /// Policy id (the key of its counters) -> kind/namespace/name.
     policy_names: BTreeMap<u32, String>,
+    /// When the heartbeat was last renewed (for the metrics).
+    #[serde(skip)]
+    last_renewal: Option<std::time::Instant>,
 }
 
 /// Every EIP assignment in the view, for the fence.
@@ -212,9 +215,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     };
     let published = Arc::new(Mutex::new(Published::default()));
     let learned = bgp.as_ref().map(|b| b.learned());
+    let speaker = bgp.as_ref().map(|b| b.handle().clone());
     let (admin, _admin_task) = admin::serve(
         s.admin_addr,
-        admin_handler(published.clone(), learned, s.pin_dir.clone()),
+        admin_handler(published.clone(), learned, speaker, s.pin_dir.clone()),
     )
     .await?;
     println!("ready node={} tunnel={} admin={}", s.node, tunnel_ip, admin);
@@ -382,6 +386,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 match ds_call(&fence, &s.timers, renew).await {
                     Ok(_) => {
                         fence.on_heartbeat_renewed(sent);
+                        published.lock().unwrap().last_renewal = Some(std::time::Instant::now());
                         let until = sent + s.timers.fence_after();
                         if let Err(e) = lease::write(&s.pin_dir, Some(until)) {
                             tracing::warn!(error = %format!("{e:#}"), "extending the datapath's announce lease failed");
@@ -498,13 +503,20 @@ type Learned = Arc<Mutex<BTreeMap<egress_bgp::types::Prefix, IpAddr>>>;
 fn admin_handler(
     published: Arc<Mutex<Published>>,
     learned: Option<Learned>,
+    speaker: Option<egress_bgp::speaker::SpeakerHandle>,
     pin_dir: PathBuf,
 ) -> admin::Handler {
     Arc::new(move |path: String| {
         let published = published.clone();
         let learned = learned.clone();
+        let speaker = speaker.clone();
         let pin_dir = pin_dir.clone();
         Box::pin(async move {
+            // Asked before the lock is taken: the speaker answers over a channel.
+            let bgp = match (&speaker, path.as_str()) {
+                (Some(h), "/metrics") => h.status().await.ok(),
+                _ => None,
+            };
             let p = published.lock().unwrap();
             match path.as_str() {
                 "/metrics" => {
@@ -514,6 +526,8 @@ fn admin_handler(
                         fenced: p.fenced,
                         reconciles: p.reconciles,
                         bgp_learned_routes: learned.map(|l| l.lock().unwrap().len()).unwrap_or(0),
+                        heartbeat_renewal_age: p.last_renewal.map(|t| t.elapsed()),
+                        bgp,
                     };
                     Response::ok(
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -1,7 +1,7 @@
 //! `egress controller`: leader-elected EIP allocation, gateway election,
 //! port blocks and heartbeat monitoring.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +11,20 @@ use egress_control::controller::{
     run_controller_with_stats, ControllerConfig, LoopStats, RunConfig, TimerConfig,
 };
 use egress_control::datastore::{kube::KubeDatastore, Datastore};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use egress_failover::monitor::ProbeHealth;
+use tokio::sync::watch;
 
 use super::datastore::{Backend, DatastoreArgs};
+use crate::admin::{self, Response};
+
+/// Ends a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Parses `5`, `1.5`, `5s`, `500ms`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -78,7 +89,8 @@ pub struct ControllerArgs {
     /// Ports per port block.
     #[arg(long, default_value_t = 1024)]
     pub port_block_size: u16,
-    /// Port of the HTTP endpoint with /metrics and /healthz (0: none).
+    /// Port of the HTTP endpoint (on every address) with /metrics, /healthz,
+    /// /readyz and /bgp/status (0: none).
     #[arg(long, default_value_t = 0)]
     pub metrics_port: u16,
     /// Probe every gateway candidate's datapath (BFD-style UDP); a failed
@@ -118,7 +130,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     });
     let ds = connect(&args.datastore, &args.lease_namespace).await?;
     // Kept for the life of the process; the reflector runs on every replica.
-    let _reflector = if args.bgp_enabled {
+    let reflector = if args.bgp_enabled {
         Some(start_reflector(&args.bgp, ds.clone()).await?)
     } else {
         None
@@ -135,6 +147,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let mut cfg = cfg;
+    let mut probe_health = None;
     if args.gateway_failover {
         anyhow::ensure!(
             (10..=60_000).contains(&args.probe_interval_ms)
@@ -147,17 +160,28 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             detect_multiplier: args.probe_detect_multiplier as u8,
         };
         let refresh = args.tunnel_monitor_period.min(Duration::from_secs(1));
-        cfg.probe_down = Some(
-            crate::controller_probes::start(ds.clone(), session, args.probe_port, refresh).await?,
-        );
+        let probes =
+            crate::controller_probes::start(ds.clone(), session, args.probe_port, refresh).await?;
+        cfg.probe_down = Some(probes.down);
+        probe_health = Some(probes.health);
     }
     let stats = Arc::new(LoopStats::default());
-    if args.metrics_port != 0 {
-        let listener = tokio::net::TcpListener::bind(("0.0.0.0", args.metrics_port))
+    // Kept for the life of the process.
+    let _admin = if args.metrics_port != 0 {
+        let addr = std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
+        let handler = admin_handler(
+            stats.clone(),
+            probe_health,
+            reflector.as_ref().map(|r| r.handle()),
+        );
+        let (bound, task) = admin::serve(addr, handler)
             .await
             .with_context(|| format!("--metrics-port {}", args.metrics_port))?;
-        tokio::spawn(serve_metrics(listener, stats.clone()));
-    }
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /bgp/status");
+        Some(AbortOnDrop(task))
+    } else {
+        None
+    };
     println!("controller {} started", cfg.identity);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // SIGINT or SIGTERM: resign, so another replica takes over at once.
@@ -195,48 +219,51 @@ async fn start_reflector(
     Ok(speaker)
 }
 
-/// A minimal HTTP endpoint: `/healthz` answers 200 while the process runs;
-/// anything else gets the metrics in the Prometheus text format.
-async fn serve_metrics(listener: tokio::net::TcpListener, stats: Arc<LoopStats>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
+/// The routes of the controller's HTTP endpoint: `/metrics`, `/healthz`
+/// (the process runs), `/readyz` (the datastore is connected, and the
+/// reflector, if any, answers), `/bgp/status` (what `egress bgp status` reads).
+fn admin_handler(
+    stats: Arc<LoopStats>,
+    probes: Option<watch::Receiver<BTreeMap<String, ProbeHealth>>>,
+    reflector: Option<egress_bgp::speaker::SpeakerHandle>,
+) -> admin::Handler {
+    Arc::new(move |path: String| {
         let stats = stats.clone();
-        tokio::spawn(async move {
-            // Read the request head (up to 8 KiB), then answer.
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-                match sock.read(&mut chunk).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            let req = String::from_utf8_lossy(&buf);
-            let body = if req.starts_with("GET /healthz") {
-                "ok\n".to_string()
-            } else {
-                format!(
-                    "# TYPE egress_controller_leader gauge\negress_controller_leader {}\n\
-                     # TYPE egress_controller_term gauge\negress_controller_term {}\n\
-                     # TYPE egress_controller_passes_total counter\negress_controller_passes_total {}\n\
-                     # TYPE egress_controller_writes_total counter\negress_controller_writes_total {}\n\
-                     # TYPE egress_controller_errors_total counter\negress_controller_errors_total {}\n",
-                    u8::from(stats.leader.load(Relaxed)),
-                    stats.term.load(Relaxed),
-                    stats.passes.load(Relaxed),
-                    stats.writes.load(Relaxed),
-                    stats.errors.load(Relaxed),
-                )
+        let probes = probes.clone();
+        let reflector = reflector.clone();
+        Box::pin(async move {
+            // The reflector's status, for the routes that show it; /healthz never waits for it.
+            let bgp = match (&reflector, path.as_str()) {
+                (Some(h), "/metrics" | "/readyz" | "/bgp/status") => Some(h.status().await),
+                _ => None,
             };
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-        });
-    }
+            match path.as_str() {
+                "/metrics" => {
+                    let facts = crate::controller_metrics::facts(
+                        &stats,
+                        tokio::time::Instant::now(),
+                        probes.map(|p| p.borrow().clone()),
+                        bgp.and_then(Result::ok),
+                    );
+                    Response::ok(
+                        crate::controller_metrics::CONTENT_TYPE,
+                        crate::controller_metrics::render(&facts),
+                    )
+                }
+                "/healthz" => Response::ok("text/plain", "ok\n".into()),
+                "/readyz" => match bgp {
+                    Some(Err(e)) => Response::unavailable(&format!("the reflector: {e}")),
+                    _ => Response::ok("text/plain", "ok\n".into()),
+                },
+                "/bgp/status" => match bgp {
+                    Some(Ok(s)) => Response::json(&super::bgp::status_json(&s)),
+                    Some(Err(e)) => Response::unavailable(&e.to_string()),
+                    None => Response::unavailable("no reflector in this controller (--bgp=false)"),
+                },
+                _ => Response::not_found(),
+            }
+        })
+    })
 }
 
 #[cfg(test)]

@@ -36,6 +36,69 @@ pub struct Plan {
     pub gateways: BTreeMap<String, EgressGatewayStatus>,
     pub policies: BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>,
     pub events: Vec<Event>,
+    /// The failovers this plan makes: EIPs leaving a node that can no
+    /// longer hold them (each also has an `EipMoved` event).
+    pub moves: Vec<EipMove>,
+}
+
+/// Why an EIP left its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FailoverReason {
+    /// The node's heartbeat stopped (tunnel `HeartbeatTimeout`).
+    HeartbeatTimeout,
+    /// The node's datapath probe failed (tunnel `Failed`).
+    ProbeFailed,
+    /// The node itself is not ready (tunnel `NodeNotReady`).
+    NodeNotReady,
+    /// The node is gone or no longer selected by the gateway.
+    NodeRemoved,
+    /// The node's tunnel is not (or no longer) registered (`Pending`, `Init`).
+    TunnelNotReady,
+}
+
+impl FailoverReason {
+    /// Every reason, in label order.
+    pub const ALL: [FailoverReason; 5] = [
+        Self::HeartbeatTimeout,
+        Self::ProbeFailed,
+        Self::NodeNotReady,
+        Self::NodeRemoved,
+        Self::TunnelNotReady,
+    ];
+
+    /// The reason of a move away from a node in `phase` (`selected`: the
+    /// gateway still selects the node).
+    pub fn of(phase: TunnelPhase, selected: bool) -> Self {
+        match phase {
+            _ if !selected => Self::NodeRemoved,
+            TunnelPhase::HeartbeatTimeout => Self::HeartbeatTimeout,
+            TunnelPhase::Failed => Self::ProbeFailed,
+            TunnelPhase::NodeNotReady => Self::NodeNotReady,
+            TunnelPhase::Pending | TunnelPhase::Init | TunnelPhase::Ready => Self::TunnelNotReady,
+        }
+    }
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HeartbeatTimeout => "heartbeat_timeout",
+            Self::ProbeFailed => "probe_failed",
+            Self::NodeNotReady => "node_not_ready",
+            Self::NodeRemoved => "node_removed",
+            Self::TunnelNotReady => "tunnel_not_ready",
+        }
+    }
+}
+
+/// One EIP (or node-IP unit) moved from a node to another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EipMove {
+    pub gateway: String,
+    /// What moved, as the events name it ("EIP 10.10.0.200").
+    pub what: String,
+    pub from: String,
+    pub to: String,
+    pub reason: FailoverReason,
 }
 
 /// The unit of assignment: an IPv4/IPv6 pair, or the node address of one
@@ -465,6 +528,18 @@ fn reconcile_gateway(
                     ),
                     None => format!("{} assigned to node {node}, epoch {epoch}", u.label()),
                 };
+                if let Some(f) = &from {
+                    plan.moves.push(EipMove {
+                        gateway: gw_name.clone(),
+                        what: u.label(),
+                        from: f.clone(),
+                        to: node.clone(),
+                        reason: FailoverReason::of(
+                            view.phase(f),
+                            gw_nodes.iter().any(|n| n.name == *f),
+                        ),
+                    });
+                }
                 let reason = if from.is_some() {
                     "EipMoved"
                 } else {

@@ -1,9 +1,9 @@
 //! The thin async loop: leader election, heartbeat monitoring, reconcile,
 //! and writing only what changed. Only the leader writes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -13,7 +13,8 @@ use crate::datastore::typed::load_view;
 use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
 use super::{
-    reconcile, ClusterView, ControllerConfig, HeartbeatMonitor, Plan, TimerConfig, ViewCache,
+    reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
+    TimerConfig, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
@@ -226,14 +227,36 @@ pub async fn tick_cached(
     monitor: &mut HeartbeatMonitor,
     cfg: &RunConfig,
 ) -> Result<usize> {
+    Ok(tick_cached_report(ds, cache, monitor, cfg).await?.writes)
+}
+
+/// What one pass did, for metrics.
+#[derive(Clone, Debug, Default)]
+pub struct TickReport {
+    /// Objects written.
+    pub writes: usize,
+    /// Failovers written in this pass.
+    pub moves: Vec<EipMove>,
+    /// When each gateway-eligible node's heartbeat was last seen (the
+    /// monitor's start for a node not seen yet).
+    pub last_heartbeat: BTreeMap<String, Instant>,
+}
+
+/// [`tick_cached`], reporting the failovers it wrote and the heartbeats it saw.
+pub async fn tick_cached_report(
+    ds: &dyn Datastore,
+    cache: &mut ViewCache,
+    monitor: &mut HeartbeatMonitor,
+    cfg: &RunConfig,
+) -> Result<TickReport> {
     let now = Instant::now();
     monitor.observe(&ds.heartbeats().await?, now);
-    let changes = monitor.changes(
-        &cache.view,
-        &gateway_eligible(&cache.view),
-        now,
-        cfg.timers.eip_eviction_timeout,
-    );
+    let eligible = gateway_eligible(&cache.view);
+    let last_heartbeat = eligible
+        .iter()
+        .map(|n| (n.clone(), monitor.last_seen(n)))
+        .collect();
+    let changes = monitor.changes(&cache.view, &eligible, now, cfg.timers.eip_eviction_timeout);
     let mut n = 0;
     for c in &changes {
         let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
@@ -269,7 +292,11 @@ pub async fn tick_cached(
     for s in &written {
         cache.put_stored(s);
     }
-    Ok(n)
+    Ok(TickReport {
+        writes: n,
+        moves: plan.moves,
+        last_heartbeat,
+    })
 }
 
 /// What the loop reports for metrics and health checks.
@@ -280,6 +307,36 @@ pub struct LoopStats {
     pub passes: std::sync::atomic::AtomicU64,
     pub writes: std::sync::atomic::AtomicU64,
     pub errors: std::sync::atomic::AtomicU64,
+    /// Failovers this replica wrote as leader, by reason.
+    pub failovers: Mutex<BTreeMap<FailoverReason, u64>>,
+    /// While leading: when each gateway-eligible node's heartbeat was last
+    /// seen (empty on a replica that does not lead).
+    pub last_heartbeat: Mutex<BTreeMap<String, Instant>>,
+}
+
+impl LoopStats {
+    /// Counts the failovers of a written pass and keeps its heartbeat view.
+    pub fn record(&self, report: &TickReport) {
+        let mut f = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
+        for m in &report.moves {
+            *f.entry(m.reason).or_default() += 1;
+        }
+        drop(f);
+        *self
+            .last_heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = report.last_heartbeat.clone();
+    }
+
+    /// This replica stopped leading: it no longer watches heartbeats.
+    pub fn lost_leadership(&self) {
+        self.leader
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.last_heartbeat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
 }
 
 /// Campaigns, and while leader reconciles on every change and every
@@ -343,21 +400,26 @@ pub async fn run_controller_with_stats(
             }
             if let Err(e) = ds.renew_leadership(&lead).await {
                 tracing::warn!("lost leadership: {e}");
-                stats.leader.store(false, Relaxed);
+                stats.lost_leadership();
                 ds.fence(None).await?;
                 break;
             }
             stats.passes.fetch_add(1, Relaxed);
-            match tick_cached(ds.as_ref(), &mut cache, &mut monitor, &cfg).await {
-                Ok(n) => {
+            match tick_cached_report(ds.as_ref(), &mut cache, &mut monitor, &cfg).await {
+                Ok(report) => {
+                    let n = report.writes;
                     stats.writes.fetch_add(n as u64, Relaxed);
+                    stats.record(&report);
+                    for m in &report.moves {
+                        tracing::info!(gateway = %m.gateway, what = %m.what, from = %m.from, to = %m.to, reason = m.reason.as_str(), "failover");
+                    }
                     if n > 0 {
                         tracing::debug!(writes = n, "reconciled");
                     }
                 }
                 Err(crate::datastore::DatastoreError::LostLeadership { .. }) => {
                     tracing::warn!("a write was fenced off: another replica leads");
-                    stats.leader.store(false, Relaxed);
+                    stats.lost_leadership();
                     ds.fence(None).await?;
                     break;
                 }
@@ -368,6 +430,7 @@ pub async fn run_controller_with_stats(
             }
             tokio::select! {
                 _ = &mut shutdown => {
+                    stats.lost_leadership();
                     let _ = ds.fence(None).await;
                     let _ = ds.resign(&lead).await;
                     return Ok(());

@@ -333,11 +333,18 @@ async fn eip_moves_only_with_cause_and_epoch_grows() {
     assert!(plan.events[0]
         .message
         .contains("from node n1 (HeartbeatTimeout) to node n2"));
+    // The same moves as plain data, for the failover counter.
+    assert_eq!(plan.moves.len(), 2, "{:?}", plan.moves);
+    assert!(plan.moves.iter().all(|m| m.from == "n1"
+        && m.to == "n2"
+        && m.gateway == "g1"
+        && m.reason == FailoverReason::HeartbeatTimeout));
 
     // n1 comes back: nothing moves back (no flapping).
     set_phase(&ds, "n1", TunnelPhase::Ready).await;
     let plan = pass(&ds).await;
     assert!(plan.events.is_empty());
+    assert!(plan.moves.is_empty());
     assert_eq!(policy_status(&ds, "p1").await.node, "n2");
 
     // A third policy goes to the node with the fewest EIPs: n1.
@@ -795,4 +802,53 @@ async fn a_deposed_leader_cannot_write() {
     .await
     .unwrap();
     assert_eq!(gw_status(&ds, "g1").await.epoch, 2);
+}
+
+#[tokio::test]
+async fn failover_reasons_follow_the_old_nodes_phase() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p1", 1, "g1", json!({}), "p1", None),
+    )
+    .await
+    .unwrap();
+    let plan = pass(&ds).await;
+    assert!(plan.moves.is_empty(), "a first assignment is no failover");
+    add_node(&ds, &node("n2", "a"), TunnelPhase::Ready).await;
+    pass(&ds).await;
+
+    // A failed datapath probe on n1: the EIP moves, reason probe_failed.
+    set_phase(&ds, "n1", TunnelPhase::Failed).await;
+    let plan = pass(&ds).await;
+    assert_eq!(plan.moves.len(), 1, "{:?}", plan.moves);
+    assert_eq!(plan.moves[0].reason, FailoverReason::ProbeFailed);
+    assert_eq!(plan.moves[0].what, "EIP 10.0.0.1");
+    assert_eq!(
+        (plan.moves[0].from.as_str(), plan.moves[0].to.as_str()),
+        ("n1", "n2")
+    );
+    // Written: the next pass moves nothing again.
+    assert!(pass(&ds).await.moves.is_empty());
+
+    // n2 is deleted while n1 is Ready again: node_removed.
+    set_phase(&ds, "n1", TunnelPhase::Ready).await;
+    ds.delete(Kind::Node, &ObjectKey::cluster("n2"), None)
+        .await
+        .unwrap();
+    let plan = pass(&ds).await;
+    assert_eq!(plan.moves.len(), 1, "{:?}", plan.moves);
+    assert_eq!(plan.moves[0].reason, FailoverReason::NodeRemoved);
+    assert_eq!(FailoverReason::NodeRemoved.as_str(), "node_removed");
+    assert_eq!(
+        FailoverReason::of(TunnelPhase::NodeNotReady, true),
+        FailoverReason::NodeNotReady
+    );
 }
