@@ -106,6 +106,43 @@ pub fn replace_addr16(
     Ok(())
 }
 
+/// The one's-complement difference `new - old` of two 16-byte addresses as
+/// a 32-bit partial sum (what `bpf_csum_diff(old, 16, new, 16, 0)` returns),
+/// computed without a helper call.
+#[inline(always)]
+pub fn csum_diff16(old: &Addr, new: &Addr) -> u32 {
+    let mut sum: u64 = 0;
+    let mut i = 0;
+    while i < 16 {
+        let o = u32::from_ne_bytes([old[i], old[i + 1], old[i + 2], old[i + 3]]);
+        let n = u32::from_ne_bytes([new[i], new[i + 1], new[i + 2], new[i + 3]]);
+        sum += u64::from(!o) + u64::from(n);
+        i += 4;
+    }
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    sum as u32
+}
+
+/// An IPv4 header checksum (network order bytes) updated for a 4-byte
+/// change (RFC 1624), in software: the header checksum never depends on
+/// the skb's checksum state.
+#[inline(always)]
+pub fn csum_replace4(check: [u8; 2], old: [u8; 4], new: [u8; 4]) -> [u8; 2] {
+    let c = u16::from_be_bytes(check);
+    let c = csum_update16(
+        c,
+        u16::from_be_bytes([old[0], old[1]]),
+        u16::from_be_bytes([new[0], new[1]]),
+    );
+    csum_update16(
+        c,
+        u16::from_be_bytes([old[2], old[3]]),
+        u16::from_be_bytes([new[2], new[3]]),
+    )
+    .to_be_bytes()
+}
+
 /// RFC 1624 incremental update of a checksum held in software.
 #[inline(always)]
 pub fn csum_update16(check: u16, old: u16, new: u16) -> u16 {

@@ -5,7 +5,9 @@ use aya_ebpf::programs::TcContext;
 use egress_common::addr::{v4_mapped, Addr};
 
 use crate::{
-    ctx::{csum_update16, l4_flags, ptr_at, raw16, raw32, replace_addr16},
+    ctx::{
+        csum_diff16, csum_replace4, csum_update16, l4_flags, ptr_at, raw16, raw32, replace_addr16,
+    },
     hdr::*,
 };
 
@@ -239,6 +241,12 @@ pub enum Side {
 
 /// Rewrites address and port (or echo identifier) of one side, fixing the
 /// IPv4 header checksum and the transport checksum (pseudo-header included).
+///
+/// Address and port are written in place and the IPv4 header checksum is
+/// updated in software (it never depends on the skb's checksum state). The
+/// transport checksum goes through `bpf_l4_csum_replace`, which alone knows
+/// `skb->ip_summed`: with CHECKSUM_PARTIAL only the pseudo-header part may
+/// change the field. Two helper calls at most (address, port).
 #[inline(never)]
 pub fn rewrite(
     ctx: &mut TcContext,
@@ -252,52 +260,58 @@ pub fn rewrite(
         Side::Dst => (&f.dst, f.dport),
     };
     let l4f = l4_flags(f.proto);
-    // ICMPv4 has no pseudo-header; TCP, UDP and ICMPv6 do.
-    let pseudo_csum = if f.proto == IPPROTO_ICMP {
-        0
+    let port_off = if f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6 {
+        f.l4_off + ICMP_ID
+    } else if side == Side::Src {
+        f.l4_off
     } else {
-        f.csum_off
+        f.l4_off + 2
     };
-    if f.v6 {
-        let off = ETH_LEN
-            + if side == Side::Src {
-                IPV6_SADDR
+    let nb = port.to_be_bytes();
+    // Everything written in place first; helper calls (which invalidate
+    // packet pointers) come last.
+    let (from, to, size) = if f.v6 {
+        let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            if side == Side::Src {
+                (*ip).saddr = *addr;
             } else {
-                IPV6_DADDR
-            };
-        replace_addr16(ctx, off, old_addr, addr, pseudo_csum, true, l4f)?;
+                (*ip).daddr = *addr;
+            }
+        }
+        (0, u64::from(csum_diff16(old_addr, addr)), 0)
     } else {
-        let off = ETH_LEN
-            + if side == Side::Src {
-                IPV4_SADDR
-            } else {
-                IPV4_DADDR
-            };
+        let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
         let old4 = [old_addr[12], old_addr[13], old_addr[14], old_addr[15]];
         let new4 = [addr[12], addr[13], addr[14], addr[15]];
-        ctx.store(off, &new4, 0).map_err(|_| ())?;
-        ctx.l3_csum_replace(ETH_LEN + IPV4_CHECK, raw32(old4), raw32(new4), 4)
-            .map_err(|_| ())?;
-        if pseudo_csum != 0 {
-            ctx.l4_csum_replace(
-                pseudo_csum,
-                raw32(old4),
-                raw32(new4),
-                4 | l4f | u64::from(aya_ebpf::bindings::BPF_F_PSEUDO_HDR),
-            )
-            .map_err(|_| ())?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            if side == Side::Src {
+                (*ip).saddr = new4;
+            } else {
+                (*ip).daddr = new4;
+            }
+            (*ip).check = csum_replace4((*ip).check, old4, new4);
         }
+        (raw32(old4), raw32(new4), 4)
+    };
+    if old_port != port {
+        let p: *mut [u8; 2] = ptr_at(ctx, port_off)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { *p = nb };
+    }
+    // ICMPv4 has no pseudo-header; TCP, UDP and ICMPv6 do.
+    if f.proto != IPPROTO_ICMP {
+        ctx.l4_csum_replace(
+            f.csum_off,
+            from,
+            to,
+            size | l4f | u64::from(aya_ebpf::bindings::BPF_F_PSEUDO_HDR),
+        )
+        .map_err(|_| ())?;
     }
     if old_port != port {
-        let port_off = if f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6 {
-            f.l4_off + ICMP_ID
-        } else if side == Side::Src {
-            f.l4_off
-        } else {
-            f.l4_off + 2
-        };
-        let nb = port.to_be_bytes();
-        ctx.store(port_off, &nb, 0).map_err(|_| ())?;
         ctx.l4_csum_replace(
             f.csum_off,
             raw16(old_port.to_be_bytes()),

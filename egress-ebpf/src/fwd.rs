@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     bindings::{
-        bpf_fib_lookup as FibParams, bpf_tunnel_key, BPF_FIB_LKUP_RET_NO_NEIGH,
+        bpf_fib_lookup as FibParams, bpf_redir_neigh, bpf_tunnel_key, BPF_FIB_LKUP_RET_NO_NEIGH,
         BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
     },
     helpers::generated::{
@@ -12,7 +12,11 @@ use aya_ebpf::{
 };
 use egress_common::{config::DatapathConfig, drops::*};
 
-use crate::{ctx::raw16, flow::Flow, hdr::*};
+use crate::{
+    ctx::{csum_update16, ptr_at},
+    flow::Flow,
+    hdr::*,
+};
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
@@ -117,33 +121,65 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
         return Ok(to_stack(ctx));
     }
-    // TTL / hop limit.
+    // TTL / hop limit and the MACs, written in place (the IPv4 header
+    // checksum in software): no helper call until the redirect.
     if f.v6 {
-        let hl: u8 = ctx
-            .load(ETH_LEN + IPV6_HOP_LIMIT)
-            .map_err(|_| DROP_MALFORMED)?;
-        if hl <= 1 {
-            return Ok(to_stack(ctx));
+        let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            if (*ip).hop_limit <= 1 {
+                return Ok(to_stack(ctx));
+            }
+            (*ip).hop_limit -= 1;
         }
-        ctx.store(ETH_LEN + IPV6_HOP_LIMIT, &(hl - 1), 0)
-            .map_err(|_| DROP_HELPER)?;
     } else {
-        let word: [u8; 2] = ctx.load(ETH_LEN + IPV4_TTL).map_err(|_| DROP_MALFORMED)?;
-        if word[0] <= 1 {
-            return Ok(to_stack(ctx));
+        let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            let ttl = (*ip).ttl;
+            if ttl <= 1 {
+                return Ok(to_stack(ctx));
+            }
+            let proto = (*ip).proto;
+            (*ip).ttl = ttl - 1;
+            let c = csum_update16(
+                u16::from_be_bytes((*ip).check),
+                u16::from_be_bytes([ttl, proto]),
+                u16::from_be_bytes([ttl - 1, proto]),
+            );
+            (*ip).check = c.to_be_bytes();
         }
-        let new = [word[0] - 1, word[1]];
-        ctx.store(ETH_LEN + IPV4_TTL, &new, 0)
-            .map_err(|_| DROP_HELPER)?;
-        ctx.l3_csum_replace(ETH_LEN + IPV4_CHECK, raw16(word), raw16(new), 2)
-            .map_err(|_| DROP_HELPER)?;
     }
     if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
-        // SAFETY: NULL params: the kernel resolves the neighbour.
-        return Ok(unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) } as i32);
+        // The lookup left the next hop in the destination field: hand it to
+        // the kernel so that it resolves the neighbour without routing again.
+        // SAFETY: a zeroed block is valid; the union member matches the family.
+        let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+        if p.family == AF_INET6 {
+            nh.nh_family = u32::from(AF_INET6);
+            // SAFETY: the lookup wrote an IPv6 next hop when it set AF_INET6.
+            nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
+        } else {
+            nh.nh_family = u32::from(AF_INET);
+            // SAFETY: IPv4 family: the IPv4 member is the one written.
+            nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
+        }
+        // SAFETY: helper with a valid stack parameter block.
+        return Ok(unsafe {
+            bpf_redirect_neigh(
+                p.ifindex,
+                &mut nh,
+                core::mem::size_of::<bpf_redir_neigh>() as i32,
+                0,
+            )
+        } as i32);
     }
-    ctx.store(0, &p.dmac, 0).map_err(|_| DROP_HELPER)?;
-    ctx.store(6, &p.smac, 0).map_err(|_| DROP_HELPER)?;
+    let eth: *mut EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
+    // SAFETY: bounds checked by ptr_at.
+    unsafe {
+        (*eth).dst = p.dmac;
+        (*eth).src = p.smac;
+    }
     // SAFETY: plain helper call.
     Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
 }

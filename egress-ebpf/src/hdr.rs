@@ -38,7 +38,6 @@ pub struct Ipv4Hdr {
 pub const IPV4_CHECK: usize = offset_of!(Ipv4Hdr, check);
 pub const IPV4_SADDR: usize = offset_of!(Ipv4Hdr, saddr);
 pub const IPV4_DADDR: usize = offset_of!(Ipv4Hdr, daddr);
-pub const IPV4_TTL: usize = offset_of!(Ipv4Hdr, ttl);
 
 /// IPv6 fixed header.
 #[repr(C)]
@@ -53,7 +52,6 @@ pub struct Ipv6Hdr {
 pub const IPV6_LEN: usize = size_of::<Ipv6Hdr>();
 pub const IPV6_SADDR: usize = offset_of!(Ipv6Hdr, saddr);
 pub const IPV6_DADDR: usize = offset_of!(Ipv6Hdr, daddr);
-pub const IPV6_HOP_LIMIT: usize = offset_of!(Ipv6Hdr, hop_limit);
 
 /// The first 8 bytes every transport header we translate starts with: two
 /// ports (TCP, UDP) or type/code/checksum/identifier (ICMP echo).

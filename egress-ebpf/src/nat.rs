@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
-    helpers::generated::bpf_ktime_get_ns,
+    helpers::generated::bpf_ktime_get_coarse_ns,
     programs::TcContext,
 };
 use egress_common::{
@@ -67,12 +67,15 @@ pub fn fwd_key(f: &Flow) -> NatKey {
 }
 
 /// Finds or creates the translation of `f` to `eip` and returns the EIP port.
+/// `absent`: the caller just looked the forward key up and found nothing,
+/// so the lookup is not repeated.
 #[inline(always)]
 pub fn forward_port_inner(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     f: &Flow,
     target: &EgressTarget,
+    absent: bool,
 ) -> i64 {
     let eip = if f.v6 { &target.eip_v6 } else { &target.eip_v4 };
     let policy_id = target.policy_id;
@@ -82,10 +85,18 @@ pub fn forward_port_inner(
     } else {
         0
     };
+    // The coarse clock (one tick of resolution) is enough for timeouts in
+    // seconds and cheaper to read; every NAT timestamp uses it. Idle means
+    // `now - seen >= timeout`, so a zero timeout expires within one tick too.
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let key = fwd_key(f);
-    if let Some(e) = NAT_FWD.get_ptr_mut(&key) {
+    let found = if absent {
+        None
+    } else {
+        NAT_FWD.get_ptr_mut(&key)
+    };
+    if let Some(e) = found {
         // SAFETY: the entry stays valid for this run; racing writers only touch these fields.
         unsafe {
             if (*e).addr == *eip {
@@ -182,7 +193,7 @@ pub fn forward_port_inner(
                 } else {
                     old.last_seen_ns
                 };
-                if now.wrapping_sub(seen) > idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
+                if now.wrapping_sub(seen) >= idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
                     let _ = NAT_FWD.remove(&old_fwd);
                     take = NAT_REV.insert(&rev, &rev_val, u64::from(BPF_ANY)).is_ok();
                 }
@@ -244,7 +255,7 @@ pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
     let e = NAT_REV.get_ptr_mut(&key).ok_or(DROP_NO_NAT_ENTRY)?;
     // SAFETY: valid map value pointer; copied before the packet is touched.
     let entry = unsafe {
-        (*e).last_seen_ns = bpf_ktime_get_ns();
+        (*e).last_seen_ns = bpf_ktime_get_coarse_ns();
         if f.proto == IPPROTO_TCP {
             (*e).state = next_tcp_state(
                 if (*e).state == 0 {
@@ -281,8 +292,9 @@ pub fn forward_port_raw(
     cfg: &DatapathConfig,
     f: &Flow,
     target: &EgressTarget,
+    absent: bool,
 ) -> i64 {
-    forward_port_inner(ctx, cfg, f, target)
+    forward_port_inner(ctx, cfg, f, target, absent)
 }
 
 #[inline(always)]
@@ -296,8 +308,9 @@ pub fn forward_port(
     cfg: &DatapathConfig,
     f: &Flow,
     target: &EgressTarget,
+    absent: bool,
 ) -> Result<u16, u32> {
-    let v = forward_port_raw(ctx, cfg, f, target);
+    let v = forward_port_raw(ctx, cfg, f, target, absent);
     if v < 0 {
         Err((-(v + 1)) as u32)
     } else {

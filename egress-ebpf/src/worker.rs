@@ -1,6 +1,6 @@
 //! `worker_egress`: TC ingress on a pod's host-side veth (packets from the pod).
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use egress_common::{config::DatapathConfig, drops::*, nat::NAT_LOCAL_GATEWAY, policy::*};
@@ -98,9 +98,10 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     if v >= 0 {
         return Ok(v as i32);
     }
-    if v < -1 {
-        return Err((-(v + 2)) as u32);
+    if v < FAST_REVALIDATE {
+        return Err((-(v - FAST_REVALIDATE + 1)) as u32);
     }
+    let absent = v == FAST_NO_ENTRY;
     let src = match POLICY_SRC.get(&Key::new(128, f.src)) {
         Some(s) => s.slots,
         None => return Ok(TC_ACT_OK as i32),
@@ -143,7 +144,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         }
         return Ok(v as i32);
     }
-    let port = forward_port(ctx, cfg, f, target)?;
+    let port = forward_port(ctx, cfg, f, target, absent)?;
     rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;
     if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
         let hdrs = if f.v6 { 60 } else { 40 };
@@ -164,25 +165,30 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     encap(ctx, cfg, target.gateway_tunnel_ip)
 }
 
+/// `fast_path`: no forward NAT entry (the full path need not look again).
+const FAST_NO_ENTRY: i64 = -1;
+/// `fast_path`: the full path must decide (no epoch yet, stale epoch, or an
+/// oversized packet that needs the ICMP answer).
+const FAST_REVALIDATE: i64 = -2;
+
 /// The established-flow path: a forward NAT entry validated under the
 /// current `policy_epoch` carries everything (EIP, port, gateway, policy).
-/// Returns a verdict (>= 0), -1 when the full path must decide (no entry,
-/// stale epoch, or an oversized packet that needs the ICMP answer), or
-/// -(reason + 2) for a drop.
+/// Returns a verdict (>= 0), `FAST_NO_ENTRY`, `FAST_REVALIDATE`, or
+/// `FAST_REVALIDATE - 1 - reason` for a drop.
 #[inline(never)]
 fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
     if cfg.policy_epoch == 0 {
-        return -1;
+        return FAST_REVALIDATE;
     }
     let key = crate::nat::fwd_key(f);
     let e = match NAT_FWD.get_ptr_mut(&key) {
         Some(e) => e,
-        None => return -1,
+        None => return FAST_NO_ENTRY,
     };
     // SAFETY: valid map value pointer; fields copied before the packet changes.
     let (eip, port, gw, local, policy_id) = unsafe {
         if (*e).epoch != cfg.policy_epoch {
-            return -1;
+            return FAST_REVALIDATE;
         }
         let local = (*e).flags & NAT_LOCAL_GATEWAY != 0;
         if !local
@@ -191,9 +197,9 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
             && cfg.tunnel_mtu != 0
             && f.l3_len > u32::from(cfg.tunnel_mtu)
         {
-            return -1;
+            return FAST_REVALIDATE;
         }
-        (*e).last_seen_ns = bpf_ktime_get_ns();
+        (*e).last_seen_ns = bpf_ktime_get_coarse_ns();
         if f.proto == IPPROTO_TCP {
             (*e).state = crate::nat::next_tcp_state((*e).state, f.tcp_flags);
         }
@@ -206,7 +212,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         )
     };
     if rewrite(ctx, f, Side::Src, &eip, port).is_err() {
-        return -(i64::from(DROP_HELPER)) - 2;
+        return FAST_REVALIDATE - 1 - i64::from(DROP_HELPER);
     }
     if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
         let hdrs = if f.v6 { 60 } else { 40 };
@@ -228,6 +234,6 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
     };
     match r {
         Ok(v) => i64::from(v),
-        Err(reason) => -(i64::from(reason)) - 2,
+        Err(reason) => FAST_REVALIDATE - 1 - i64::from(reason),
     }
 }
