@@ -82,6 +82,9 @@ pub struct ClusterSpec {
     pub bgp: bool,
     /// Also an FRR upstream router (10.10.0.253, iBGP non-client of the reflector).
     pub upstream_frr: bool,
+    /// With `bgp`: the reflector runs inside controller 0 (`egress controller
+    /// --bgp=true`, as the chart runs it) instead of as `egress reflector`.
+    pub reflector_in_controller: bool,
 }
 
 impl Default for ClusterSpec {
@@ -94,6 +97,7 @@ impl Default for ClusterSpec {
             timers: Timers::default(),
             bgp: false,
             upstream_frr: false,
+            reflector_in_controller: false,
         }
     }
 }
@@ -109,6 +113,10 @@ pub struct Upstream {
 
 /// Admin endpoint of the fabric's reflector (on the fabric's loopback).
 pub const REFLECTOR_ADMIN: &str = "127.0.0.1:9464";
+
+/// Controller `i` serves /metrics, /healthz, /readyz and /bgp/status on
+/// this port + `i` (`--metrics-port`), in the fabric.
+pub const CONTROLLER_METRICS_PORT: u16 = 9477;
 
 pub struct Cluster {
     pub topo: Topology,
@@ -154,10 +162,6 @@ impl Cluster {
             agent_probes: spec.timers.probe.is_some()
                 && agent_has_flag(egress, "--probe-interval-ms"),
         };
-        for i in 0..spec.controllers {
-            let c = cluster.spawn_controller(i)?;
-            cluster.controllers.push(Some(c));
-        }
         if spec.bgp && spec.upstream_frr {
             let ns = crate::Netns::new("up")?;
             crate::link_veth(&ns, "eth0", &cluster.topo.fabric, "up0")?;
@@ -170,7 +174,11 @@ impl Cluster {
                 crate::frr::Frr::start(&ns, UPSTREAM_IP, 64512, &[(FABRIC_UNDERLAY_IP, 64512)])?;
             cluster.upstream = Some(Upstream { frr, ns });
         }
-        if spec.bgp {
+        for i in 0..spec.controllers {
+            let c = cluster.spawn_controller(i)?;
+            cluster.controllers.push(Some(c));
+        }
+        if spec.bgp && !spec.reflector_in_controller {
             cluster.reflector = Some(cluster.spawn_reflector()?);
         }
         for i in 0..cluster.topo.nodes.len() {
@@ -220,6 +228,27 @@ impl Cluster {
             t.lease.clone(),
         ];
         args.extend(probe_flags(t.probe));
+        args.extend([
+            "--metrics-port".into(),
+            (CONTROLLER_METRICS_PORT + i as u16).to_string(),
+        ]);
+        if i == 0 && self.spec.bgp && self.spec.reflector_in_controller {
+            let rid = FABRIC_UNDERLAY_IP.to_string();
+            args.extend([
+                "--bgp=true".into(),
+                "--bgp-listen".into(),
+                format!("{rid}:179"),
+                "--bgp-router-id".into(),
+                rid.clone(),
+                "--bgp-cluster-id".into(),
+                rid,
+                "--bgp-hold-time".into(),
+                "9".into(),
+            ]);
+            if self.upstream.is_some() {
+                args.extend(["--bgp-peer".into(), format!("{UPSTREAM_IP},asn=64512")]);
+            }
+        }
         args.extend(self.etcd_flags());
         let egress = self.egress.to_string_lossy().into_owned();
         let mut argv: Vec<&str> = vec![&egress];
@@ -339,6 +368,26 @@ impl Cluster {
                 .split_once("\r\n\r\n")
                 .map(|(_, b)| b.to_owned())
                 .unwrap_or_default())
+        })
+    }
+
+    /// The body of `GET path` from controller `i`'s HTTP endpoint (in the
+    /// fabric); an error unless it answers 200.
+    pub fn controller_http(&self, i: usize, path: &str) -> Result<String> {
+        let addr = format!("127.0.0.1:{}", CONTROLLER_METRICS_PORT + i as u16);
+        let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
+        let path = path.to_owned();
+        self.topo.fabric.enter(move || {
+            let mut s = TcpStream::connect(&addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(req.as_bytes())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+            if !head.starts_with("HTTP/1.1 200") {
+                bail!("{addr}{path}: {}", head.lines().next().unwrap_or(""));
+            }
+            Ok(body.to_owned())
         })
     }
 
