@@ -17,8 +17,12 @@ pub const DROP_NO_CONFIG: u32 = 6;
 pub const DROP_NAT_INSERT: u32 = 7;
 /// A helper (tunnel key, checksum, store) failed.
 pub const DROP_HELPER: u32 = 8;
+/// Worker: the packet matches a policy that cannot be applied on this node
+/// yet (no EIP assigned, or its gateway has no tunnel endpoint). Fail
+/// closed: it is dropped rather than sent out with the pod's own address.
+pub const DROP_NO_GATEWAY: u32 = 9;
 
-pub const DROP_REASONS: usize = 9;
+pub const DROP_REASONS: usize = 10;
 
 /// Names in index order, for tools.
 pub const DROP_NAMES: [&str; DROP_REASONS] = [
@@ -31,4 +35,5 @@ pub const DROP_NAMES: [&str; DROP_REASONS] = [
     "no_config",
     "nat_insert",
     "helper",
+    "no_gateway",
 ];

@@ -43,6 +43,10 @@ pub const TARGET_HAS_V4: u32 = 1 << 1;
 pub const TARGET_HAS_V6: u32 = 1 << 2;
 /// The EIP is the gateway node's own address (`useNodeIP`).
 pub const TARGET_USE_NODE_IP: u32 = 1 << 3;
+/// The policy cannot be applied on this node yet (no EIP, or no gateway
+/// tunnel endpoint): packets it matches are dropped (`DROP_NO_GATEWAY`),
+/// whatever their family (fail closed).
+pub const TARGET_NO_GATEWAY: u32 = 1 << 4;
 
 /// Value of the slot table (`POLICY_TARGETS`, an array indexed by slot).
 #[repr(C)]

@@ -118,6 +118,11 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         Some(t) => t,
         None => return Ok(TC_ACT_OK as i32),
     };
+    // Fail closed: the policy selects this traffic but has no EIP or
+    // gateway yet; the packet must not leave with the pod's own address.
+    if target.flags & TARGET_NO_GATEWAY != 0 {
+        return Err(DROP_NO_GATEWAY);
+    }
     let eip = if f.v6 {
         if target.flags & TARGET_HAS_V6 == 0 {
             return Ok(TC_ACT_OK as i32);

@@ -76,6 +76,7 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
                 gateway_tunnel_ip: ip4("10.100.0.11"),
                 local_gateway: false,
                 use_node_ip: false,
+                no_gateway: false,
             }]
         } else {
             vec![]

@@ -358,6 +358,7 @@ fn build() -> Result<Topology> {
                 gateway_tunnel_ip: ip4("10.100.0.11"),
                 local_gateway: false,
                 use_node_ip: false,
+                no_gateway: false,
             },
             PolicyRule {
                 id: 2,
@@ -370,6 +371,7 @@ fn build() -> Result<Topology> {
                 gateway_tunnel_ip: ip4("10.100.0.12"),
                 local_gateway: false,
                 use_node_ip: false,
+                no_gateway: false,
             },
         ]
     };

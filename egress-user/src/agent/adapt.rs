@@ -8,9 +8,10 @@ use std::{
 };
 
 use egress_control::{
-    agent_state::{NodeDesired, RuleAction},
-    controller::ClusterView,
+    agent_state::{policy_ids, NodeDesired, RuleAction},
+    controller::{ClusterView, PolicyView},
     datastore::{Kind, ObjectKey},
+    validate::parse_cidr,
 };
 use ipnet::IpNet;
 
@@ -31,7 +32,10 @@ pub struct NodeFacts {
     pub l2_announce: bool,
 }
 
-/// Problems that leave a policy out of the maps (the rest still applies).
+/// A policy that selects pods on this node but cannot be applied here yet
+/// (no EIP assigned, no gateway node, or its gateway has no usable tunnel
+/// endpoint). It is not left out of the maps: it fails closed, its matching
+/// packets are dropped (`no_gateway`) until the EIP and the gateway exist.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Skipped {
     pub policy: String,
@@ -67,6 +71,119 @@ fn excluded_of(view: &ClusterView, kind: Kind, key: &ObjectKey) -> Vec<Cidr> {
         .unwrap_or_default()
 }
 
+fn fail_closed(policy: String, why: String) -> Skipped {
+    Skipped {
+        policy,
+        why: format!("{why}: its pods' traffic to its destinations is dropped (no_gateway)"),
+    }
+}
+
+/// The fail-closed form of a policy: it matches as usual and drops.
+fn no_gateway_rule(
+    id: u32,
+    priority: i32,
+    sources: Vec<Cidr>,
+    destinations: Vec<Cidr>,
+    excluded: Vec<Cidr>,
+) -> PolicyRule {
+    PolicyRule {
+        id,
+        priority,
+        sources,
+        destinations,
+        excluded,
+        eip_v4: None,
+        eip_v6: None,
+        gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED,
+        local_gateway: false,
+        use_node_ip: false,
+        no_gateway: true,
+    }
+}
+
+/// The address families a policy will get an EIP of: those asked for
+/// explicitly and those its gateway has a pool of. A policy whose gateway
+/// does not exist (or has no pool, or uses the node's address) is expected
+/// to cover both.
+fn expected_families(view: &ClusterView, p: &PolicyView<'_>) -> (bool, bool) {
+    let e = p.fields.egress_ip;
+    let (mut v4, mut v6) = (!e.ipv4.is_empty(), !e.ipv6.is_empty());
+    if let Some(g) = view.gateway_for(p.fields.gateway) {
+        if !e.use_node_ip {
+            v4 |= !g.spec.ippools.ipv4.is_empty();
+            v6 |= !g.spec.ippools.ipv6.is_empty();
+        }
+    }
+    if !v4 && !v6 {
+        (true, true)
+    } else {
+        (v4, v6)
+    }
+}
+
+/// Policies the controller has not given an EIP and a gateway node yet
+/// (the control plane leaves them out of `nd.policies`): each one that
+/// selects a pod on this node becomes a fail-closed rule for those pods.
+fn pending_policies(
+    view: &ClusterView,
+    nd: &NodeDesired,
+    ranks: &BTreeMap<(Kind, ObjectKey), i32>,
+    policies: &mut Vec<PolicyRule>,
+    skipped: &mut Vec<Skipped>,
+) {
+    let views = view.policy_views();
+    let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
+    for p in &views {
+        let id = ids[&(p.kind, p.key.clone())];
+        if nd.policies.contains_key(&id) {
+            continue;
+        }
+        let (v4, v6) = expected_families(view, p);
+        let mut sources = BTreeSet::new();
+        for pod in view.pods.iter().filter(|pod| pod.node == nd.node) {
+            if !p.selects(pod, &view.namespace_labels(&pod.namespace)) {
+                continue;
+            }
+            for ip in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
+                if (ip.is_ipv4() && v4) || (ip.is_ipv6() && v6) {
+                    sources.insert(Cidr::host(ip));
+                }
+            }
+        }
+        if sources.is_empty() {
+            continue; // no local pod: nothing to match
+        }
+        let cidrs = |list: &[String]| -> Vec<Cidr> {
+            list.iter()
+                .filter_map(|c| parse_cidr(c).ok())
+                .map(|n| cidr(&n))
+                .collect()
+        };
+        let has_eip = p
+            .status
+            .is_some_and(|st| !st.eip.ipv4.is_empty() || !st.eip.ipv6.is_empty());
+        let why = if has_eip {
+            "no gateway node assigned yet"
+        } else {
+            "no EIP assigned yet"
+        };
+        skipped.push(fail_closed(
+            format!("{}/{}/{}", p.kind.name(), p.key.namespace, p.key.name),
+            why.into(),
+        ));
+        policies.push(no_gateway_rule(
+            id,
+            ranks
+                .get(&(p.kind, p.key.clone()))
+                .copied()
+                .unwrap_or(i32::MAX),
+            sources.into_iter().collect(),
+            cidrs(p.fields.dest_subnet),
+            cidrs(p.fields.excluded_subnet),
+        ));
+    }
+}
+
 /// Builds the maps' desired contents. `announce` is the set of EIPs the
 /// fence allows this node to answer for right now.
 pub fn desired_maps(
@@ -96,54 +213,59 @@ pub fn desired_maps(
         let Some(srcs) = sources.get(id) else {
             continue;
         }; // no local pod: nothing to match
-        let gateway_tunnel_ip = match target.tunnel_endpoint {
-            Some(IpAddr::V4(ip)) => ip,
+        let priority = ranks
+            .get(&(target.kind, target.key.clone()))
+            .copied()
+            .unwrap_or(i32::MAX);
+        let destinations: Vec<Cidr> = dests
+            .get(id)
+            .map(|d| d.iter().copied().collect())
+            .unwrap_or_default();
+        let excluded = excluded_of(view, target.kind, &target.key);
+        let why = match target.tunnel_endpoint {
+            _ if target.eip_v4.is_none() && target.eip_v6.is_none() => {
+                Some("no EIP assigned yet".to_string())
+            }
+            Some(IpAddr::V4(_)) => None,
+            None if target.local => None,
             Some(IpAddr::V6(_)) => {
-                skipped.push(Skipped {
-                    policy: name,
-                    why: "the gateway has only an IPv6 tunnel endpoint; the underlay is IPv4"
-                        .into(),
-                });
-                continue;
+                Some("the gateway has only an IPv6 tunnel endpoint; the underlay is IPv4".into())
             }
-            None if target.local => facts.tunnel_ip,
-            None => {
-                skipped.push(Skipped {
-                    policy: name,
-                    why: format!(
-                        "gateway node {} has no tunnel endpoint yet",
-                        target.gateway_node
-                    ),
-                });
-                continue;
-            }
+            None => Some(format!(
+                "gateway node {} has no tunnel endpoint yet",
+                target.gateway_node
+            )),
         };
-        if target.eip_v4.is_none() && target.eip_v6.is_none() {
-            skipped.push(Skipped {
-                policy: name,
-                why: "no EIP assigned yet".into(),
-            });
+        if let Some(why) = why {
+            skipped.push(fail_closed(name, why));
+            policies.push(no_gateway_rule(
+                *id,
+                priority,
+                srcs.iter().copied().collect(),
+                destinations,
+                excluded,
+            ));
             continue;
         }
+        let gateway_tunnel_ip = match target.tunnel_endpoint {
+            Some(IpAddr::V4(ip)) => ip,
+            _ => facts.tunnel_ip, // local gateway (checked above)
+        };
         policies.push(PolicyRule {
             id: *id,
-            priority: ranks
-                .get(&(target.kind, target.key.clone()))
-                .copied()
-                .unwrap_or(i32::MAX),
+            priority,
             sources: srcs.iter().copied().collect(),
-            destinations: dests
-                .get(id)
-                .map(|d| d.iter().copied().collect())
-                .unwrap_or_default(),
-            excluded: excluded_of(view, target.kind, &target.key),
+            destinations,
+            excluded,
             eip_v4: target.eip_v4,
             eip_v6: target.eip_v6,
             gateway_tunnel_ip,
             local_gateway: target.local,
             use_node_ip: target.use_node_ip,
+            no_gateway: false,
         });
     }
+    pending_policies(view, nd, &ranks, &mut policies, &mut skipped);
 
     let mut block_size = None;
     let port_blocks = nd
@@ -211,4 +333,235 @@ pub fn desired_maps(
         owned_eips,
     };
     (maps, skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_control::{
+        agent_state::{desired, AgentConfig},
+        api::*,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    const POD: &str = "10.244.1.5";
+    const POD6: &str = "fd00:244:1::5";
+
+    fn facts() -> NodeFacts {
+        NodeFacts {
+            tunnel_ip: "192.168.0.11".parse().unwrap(),
+            vxlan_ifindex: 7,
+            uplink_ifindex: 2,
+            uplink_mac: [2, 0, 0, 0, 0, 1],
+            vni: 1,
+            tunnel_mtu: 1450,
+            l2_announce: true,
+        }
+    }
+
+    /// One worker `w1` with a dual-stack pod (app=web), a gateway node `gw`,
+    /// gateway `g1` (IPv4 pool) and policy `p` selecting app=web towards
+    /// 203.0.113.0/24, in the state the case describes.
+    struct Case {
+        name: &'static str,
+        /// The policy's status: (EIP, gateway node); None: no status yet.
+        status: Option<(&'static str, &'static str)>,
+        /// The gateway node's EgressTunnel endpoint (None: no tunnel yet).
+        gw_tunnel: Option<&'static str>,
+        /// The gateway `g1` exists.
+        gateway: bool,
+        /// Expected: Some(no_gateway) when the policy is in the maps.
+        rule: Option<bool>,
+        /// Expected: the rule's sources.
+        sources: &'static [&'static str],
+        skipped: bool,
+    }
+
+    fn view(c: &Case) -> ClusterView {
+        let mut v = ClusterView::default();
+        if c.gateway {
+            let spec: EgressGatewaySpec = serde_json::from_value(json!({
+                "ippools": {"ipv4": ["203.0.113.100-203.0.113.110"]},
+                "nodeSelector": {"selector": {"matchLabels": {"egress": "gw"}}},
+            }))
+            .unwrap();
+            v.gateways.push(EgressGateway::new("g1", spec));
+        }
+        let spec: EgressPolicySpec = serde_json::from_value(json!({
+            "egressGatewayName": "g1",
+            "appliedTo": {"podSelector": {"matchLabels": {"app": "web"}}},
+            "destSubnet": ["203.0.113.0/24"],
+        }))
+        .unwrap();
+        let mut p = EgressPolicy::new("p", spec);
+        p.metadata.namespace = Some("default".into());
+        p.status = c.status.map(|(eip, node)| EgressPolicyStatus {
+            eip: PolicyEip {
+                ipv4: eip.into(),
+                ipv6: String::new(),
+            },
+            node: node.into(),
+            conditions: vec![],
+        });
+        v.policies.push(p);
+        for (name, labels, ip) in [
+            ("gw", json!({"egress": "gw"}), "172.18.0.2"),
+            ("w1", json!({}), "172.18.0.11"),
+        ] {
+            v.nodes.push(
+                serde_json::from_value(json!({
+                    "name": name, "labels": labels, "addresses": [ip],
+                }))
+                .unwrap(),
+            );
+        }
+        if let Some(ep) = c.gw_tunnel {
+            let mut t = EgressTunnel::new("gw", EgressTunnelSpec {});
+            t.status = Some(
+                serde_json::from_value(json!({"tunnel": {"ipv4": ep}, "phase": "Ready"})).unwrap(),
+            );
+            v.tunnels.push(t);
+        }
+        v.pods.push(
+            serde_json::from_value(json!({
+                "name": "web", "namespace": "default", "labels": {"app": "web"},
+                "node": "w1", "ips": [POD, POD6],
+            }))
+            .unwrap(),
+        );
+        v
+    }
+
+    #[test]
+    fn unappliable_policies_fail_closed() {
+        let cases = [
+            Case {
+                name: "applied: EIP, gateway node with a tunnel endpoint",
+                status: Some(("203.0.113.100", "gw")),
+                gw_tunnel: Some("192.168.0.2"),
+                gateway: true,
+                rule: Some(false),
+                sources: &[POD],
+                skipped: false,
+            },
+            Case {
+                name: "gateway node has no tunnel endpoint yet",
+                status: Some(("203.0.113.100", "gw")),
+                gw_tunnel: None,
+                gateway: true,
+                rule: Some(true),
+                sources: &[POD],
+                skipped: true,
+            },
+            Case {
+                name: "gateway node has only an IPv6 endpoint",
+                status: Some(("203.0.113.100", "gw")),
+                gw_tunnel: Some("fd00::2"),
+                gateway: true,
+                rule: Some(true),
+                sources: &[POD],
+                skipped: true,
+            },
+            Case {
+                name: "no status yet (no EIP, no gateway node)",
+                status: None,
+                gw_tunnel: Some("192.168.0.2"),
+                gateway: true,
+                // The gateway has an IPv4 pool only: the pod's IPv6 address
+                // would never be translated, so only IPv4 is held back.
+                rule: Some(true),
+                sources: &[POD],
+                skipped: true,
+            },
+            Case {
+                name: "EIP but no gateway node",
+                status: Some(("203.0.113.100", "")),
+                gw_tunnel: Some("192.168.0.2"),
+                gateway: true,
+                rule: Some(true),
+                sources: &[POD],
+                skipped: true,
+            },
+            Case {
+                name: "the gateway does not exist: both families held back",
+                status: None,
+                gw_tunnel: None,
+                gateway: false,
+                rule: Some(true),
+                sources: &[POD, POD6],
+                skipped: true,
+            },
+        ];
+        for c in &cases {
+            let v = view(c);
+            let nd = desired(
+                &v,
+                &AgentConfig {
+                    node: "w1".into(),
+                    ..Default::default()
+                },
+            );
+            let (maps, skipped) = desired_maps(&v, &nd, &facts(), &BTreeSet::new());
+            let rule = maps.policies.first();
+            assert_eq!(maps.policies.len(), 1, "{}: one rule", c.name);
+            assert_eq!(rule.map(|r| r.no_gateway), c.rule, "{}", c.name);
+            let r = rule.unwrap();
+            let want: Vec<Cidr> = c
+                .sources
+                .iter()
+                .map(|s| Cidr::host(s.parse().unwrap()))
+                .collect();
+            let mut got = r.sources.clone();
+            got.sort();
+            let mut want_sorted = want.clone();
+            want_sorted.sort();
+            assert_eq!(got, want_sorted, "{}: sources", c.name);
+            assert_eq!(
+                r.destinations,
+                vec!["203.0.113.0/24".parse::<Cidr>().unwrap()],
+                "{}: destinations",
+                c.name
+            );
+            assert_eq!(!skipped.is_empty(), c.skipped, "{}: {skipped:?}", c.name);
+            if r.no_gateway {
+                assert!(
+                    skipped[0].why.contains("dropped (no_gateway)"),
+                    "{}",
+                    c.name
+                );
+                assert_eq!((r.eip_v4, r.eip_v6), (None, None));
+            } else {
+                assert_eq!(r.eip_v4, Some("203.0.113.100".parse().unwrap()));
+                assert_eq!(r.gateway_tunnel_ip, Ipv4Addr::new(192, 168, 0, 2));
+            }
+            // Whatever the case, the maps translate.
+            crate::datapath::translate::translate(&maps)
+                .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        }
+    }
+
+    #[test]
+    fn a_pending_policy_without_local_pods_adds_nothing() {
+        let c = Case {
+            name: "",
+            status: None,
+            gw_tunnel: None,
+            gateway: true,
+            rule: None,
+            sources: &[],
+            skipped: false,
+        };
+        let mut v = view(&c);
+        v.pods[0].node = "elsewhere".into();
+        let nd = desired(
+            &v,
+            &AgentConfig {
+                node: "w1".into(),
+                ..Default::default()
+            },
+        );
+        let (maps, skipped) = desired_maps(&v, &nd, &facts(), &BTreeSet::new());
+        assert!(maps.policies.is_empty() && skipped.is_empty());
+    }
 }

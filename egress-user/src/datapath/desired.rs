@@ -123,6 +123,12 @@ pub struct PolicyRule {
     pub local_gateway: bool,
     /// `useNodeIP`: the EIP is the gateway node's own address.
     pub use_node_ip: bool,
+    /// Fail closed: the policy selects these pods but cannot be applied on
+    /// this node yet (no EIP assigned, or its gateway has no tunnel
+    /// endpoint). Matching packets are dropped and counted under
+    /// `no_gateway` instead of leaving with the pod's own address; the EIPs
+    /// and the gateway endpoint are then not needed.
+    pub no_gateway: bool,
 }
 
 /// Port blocks of one EIP granted to this worker.

@@ -63,6 +63,26 @@ fn errno_in(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
     None
 }
 
+/// A `DROPS` map pinned by an older object with fewer drop reasons would be
+/// reused as it is (pinned maps are reused by name) and the new reasons
+/// never counted: unpin it so that a map of the right size is created. Only
+/// counters are lost; nothing the programs decide on.
+fn replace_short_drop_counters(pin_dir: &Path) {
+    let path = pin_dir.join(egress_common::maps::DROPS);
+    let Ok(data) = aya::maps::MapData::from_pin(&path) else {
+        return;
+    };
+    let short = data
+        .info()
+        .map(|i| (i.max_entries() as usize) < egress_common::drops::DROP_REASONS)
+        .unwrap_or(false);
+    drop(data);
+    if short {
+        tracing::info!(path = %path.display(), "drop counters pinned by an older datapath hold fewer reasons; replacing them");
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// The loaded object and where its maps are pinned.
 pub struct Datapath {
     pub ebpf: Ebpf,
@@ -81,6 +101,7 @@ impl Datapath {
             path: pin_dir.to_owned(),
             source,
         })?;
+        replace_short_drop_counters(pin_dir);
         let paths: Vec<(&str, PathBuf)> =
             PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         let mut loader = EbpfLoader::new();

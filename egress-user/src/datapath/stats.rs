@@ -30,8 +30,12 @@ pub fn read_drops(pin_dir: &Path) -> anyhow::Result<Vec<(&'static str, TrafficCo
     let mut out = Vec::with_capacity(DROP_REASONS);
     for (i, name) in DROP_NAMES.iter().enumerate() {
         let mut total = TrafficCounter::default();
-        for slot in map.get(&(i as u32), 0)?.iter() {
-            total.merge(slot);
+        // A map pinned by an older object may hold fewer reasons (until the
+        // loader replaces it): those read as zero.
+        if let Ok(slots) = map.get(&(i as u32), 0) {
+            for slot in slots.iter() {
+                total.merge(slot);
+            }
         }
         out.push((*name, total));
     }

@@ -41,7 +41,7 @@ pub enum TranslateError {
     TooManyPolicies(usize),
     #[error("EIP {eip}: {count} port blocks granted; at most {MAX_BLOCKS_PER_EIP} per EIP")]
     TooManyBlocks { eip: IpAddr, count: usize },
-    #[error("policy {0} has neither an IPv4 nor an IPv6 EIP")]
+    #[error("policy {0} has neither an IPv4 nor an IPv6 EIP (and is not marked no_gateway)")]
     NoEip(u32),
     #[error("port block size must be at least 1")]
     BlockSize,
@@ -110,10 +110,13 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
     src_prefixes.insert(v4_any());
     dst_prefixes.insert(v4_any());
     for (slot, p) in policies.iter().enumerate() {
-        if p.eip_v4.is_none() && p.eip_v6.is_none() {
+        if p.eip_v4.is_none() && p.eip_v6.is_none() && !p.no_gateway {
             return Err(TranslateError::NoEip(p.id));
         }
         let mut flags = 0;
+        if p.no_gateway {
+            flags |= TARGET_NO_GATEWAY;
+        }
         if p.local_gateway {
             flags |= TARGET_LOCAL_GATEWAY;
         }
@@ -291,6 +294,10 @@ pub fn lookup_policy(m: &MapContents, src: IpAddr, dst: IpAddr) -> Option<u32> {
     let d = lpm(&m.policy_dst, dst)?;
     let slot = pick_slot(s.slots, d)?;
     let t = &m.targets[slot as usize];
+    // A fail-closed policy matches (and drops) whatever the family.
+    if t.flags & TARGET_NO_GATEWAY != 0 {
+        return Some(t.policy_id);
+    }
     let fam_ok = match dst {
         IpAddr::V4(_) => t.flags & TARGET_HAS_V4 != 0,
         IpAddr::V6(_) => t.flags & TARGET_HAS_V6 != 0,
@@ -321,6 +328,7 @@ mod tests {
             gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
             local_gateway: false,
             use_node_ip: false,
+            no_gateway: false,
         }
     }
 
@@ -480,5 +488,37 @@ mod tests {
             }),
             Err(TranslateError::NoEip(9))
         );
+    }
+
+    #[test]
+    fn a_no_gateway_policy_matches_without_eips_and_wins_by_priority() {
+        let mut pending = policy(7, 0, &["10.244.1.5/32"], &["203.0.113.0/24"], &[]);
+        pending.eip_v4 = None;
+        pending.eip_v6 = None;
+        pending.gateway_tunnel_ip = Ipv4Addr::UNSPECIFIED;
+        pending.no_gateway = true;
+        let d = DesiredMaps {
+            policies: vec![pending.clone(), policy(8, 5, &["10.244.1.5/32"], &[], &[])],
+            ..Default::default()
+        };
+        let m = translate(&d).expect("a no_gateway policy needs no EIP");
+        let t = m.targets.iter().find(|t| t.policy_id == 7).unwrap();
+        assert_eq!(t.flags, TARGET_NO_GATEWAY, "no family bits, no tunnel");
+        // Its destinations go to it (the program drops), the rest to policy 8.
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.1.5"), ip("203.0.113.9")),
+            Some(7)
+        );
+        assert_eq!(
+            lookup_policy(&m, ip("10.244.1.5"), ip("198.51.100.1")),
+            Some(8)
+        );
+        // Without the flag the same rule is refused.
+        pending.no_gateway = false;
+        let d = DesiredMaps {
+            policies: vec![pending],
+            ..Default::default()
+        };
+        assert_eq!(translate(&d), Err(TranslateError::NoEip(7)));
     }
 }
