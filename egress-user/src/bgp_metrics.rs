@@ -5,6 +5,7 @@
 
 use egress_bgp::{fsm::State, speaker::Status};
 use prometheus_client::{
+    encoding::text::encode,
     metrics::{family::Family, gauge::Gauge},
     registry::Registry,
 };
@@ -85,11 +86,19 @@ pub fn register(reg: &mut Registry, status: &Status) {
     reg.register("bgp_best_routes", "Best routes in this speaker's RIB", best);
 }
 
+/// The BGP metrics alone (`egress reflector`'s /metrics).
+pub fn render(status: &Status) -> String {
+    let mut reg = Registry::with_prefix("egress");
+    register(&mut reg, status);
+    let mut out = String::new();
+    let _ = encode(&mut out, &reg);
+    out
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use egress_bgp::speaker::PeerStatus;
-    use prometheus_client::encoding::text::encode;
 
     pub(crate) fn status() -> Status {
         let peer = |addr: &str, state, received, advertised| PeerStatus {
@@ -118,10 +127,8 @@ pub(crate) mod tests {
 
     #[test]
     fn sessions_are_counted_per_state_and_prefixes_per_peer() {
-        let mut reg = Registry::with_prefix("egress");
-        register(&mut reg, &status());
-        let mut text = String::new();
-        encode(&mut text, &reg).unwrap();
+        let text = render(&status());
+        assert!(text.ends_with("# EOF\n"), "{text}");
         for line in [
             "# HELP egress_bgp_sessions BGP sessions of this speaker, by FSM state.",
             "# TYPE egress_bgp_sessions gauge",

@@ -374,7 +374,16 @@ impl Cluster {
     /// The body of `GET path` from controller `i`'s HTTP endpoint (in the
     /// fabric); an error unless it answers 200.
     pub fn controller_http(&self, i: usize, path: &str) -> Result<String> {
-        let addr = format!("127.0.0.1:{}", CONTROLLER_METRICS_PORT + i as u16);
+        self.fabric_http(
+            &format!("127.0.0.1:{}", CONTROLLER_METRICS_PORT + i as u16),
+            path,
+        )
+    }
+
+    /// The body of `GET path` from `addr`, connecting from the fabric (the
+    /// controllers', the reflector's endpoints); an error unless it answers 200.
+    pub fn fabric_http(&self, addr: &str, path: &str) -> Result<String> {
+        let addr = addr.to_owned();
         let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
         let path = path.to_owned();
         self.topo.fabric.enter(move || {

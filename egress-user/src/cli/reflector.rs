@@ -14,7 +14,7 @@ use crate::admin::{self, Response};
 pub struct ReflectorArgs {
     #[command(flatten)]
     pub bgp: BgpArgs,
-    /// Admin endpoint: /healthz, /readyz, /bgp/status.
+    /// Admin endpoint: /healthz, /readyz, /bgp/status, /metrics.
     #[arg(long, env = "EGRESS_ADMIN_ADDR", default_value = "127.0.0.1:9464")]
     pub admin_addr: SocketAddr,
     /// Make every node registered in the datastore a (passive) client.
@@ -55,6 +55,13 @@ pub async fn run(args: ReflectorArgs) -> Result<()> {
                     },
                     "/bgp/status" => match h.status().await {
                         Ok(s) => Response::json(&status_json(&s)),
+                        Err(e) => Response::unavailable(&e.to_string()),
+                    },
+                    "/metrics" => match h.status().await {
+                        Ok(s) => Response::ok(
+                            crate::controller_metrics::CONTENT_TYPE,
+                            crate::bgp_metrics::render(&s),
+                        ),
                         Err(e) => Response::unavailable(&e.to_string()),
                     },
                     _ => Response::not_found(),
