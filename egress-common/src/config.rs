@@ -24,7 +24,9 @@ pub struct DatapathConfig {
     pub port_block_size: u16,
     /// MAC address of the uplink, used as source of ARP replies and NAs.
     pub uplink_mac: [u8; 6],
-    pub _pad0: [u8; 2],
+    /// UDP port on which the datapath answers the controller's probes to
+    /// `node_tunnel_ip` (0: not answered here; the agent's socket may).
+    pub probe_port: u16,
     /// This node's tunnel endpoint (IPv4 underlay, network byte order).
     pub node_tunnel_ip: [u8; 4],
     /// Seconds a NAT entry lives without traffic, per protocol/state.

@@ -207,6 +207,9 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     if cfg.flags & CFG_GATEWAY == 0 {
         return Ok(TC_ACT_OK as i32);
     }
+    if let Some(v) = crate::probe::answer(ctx, &cfg) {
+        return Ok(v);
+    }
     let eth: *const EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
     // SAFETY: bounds checked by ptr_at.
     let proto = u16::from_be_bytes(unsafe { (*eth).proto });

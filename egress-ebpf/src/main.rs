@@ -15,6 +15,7 @@ mod hdr;
 mod icmp_err;
 mod maps;
 mod nat;
+mod probe;
 mod worker;
 
 #[cfg(not(test))]

@@ -48,6 +48,8 @@ const BLOCK_SIZE: u16 = 1024;
 const BLOCK: u16 = 40; // ports 40960..=41983
 const BLOCK6: u16 = 41;
 const MTU: u16 = 1450;
+const PROBE_PORT: u16 = 13784;
+const CONTROLLER: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 2);
 
 fn cidr(s: &str) -> Cidr {
     s.parse().unwrap()
@@ -67,6 +69,7 @@ fn desired() -> DesiredMaps {
             port_block_size: BLOCK_SIZE,
             node_tunnel_ip: WORKER_TUNNEL,
             timeouts: NatTimeouts::default(),
+            probe_port: PROBE_PORT,
         },
         policies: vec![
             PolicyRule {
@@ -932,6 +935,81 @@ fn an_expired_announce_lease_silences_arp_answers() -> anyhow::Result<()> {
     lease::write(fx.pins.path(), None)?;
     let (rc, _) = fx.run("uplink_ingress", &req)?;
     assert_eq!(rc, TC_ACT_REDIRECT, "no limit: answered");
+    Ok(())
+}
+
+/// The controller's probe as a frame from the controller to this node.
+fn probe_frame(pkt: &egress_failover::probe::Packet, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, UPLINK_MAC)
+        .ipv4(CONTROLLER.octets(), dst.octets(), 255)
+        .udp(40000, dport)
+        .write(&mut v, &pkt.encode())
+        .unwrap();
+    v
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn the_datapath_answers_controller_probes_and_the_session_comes_up() -> anyhow::Result<()> {
+    use egress_failover::probe::{Packet, Session, SessionConfig, SessionState};
+    use std::time::Instant;
+    let mut fx = fixture()?;
+    let now = Instant::now();
+    let cfg = SessionConfig {
+        desired_min_tx_ms: 100,
+        required_min_rx_ms: 100,
+        detect_multiplier: 3,
+    };
+    // The controller's side of the session: the real state machine.
+    let mut controller = Session::new(cfg, 77, now);
+    for round in 0..3 {
+        let ask = controller
+            .packet_to_send(now, 0)
+            .expect("a Down/Init session sends");
+        let (rc, out) = fx.run(
+            "uplink_ingress",
+            &probe_frame(&ask, WORKER_TUNNEL, PROBE_PORT),
+        )?;
+        assert_eq!(
+            rc, TC_ACT_REDIRECT,
+            "round {round}: answered out of the uplink"
+        );
+        let seen = check(&out); // IPv4 and UDP checksums verified
+        assert_eq!(
+            (seen.src, seen.dst, seen.sport, seen.dport),
+            (
+                IpAddr::V4(WORKER_TUNNEL),
+                IpAddr::V4(CONTROLLER),
+                PROBE_PORT,
+                40000
+            )
+        );
+        assert_eq!((&out[0..6], &out[6..12]), (&PEER_MAC[..], &UPLINK_MAC[..]));
+        let reply = Packet::decode(&out[out.len() - 24..])?;
+        assert_eq!(
+            reply.your_discriminator, 77,
+            "the asker's discriminator echoed"
+        );
+        assert_eq!(
+            reply.my_discriminator,
+            u32::from_be_bytes(WORKER_TUNNEL.octets())
+        );
+        controller.on_packet(now, &reply)?;
+        if controller.state() == SessionState::Up {
+            break;
+        }
+    }
+    assert_eq!(controller.state(), SessionState::Up);
+    // Not to this node, or not the probe port: left to the stack.
+    let ask = controller.packet_to_send(now, 0).unwrap();
+    for frame in [
+        probe_frame(&ask, GW_TUNNEL, PROBE_PORT),
+        probe_frame(&ask, WORKER_TUNNEL, PROBE_PORT + 1),
+    ] {
+        let (rc, out) = fx.run("uplink_ingress", &frame)?;
+        assert_eq!((rc, out), (TC_ACT_OK, frame));
+    }
     Ok(())
 }
 

@@ -46,3 +46,9 @@ fn controller_kill() -> anyhow::Result<()> {
 fn gateway_recover() -> anyhow::Result<()> {
     scenario("gateway-recover")
 }
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn gateway_agent_crash() -> anyhow::Result<()> {
+    scenario("gateway-agent-crash")
+}

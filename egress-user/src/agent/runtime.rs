@@ -80,9 +80,21 @@ struct Published {
     removed: usize,
     /// Policy id (the key of its counters) -> kind/namespace/name.
     policy_names: BTreeMap<u32, String>,
+    /// What this run took over from the previous one's pinned state.
+    resumed: Resumed,
     /// When the heartbeat was last renewed (for the metrics).
     #[serde(skip)]
     last_renewal: Option<std::time::Instant>,
+}
+
+/// Pinned state a (re)started agent found and kept, for `/state`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+struct Resumed {
+    /// The fence started from the previous run's announce lease.
+    announce_lease: bool,
+    /// Pod-veth links taken over (program swapped in place) / created.
+    pod_links_taken_over: u32,
+    pod_links_new: u32,
 }
 
 /// Every EIP assignment in the view, for the fence.
@@ -187,28 +199,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     register(ds.as_ref(), &me).await?;
     tracing::info!(node = %s.node, %tunnel_ip, "registered; datapath attached");
 
-    // The controller probes gateway candidates over the underlay; answering
-    // from here proves this node's datapath, not just its datastore link.
-    let prober = match s.probe {
-        Some((session, port)) => Some(
-            egress_failover::prober::Prober::start(egress_failover::prober::ProberConfig {
-                bind: SocketAddr::new(IpAddr::V4(tunnel_ip), port),
-                session,
-                accept_unknown_peers: true,
-            })
-            .await
-            .map(|(prober, mut events)| {
-                tokio::spawn(async move {
-                    while let Some(ev) = events.recv().await {
-                        tracing::debug!(?ev, "probe session change");
-                    }
-                });
-                prober
-            })
-            .context("starting the probe responder")?,
-        ),
-        None => None,
-    };
+    // The controller's datapath probes are answered by the uplink program
+    // (see egress-ebpf/src/probe.rs, `probe_port` in the config), not here:
+    // a probe then proves this node's datapath, and an agent restart does
+    // not look like a dead gateway.
     let mut bgp = match &s.bgp {
         Some(cfg) => Some(super::bgp::AgentBgp::start(cfg, tunnel_ip).await?),
         None => None,
@@ -230,7 +224,8 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         pod_cidrs: s.pod_cidrs.clone(),
     };
     let mut fence = Fence::new(&s.node, &s.timers);
-    seed_fence_from_lease(&mut fence, &s.pin_dir, s.timers.fence_after());
+    published.lock().unwrap().resumed.announce_lease =
+        seed_fence_from_lease(&mut fence, &s.pin_dir, s.timers.fence_after());
     let mut view = ClusterView::default();
     let mut have_view = false;
     let mut announced: BTreeSet<IpAddr> = BTreeSet::new();
@@ -294,7 +289,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 let now = std::time::Instant::now();
                 let allowed: BTreeSet<IpAddr> =
                     fence.announcements(now).iter().map(|a| a.eip).collect();
-                let (desired, skipped) = desired_maps(&view, &nd, &facts, &allowed);
+                let (mut desired, skipped) = desired_maps(&view, &nd, &facts, &allowed);
+                // The datapath answers the controller's probes itself, so an
+                // agent restart is not a dead gateway.
+                desired.config.probe_port = s.probe.map_or(0, |(_, port)| port);
                 for sk in &skipped {
                     tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
                 }
@@ -363,7 +361,14 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 // namespaces); it is never a pod's.
                 Some(LinkEvent::Present(link)) if link.is_pod_veth() && link.index != facts.uplink_ifindex => {
                     match links::attach_ingress(&mut dp, PROG_WORKER_EGRESS, &link.name, link.index) {
-                        Ok(how) => tracing::info!(iface = %link.name, ?how, "worker program on pod veth"),
+                        Ok(how) => {
+                            let mut p = published.lock().unwrap();
+                            match how {
+                                links::Attached::TakenOver => p.resumed.pod_links_taken_over += 1,
+                                links::Attached::New => p.resumed.pod_links_new += 1,
+                            }
+                            tracing::info!(iface = %link.name, ?how, "worker program on pod veth")
+                        }
                         Err(e) => tracing::error!(iface = %link.name, error = %format!("{e:#}"), "attaching to pod veth failed"),
                     }
                 }
@@ -404,10 +409,6 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             _ = resync.tick() => dirty = true,
         }
     }
-    if let Some(p) = prober {
-        // AdminDown tells the peers this is a restart, not a dead datapath.
-        p.shutdown().await;
-    }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())
 }
@@ -416,19 +417,29 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
 /// deadline (its last renewal + `fence_after`): the fence starts from that
 /// renewal, so the EIPs stay announced across the restart instead of going
 /// silent until this run's first renewal. An expired lease changes nothing.
-fn seed_fence_from_lease(fence: &mut Fence, pin_dir: &std::path::Path, fence_after: Duration) {
+/// Returns whether it did.
+fn seed_fence_from_lease(
+    fence: &mut Fence,
+    pin_dir: &std::path::Path,
+    fence_after: Duration,
+) -> bool {
     match lease::read(pin_dir) {
         Ok(lease::Lease::Until(until)) if until > std::time::Instant::now() => {
-            if let Some(renewed) = until.checked_sub(fence_after) {
-                tracing::info!(
-                    left_ms = (until - std::time::Instant::now()).as_millis() as u64,
-                    "announce lease of the previous run still valid; the fence starts from it"
-                );
-                fence.on_heartbeat_renewed(renewed);
-            }
+            let Some(renewed) = until.checked_sub(fence_after) else {
+                return false;
+            };
+            tracing::info!(
+                left_ms = (until - std::time::Instant::now()).as_millis() as u64,
+                "announce lease of the previous run still valid; the fence starts from it"
+            );
+            fence.on_heartbeat_renewed(renewed);
+            true
         }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %format!("{e:#}"), "reading the announce lease failed"),
+        Ok(_) => false,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "reading the announce lease failed");
+            false
+        }
     }
 }
 

@@ -174,6 +174,8 @@ pub struct NodeConfig {
     pub port_block_size: u16,
     pub node_tunnel_ip: Ipv4Addr,
     pub timeouts: NatTimeouts,
+    /// UDP port of the controller's probes the datapath answers (0: none).
+    pub probe_port: u16,
 }
 
 impl Default for NodeConfig {
@@ -189,6 +191,7 @@ impl Default for NodeConfig {
             port_block_size: 1024,
             node_tunnel_ip: Ipv4Addr::UNSPECIFIED,
             timeouts: NatTimeouts::default(),
+            probe_port: 0,
         }
     }
 }

@@ -96,7 +96,7 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         tunnel_mtu: c.tunnel_mtu,
         port_block_size: c.port_block_size,
         uplink_mac: c.uplink_mac,
-        _pad0: [0; 2],
+        probe_port: c.probe_port,
         node_tunnel_ip: c.node_tunnel_ip.octets(),
         timeouts: c.timeouts,
         policy_epoch: 0,

@@ -1,6 +1,7 @@
 //! The failover scenarios of issue 5, over the [`Cluster`] harness:
 //! `gateway-kill`, `gateway-link-down`, `datastore-partition`,
-//! `controller-kill` and `gateway-recover`.
+//! `controller-kill` and `gateway-recover`; and, in [`agent`], the ones where
+//! only an agent process fails: `agent-restart` and `gateway-agent-crash`.
 //!
 //! Each builds a cluster (two workers, three gateway-eligible nodes, a real
 //! etcd), applies the example gateway and policy, and lets pod `p11` (on
@@ -54,6 +55,8 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+mod agent;
+
 use crate::{
     cluster::{examples_dir, wait_until, Cluster, ClusterSpec, Timers, AGENT_ADMIN},
     topology::{eip, FABRIC_UNDERLAY_IP, SERVER_IP},
@@ -67,6 +70,8 @@ pub const SCENARIOS: &[&str] = &[
     "datastore-partition",
     "controller-kill",
     "gateway-recover",
+    "agent-restart",
+    "gateway-agent-crash",
 ];
 
 /// The two binaries a scenario starts.
@@ -143,6 +148,17 @@ impl Options {
             slack: Duration::from_secs(2),
             tcp_rto_max_ms: None,
         }
+    }
+
+    /// The same options with an eviction timeout of at least `secs` seconds
+    /// (for scenarios that keep an agent down on purpose and must not see a
+    /// failover).
+    pub fn with_eviction_at_least(&self, secs: u64) -> Self {
+        let mut o = self.clone();
+        if o.eviction() < Duration::from_secs(secs) {
+            o.timers.eviction = format!("{secs}s");
+        }
+        o
     }
 
     /// The product's defaults (5 s / 5 s / 15 s, lease 15 s).
@@ -266,6 +282,8 @@ pub fn run(bins: &Bins, name: &str, opts: &Options) -> Result<Outcome> {
         "controller-kill" => gateway_kill(bins, opts, Variant::ControllerKill),
         "gateway-link-down" => link_down(bins, opts),
         "datastore-partition" => datastore_partition(bins, opts),
+        "agent-restart" => agent::agent_restart(bins, &opts.with_eviction_at_least(4)),
+        "gateway-agent-crash" => agent::gateway_agent_crash(bins, opts),
         other => bail!(
             "unknown scenario {other:?}; one of: {}",
             SCENARIOS.join(", ")

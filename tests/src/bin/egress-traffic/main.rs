@@ -7,6 +7,8 @@
 //! Every role stops on SIGTERM (or after --duration-s) and prints one JSON
 //! report line on stdout.
 
+mod arp_watch;
+
 use std::{
     collections::BTreeSet,
     io::{ErrorKind, Read, Write},
@@ -24,7 +26,8 @@ extern "C" fn on_term(_: libc::c_int) {
 fn usage() -> ! {
     eprintln!(
         "usage: egress-traffic udp-sink LISTEN | udp-source TARGET [INTERVAL_MS] | \
-         tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS]   (stops on SIGTERM; \
+         tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS] | \
+         arp-watch IFACE TARGET_IP SENDER_IP [INTERVAL_MS]   (stops on SIGTERM; \
          EGRESS_TRAFFIC_DURATION_S limits the run)"
     );
     std::process::exit(2)
@@ -53,6 +56,15 @@ fn main() {
         Some("udp-source") => udp_source(addr(1), interval(2), deadline),
         Some("tcp-sink") => tcp_sink(addr(1), deadline),
         Some("tcp-source") => tcp_source(addr(1), interval(2), deadline),
+        Some("arp-watch") => {
+            let ip = |i: usize| -> std::net::Ipv4Addr {
+                args.get(i)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_else(|| usage())
+            };
+            let iface = args.get(1).cloned().unwrap_or_else(|| usage());
+            arp_watch::run(&iface, ip(2), ip(3), interval(4), || running(deadline))
+        }
         _ => usage(),
     };
     match report {

@@ -1,0 +1,13 @@
+//! Issue 4: "a restart of the agent reuses the pinned maps and programs and
+//! reconciles them: traffic does not stop". The `agent-restart` scenario
+//! (see `egress_tests::scenarios`) kills the agents of the pod's worker and
+//! of the EIP's owner, keeps them down for a second and starts them again.
+
+use egress_tests::scenarios::{run_and_report, Bins, Options};
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn traffic_does_not_stop_when_agents_restart() -> anyhow::Result<()> {
+    let bins = Bins::beside_test()?;
+    run_and_report(&bins, "agent-restart", &Options::fast()).map(|_| ())
+}
