@@ -39,10 +39,6 @@ fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
         ("policy", "EgressPolicy/default/web"),
         ("direction", "egress"),
     ];
-    let before = cluster.agent_http(0, "/metrics")?;
-    let bytes0 = sample(&before, "egress_policy_bytes_total", &policy);
-    let packets0 = sample(&before, "egress_policy_packets_total", &policy);
-
     let traffic = traffic_bin()?;
     let t = traffic.to_string_lossy().into_owned();
     let mut sink = cluster
@@ -50,6 +46,31 @@ fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
         .server
         .spawn(&[&t, "udp-sink", "0.0.0.0:6000"])?;
     sink.wait_for_line("ready", Duration::from_secs(10))?;
+    // A policy is in the maps before its EIP and gateway are: until then it
+    // fails closed (drops `no_gateway`). Short bursts until one is counted
+    // by the policy with no such drop.
+    let no_gateway = [("reason", "no_gateway")];
+    wait_until(
+        "w1 forwards the policy's traffic",
+        Duration::from_secs(30),
+        || {
+            let m0 = cluster.agent_http(0, "/metrics")?;
+            traffic_report(
+                &cluster.topo.nodes[0].pods[0].ns,
+                &["udp-source", &format!("{SERVER_IP}:6000"), "10"],
+                0.05,
+            )?;
+            let m1 = cluster.agent_http(0, "/metrics")?;
+            Ok(sample(&m1, "egress_drops_total", &no_gateway)
+                == sample(&m0, "egress_drops_total", &no_gateway)
+                && sample(&m1, "egress_policy_packets_total", &policy)
+                    > sample(&m0, "egress_policy_packets_total", &policy))
+        },
+    )?;
+    let before = cluster.agent_http(0, "/metrics")?;
+    let bytes0 = sample(&before, "egress_policy_bytes_total", &policy);
+    let packets0 = sample(&before, "egress_policy_packets_total", &policy);
+
     let sent = traffic_report(
         &cluster.topo.nodes[0].pods[0].ns,
         &["udp-source", &format!("{SERVER_IP}:6000"), "2"],
