@@ -531,6 +531,13 @@ fn bench_datapath() -> Result<()> {
         "testrun_runs": RUNS,
         "testrun_single_run_floor_ns": r2(floor),
         "testrun_repeat_floor_ns": r2(floor_repeat),
+        // Each path less the floor of its method: what the program itself costs.
+        "net_of_floor_ns": {
+            "worker_first_packet": r2(first - floor),
+            "worker_established": r2(est - floor),
+            "gateway_forward": r2(fwd - floor),
+            "gateway_reply": r2(reply - floor_repeat),
+        },
         "load_average_1m": std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse::<f64>().ok())),
