@@ -1,6 +1,7 @@
 //! Small value types shared by the codec, the RIB and the speaker.
 
 use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
@@ -76,7 +77,7 @@ pub enum PrefixError {
 }
 
 /// An IP prefix with host bits cleared, so equal networks compare equal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Prefix {
     addr: IpAddr,
     len: u8,
@@ -133,6 +134,85 @@ impl Prefix {
         }
     }
 }
+
+/// One or two integer writes instead of the derived byte-by-byte walk
+/// through `IpAddr`: the RIB hashes every prefix several times per route.
+impl Hash for Prefix {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        match self.addr {
+            IpAddr::V4(a) => h.write_u64(u64::from(u32::from(a)) << 8 | u64::from(self.len)),
+            IpAddr::V6(a) => {
+                let v = u128::from(a);
+                h.write_u64((v >> 64) as u64);
+                h.write_u64(v as u64 ^ u64::from(self.len) << 56 ^ 1);
+            }
+        }
+    }
+}
+
+/// The hasher of the RIB's prefix-keyed tables: one folded multiply per
+/// word (as foldhash and wyhash do) with a per-process random seed, a
+/// fraction of the cost of SipHash for these short keys. The keys come
+/// from configured neighbours, and the seed keeps collisions unguessable.
+#[derive(Clone, Copy, Default)]
+pub struct PrefixHash;
+
+#[derive(Clone, Copy)]
+pub struct PrefixHasher(u64);
+
+const HASH_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn fold_multiply(a: u64, b: u64) -> u64 {
+    let m = u128::from(a) * u128::from(b);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
+fn hash_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64) | 1)
+}
+
+impl BuildHasher for PrefixHash {
+    type Hasher = PrefixHasher;
+    fn build_hasher(&self) -> PrefixHasher {
+        PrefixHasher(hash_seed())
+    }
+}
+
+impl Hasher for PrefixHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = fold_multiply(self.0 ^ v, HASH_MULTIPLIER);
+    }
+
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by prefix, with [`PrefixHash`].
+pub type PrefixMap<V> = std::collections::HashMap<Prefix, V, PrefixHash>;
+/// A set of prefixes, with [`PrefixHash`].
+pub type PrefixSet = std::collections::HashSet<Prefix, PrefixHash>;
 
 impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -304,6 +384,41 @@ impl fmt::Display for AsPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_hash_agrees_with_eq_and_spreads_low_bits() {
+        let h = PrefixHash;
+        let a: Prefix = "10.1.2.3/24".parse().unwrap();
+        let b: Prefix = "10.1.2.0/24".parse().unwrap();
+        assert_eq!(h.hash_one(a), h.hash_one(b));
+        assert_ne!(
+            h.hash_one(a),
+            h.hash_one("10.1.2.0/25".parse::<Prefix>().unwrap())
+        );
+        // Consecutive /24s (low octet and length constant) must still
+        // land in different buckets of a small table (low bits) and have
+        // varied control bytes (top 7 bits).
+        let hashes: Vec<u64> = (0..4096u32)
+            .map(|i| {
+                h.hash_one(
+                    Prefix::new(IpAddr::V4(Ipv4Addr::from(0x1000_0000 + (i << 8))), 24).unwrap(),
+                )
+            })
+            .collect();
+        let low: std::collections::HashSet<u64> = hashes.iter().map(|x| x & 4095).collect();
+        let top: std::collections::HashSet<u64> = hashes.iter().map(|x| x >> 57).collect();
+        assert!(low.len() > 2000, "{} distinct buckets", low.len());
+        assert_eq!(top.len(), 128);
+        let mut map: PrefixMap<u32> = PrefixMap::default();
+        for i in 0..1000u32 {
+            map.insert(
+                Prefix::new(IpAddr::V6(Ipv6Addr::from(u128::from(i) << 80)), 48).unwrap(),
+                i,
+            );
+        }
+        assert_eq!(map.len(), 1000);
+        assert_eq!(map[&"0:0:2::/48".parse::<Prefix>().unwrap()], 2);
+    }
 
     #[test]
     fn prefix_clears_host_bits_and_parses() {

@@ -20,7 +20,7 @@ pub use decision::{select_best, DEFAULT_LOCAL_PREF};
 
 use crate::codec::{PathAttributes, Update};
 use crate::reflect::{self, LoopDiscard};
-use crate::types::{AsPath, Family, Origin, Prefix};
+use crate::types::{AsPath, Family, Origin, Prefix, PrefixMap, PrefixSet};
 
 /// The peer a route was learned from, with what the decision needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,7 +124,7 @@ struct PeerState {
     /// Size of the Adj-RIB-Out, kept up to date as changes are queued.
     advertised: usize,
     /// Adj-RIB-Out changes not yet sent; None is a withdrawal.
-    pending: HashMap<Prefix, Option<Arc<out::Exported>>>,
+    pending: PrefixMap<Option<Arc<out::Exported>>>,
     /// One shared copy per distinct attribute set sent to this peer, so
     /// pending changes cost one pointer each, and packing can group by it.
     interned: HashSet<Arc<out::Exported>>,
@@ -246,12 +246,12 @@ pub struct Rib {
     cfg: RibConfig,
     peers: HashMap<IpAddr, PeerState>,
     /// All Adj-RIBs-In and our local routes, indexed by prefix.
-    candidates: HashMap<Prefix, Vec<Route>>,
-    loc: HashMap<Prefix, Route>,
+    candidates: PrefixMap<Vec<Route>>,
+    loc: PrefixMap<Route>,
     best_changes: Vec<BestChange>,
     /// While set, the decision process waits (RFC 4724 selection deferral).
     deferring: bool,
-    dirty: HashSet<Prefix>,
+    dirty: PrefixSet,
 }
 
 impl Rib {
@@ -259,11 +259,11 @@ impl Rib {
         Rib {
             cfg,
             peers: HashMap::new(),
-            candidates: HashMap::new(),
-            loc: HashMap::new(),
+            candidates: PrefixMap::default(),
+            loc: PrefixMap::default(),
             best_changes: Vec::new(),
             deferring: false,
-            dirty: HashSet::new(),
+            dirty: PrefixSet::default(),
         }
     }
 
@@ -279,7 +279,7 @@ impl Rib {
                 session: None,
                 received: 0,
                 advertised: 0,
-                pending: HashMap::new(),
+                pending: PrefixMap::default(),
                 interned: HashSet::new(),
                 memo: Vec::new(),
             },
