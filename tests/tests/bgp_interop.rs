@@ -129,6 +129,10 @@ struct Router {
     proc: Option<Proc>,
     /// TCP-MD5 key used with every neighbour.
     password: Option<&'static str>,
+    /// Ours only: the neighbours are added through the handle once running
+    /// (as a reflector adds the nodes of the datastore) and the password is
+    /// the speaker's default key rather than each peer's own.
+    late_peers: bool,
 }
 
 /// A broken invariant (a route that must never leave a table did): fails
@@ -194,6 +198,28 @@ impl Router {
             cfg,
             proc: None,
             password,
+            late_peers: false,
+        };
+        r.write_config()?;
+        r.spawn()?;
+        Ok(r)
+    }
+
+    /// Our speaker with its neighbours added at run time, under the
+    /// speaker-wide default TCP-MD5 key.
+    fn start_ours_with_late_peers(
+        ns: Netns,
+        cfg: RouterCfg,
+        password: &'static str,
+    ) -> Result<Router> {
+        let mut r = Router {
+            kind: Kind::Ours,
+            ns,
+            dir: Dir::new("ours")?,
+            cfg,
+            proc: None,
+            password: Some(password),
+            late_peers: true,
         };
         r.write_config()?;
         r.spawn()?;
@@ -208,10 +234,16 @@ impl Router {
                     .neighbors
                     .iter()
                     .map(|n| {
+                        let own = if self.late_peers { None } else { self.password };
                         json!({"address": n.addr.to_string(), "asn": ASN, "client": n.client,
-                            "password": self.password})
+                            "password": own})
                     })
                     .collect();
+                let (peers, late_peers) = if self.late_peers {
+                    (Vec::new(), peers)
+                } else {
+                    (peers, Vec::new())
+                };
                 let announce: Vec<Value> = c
                     .announce
                     .iter()
@@ -222,6 +254,8 @@ impl Router {
                     "listen": format!("{}:179", c.me), "hold_time": 9, "restart_time": 30,
                     "restarting": true, "deferral_time": 15, "connect_retry_ms": 500,
                     "peers": peers, "announce": announce, "print_routes": false,
+                    "late_peers": late_peers,
+                    "default_password": if self.late_peers { self.password } else { None },
                     "status_file": self.dir.file("status.json"),
                 });
                 std::fs::write(self.dir.file("speaker.json"), doc.to_string())?;
@@ -1037,6 +1071,79 @@ fn md5_session(kind: Kind) -> Result<()> {
     )
 }
 
+/// TCP-MD5 with the peers a reflector adds at run time (the agents it
+/// finds in the datastore), from its default key: an FRR with the key comes
+/// up and exchanges routes; an FRR with a wrong key, and one without a
+/// key, never reach Established (the kernel drops their segments).
+fn md5_for_peers_added_at_run_time() -> Result<()> {
+    let mut lan = Lan::new()?;
+    let rr = ip(1);
+    let peers = [
+        (ip(11), Some("s3cret")),
+        (ip(12), Some("wrong")),
+        (ip(13), None),
+    ];
+    let ours = Router::start_ours_with_late_peers(
+        lan.node("rr", rr)?,
+        RouterCfg {
+            me: rr,
+            cluster_id: Some(CLUSTER),
+            neighbors: peers
+                .iter()
+                .map(|(a, _)| Neighbor {
+                    addr: *a,
+                    client: true,
+                })
+                .collect(),
+            announce: vec!["192.0.2.1/32".into()],
+        },
+        "s3cret",
+    )?;
+    let mut frrs = Vec::new();
+    for (a, pw) in peers {
+        frrs.push(Router::start_with_password(
+            Kind::Frr,
+            lan.node("peer", a)?,
+            RouterCfg {
+                me: a,
+                cluster_id: None,
+                neighbors: vec![Neighbor {
+                    addr: rr,
+                    client: false,
+                }],
+                announce: vec![format!("198.51.100.{}/32", a.octets()[3])],
+            },
+            pw,
+        )?);
+    }
+    wait_until(
+        "our route at the FRR with the key",
+        Duration::from_secs(30),
+        || Ok(frrs[0].routes()?.contains_key("192.0.2.1/32")),
+    )?;
+    wait_until(
+        "its route at our reflector",
+        Duration::from_secs(30),
+        || Ok(ours.routes()?.contains_key("198.51.100.11/32")),
+    )?;
+    // Both sides retry every second: give the other two several chances.
+    std::thread::sleep(Duration::from_secs(5));
+    let up = ours.established()?;
+    hold(up == BTreeSet::from([ip(11)]), || {
+        format!("sessions up at our reflector: {up:?}")
+    })?;
+    for f in &frrs[1..] {
+        let theirs = f.established()?;
+        hold(theirs.is_empty(), || {
+            format!("{} has a session: {theirs:?}", f.cfg.me)
+        })?;
+        hold(!f.routes()?.contains_key("192.0.2.1/32"), || {
+            format!("{} got our route", f.cfg.me)
+        })?;
+    }
+    Ok(())
+}
+
 /// IPv6 unicast over an IPv4 session (MP_REACH_NLRI, RFC 4760): a client
 /// of ours announces an IPv6 prefix (next hop: the IPv4-mapped form of its
 /// address); FRR upstream gets it through our reflector.
@@ -1147,4 +1254,8 @@ interop!(incident_with_bird_clients, incident(Kind::Bird, 20));
 interop!(frr_tcp_md5, md5_session(Kind::Frr));
 interop!(bird_tcp_md5, md5_session(Kind::Bird));
 interop!(gobgp_tcp_md5, md5_session(Kind::Gobgp));
+interop!(
+    frr_tcp_md5_with_peers_added_at_run_time,
+    md5_for_peers_added_at_run_time()
+);
 interop!(frr_ipv6_unicast, ipv6_routes_reach_frr());

@@ -14,6 +14,7 @@
 //!  "listen": "10.0.0.1:179", "hold_time": 9, "restart_time": 30,
 //!  "restarting": true, "deferral_time": 10,
 //!  "peers": [{"address": "10.0.0.2", "asn": 65000, "client": true, "passive": true}],
+//!  "late_peers": [], "default_password": null,
 //!  "announce": [["10.244.1.0/24", "10.0.0.1"]]}
 //! ```
 
@@ -51,6 +52,12 @@ struct Config {
     connect_retry_ms: u64,
     #[serde(default)]
     peers: Vec<PeerSpec>,
+    /// Added through the handle once running, as a reflector adds the
+    /// nodes it finds in the datastore.
+    #[serde(default)]
+    late_peers: Vec<PeerSpec>,
+    /// TCP-MD5 key for every peer without its own (late ones included).
+    default_password: Option<String>,
     #[serde(default)]
     announce: Vec<(Prefix, IpAddr)>,
     /// Print best-route changes (off for large benchmark tables).
@@ -99,8 +106,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..GrConfig::default()
     });
     cfg.peers = c.peers;
+    cfg.default_password = c.default_password;
     let speaker = Speaker::start(cfg).await?;
     let h = speaker.handle();
+    for p in c.late_peers {
+        h.add_peer(p).await?;
+    }
     h.announce_many(c.announce).await?;
     let mut changes = h.subscribe().await?;
     println!("ready");

@@ -26,6 +26,8 @@ pub struct AgentBgpConfig {
     pub reflectors: Vec<(IpAddr, u16)>,
     pub hold_time: u16,
     pub graceful_restart_time: u16,
+    /// TCP-MD5 (RFC 2385) key of the sessions with the reflectors.
+    pub password: Option<String>,
 }
 
 /// What the agent should announce: its pod CIDRs and the EIPs it may
@@ -106,6 +108,18 @@ pub fn route_diff(
     (announce, withdraw)
 }
 
+/// The agent's neighbours: every reflector, with the cluster's TCP-MD5 key.
+pub fn reflector_peers(cfg: &AgentBgpConfig) -> Vec<PeerSpec> {
+    cfg.reflectors
+        .iter()
+        .map(|(addr, port)| PeerSpec {
+            port: *port,
+            password: cfg.password.clone(),
+            ..PeerSpec::new(*addr, cfg.asn)
+        })
+        .collect()
+}
+
 pub struct AgentBgp {
     handle: SpeakerHandle,
     _speaker: Speaker,
@@ -131,14 +145,7 @@ impl AgentBgp {
             })
         };
         sc.restarting = sc.graceful_restart.is_some();
-        sc.peers = cfg
-            .reflectors
-            .iter()
-            .map(|(addr, port)| PeerSpec {
-                port: *port,
-                ..PeerSpec::new(*addr, cfg.asn)
-            })
-            .collect();
+        sc.peers = reflector_peers(cfg);
         let speaker = Speaker::start(sc)
             .await
             .context("starting the agent's BGP speaker")?;
@@ -237,6 +244,29 @@ mod tests {
                 local_pref: BASE_LOCAL_PREF
             }
         );
+    }
+
+    #[test]
+    fn every_reflector_session_carries_the_password() {
+        let mut cfg = AgentBgpConfig {
+            asn: 64512,
+            router_id: None,
+            reflectors: vec![
+                ("10.10.0.250".parse().unwrap(), 179),
+                ("10.10.0.251".parse().unwrap(), 1179),
+            ],
+            hold_time: 90,
+            graceful_restart_time: 120,
+            password: Some("s3cret".into()),
+        };
+        let peers = reflector_peers(&cfg);
+        assert_eq!(peers.len(), 2);
+        assert!(peers
+            .iter()
+            .all(|p| p.password.as_deref() == Some("s3cret")));
+        assert_eq!(peers[1].port, 1179);
+        cfg.password = None;
+        assert!(reflector_peers(&cfg).iter().all(|p| p.password.is_none()));
     }
 
     #[test]

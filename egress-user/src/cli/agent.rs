@@ -126,6 +126,14 @@ pub struct AgentBgpArgs {
     pub keepalive_time: u16,
     #[arg(long = "bgp-graceful-restart-time", default_value_t = 120)]
     pub graceful_restart_time: u16,
+    /// TCP-MD5 password (RFC 2385) of the sessions with the reflectors; the
+    /// reflectors' --bgp-password.
+    #[arg(
+        long = "bgp-password",
+        env = "EGRESS_BGP_PASSWORD",
+        hide_env_values = true
+    )]
+    pub password: Option<String>,
 }
 
 impl AgentBgpArgs {
@@ -151,6 +159,7 @@ impl AgentBgpArgs {
             reflectors,
             hold_time: self.hold_time,
             graceful_restart_time: self.graceful_restart_time,
+            password: self.password.clone(),
         }))
     }
 }

@@ -40,7 +40,9 @@ pub struct BgpArgs {
     /// Keepalive interval, seconds; 0 means a third of the negotiated hold time.
     #[arg(long = "bgp-keepalive-time", default_value_t = 0)]
     pub keepalive_time: u16,
-    /// TCP-MD5 password (RFC 2385) for every session without its own.
+    /// TCP-MD5 password (RFC 2385) for every session without its own: the
+    /// configured peers and the clients found in the datastore (the agents
+    /// must be given the same one).
     #[arg(
         long = "bgp-password",
         env = "EGRESS_BGP_PASSWORD",
@@ -113,9 +115,8 @@ impl BgpArgs {
         cfg.keepalive_time = self.keepalive_time;
         cfg.connect_retry = Duration::from_secs(2);
         cfg.peers = self.peers.clone();
-        for p in cfg.peers.iter_mut().filter(|p| p.password.is_none()) {
-            p.password = self.password.clone();
-        }
+        // Also for peers added at run time (the clients from the datastore).
+        cfg.default_password = self.password.clone();
         if self.graceful_restart_time == 0 {
             cfg.graceful_restart = None;
             cfg.restarting = false;
@@ -257,6 +258,27 @@ mod tests {
             password: None,
             graceful_restart_time: 120,
         }
+    }
+
+    #[test]
+    fn the_password_covers_configured_peers_and_datastore_clients() {
+        let mut own = parse_peer("10.0.0.2,asn=65000").unwrap();
+        own.password = Some("their-own".into());
+        let a = BgpArgs {
+            password: Some("cluster".into()),
+            peers: vec![own, parse_peer("10.0.0.3,asn=65000").unwrap()],
+            ..args()
+        };
+        let cfg = a.speaker_config(None).unwrap();
+        // Speaker::start gives peers without a key (and every peer added
+        // later, such as the agents) the default one.
+        assert_eq!(cfg.default_password.as_deref(), Some("cluster"));
+        assert_eq!(cfg.peers[0].password.as_deref(), Some("their-own"));
+        assert!(args()
+            .speaker_config(None)
+            .unwrap()
+            .default_password
+            .is_none());
     }
 
     #[test]

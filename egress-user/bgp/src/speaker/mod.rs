@@ -88,6 +88,11 @@ pub struct SpeakerConfig {
     /// until peers sent End-of-RIB (RFC 4724 4.1). Only with GR on.
     pub restarting: bool,
     pub peers: Vec<PeerSpec>,
+    /// TCP-MD5 (RFC 2385) key for every peer without one of its own,
+    /// configured or added at run time (a reflector's clients found in the
+    /// datastore): set on the listener for the peer's address and on the
+    /// sockets we connect from.
+    pub default_password: Option<String>,
 }
 
 impl SpeakerConfig {
@@ -104,6 +109,7 @@ impl SpeakerConfig {
             graceful_restart: Some(GrConfig::default()),
             restarting: true,
             peers: Vec::new(),
+            default_password: None,
         }
     }
 }
@@ -246,7 +252,10 @@ pub struct Speaker {
 }
 
 impl Speaker {
-    pub async fn start(cfg: SpeakerConfig) -> Result<Speaker, SpeakerError> {
+    pub async fn start(mut cfg: SpeakerConfig) -> Result<Speaker, SpeakerError> {
+        for p in cfg.peers.iter_mut().filter(|p| p.password.is_none()) {
+            p.password = cfg.default_password.clone();
+        }
         if cfg.hold_time == 1 || cfg.hold_time == 2 {
             return Err(SpeakerError::Config(
                 "hold time must be 0 or at least 3".into(),

@@ -170,10 +170,13 @@ pub(super) async fn run(
 }
 
 impl RibTask {
-    fn add_peer(&mut self, spec: PeerSpec) {
+    fn add_peer(&mut self, mut spec: PeerSpec) {
         let addr = spec.address;
         if self.peers.contains_key(&addr) {
             return;
+        }
+        if spec.password.is_none() {
+            spec.password = self.cfg.default_password.clone();
         }
         if let (Some(fd), Some(key)) = (self.listen_fd, &spec.password) {
             if let Err(e) = super::md5::set_key(fd, addr, key.as_bytes()) {
@@ -294,7 +297,16 @@ impl RibTask {
             RibMsg::RemovePeer(addr) => {
                 self.send(addr, SessionCmd::StopHard);
                 self.sessions.lock().expect("session map").remove(&addr);
-                self.peers.remove(&addr);
+                let keyed = self
+                    .peers
+                    .remove(&addr)
+                    .is_some_and(|p| p.spec.password.is_some());
+                if let (Some(fd), true) = (self.listen_fd, keyed) {
+                    // An empty key removes the peer's entry from the listener.
+                    if let Err(e) = super::md5::set_key(fd, addr, b"") {
+                        tracing::debug!(peer = %addr, error = %e, "TCP-MD5 key not removed");
+                    }
+                }
                 self.rib.remove_peer(addr);
                 let a = self.restarter.peer_gone(addr);
                 self.restart_actions(a);

@@ -523,6 +523,65 @@ async fn tcp_md5_password_must_match() {
     }
 }
 
+/// The default key covers peers added at run time (a reflector's clients
+/// from the datastore): it is set on the listener for each one as it is
+/// added, and removed again with the peer.
+#[tokio::test]
+async fn default_password_covers_peers_added_at_run_time() {
+    let mut rc = config(121, false);
+    rc.default_password = Some("cluster-key".into());
+    let rr = Speaker::start(rc).await.unwrap();
+    let a = rr.handle().listen_addr().unwrap();
+    for n in [122u8, 123, 124] {
+        let mut spec = PeerSpec::new(lo(n), ASN);
+        spec.client = true;
+        spec.passive = true;
+        rr.handle().add_peer(spec).await.unwrap();
+    }
+    let start_client = |n: u8, pw: Option<&str>| {
+        let mut c = config(n, false);
+        let mut up = PeerSpec::new(a.ip(), ASN);
+        up.port = a.port();
+        c.default_password = pw.map(Into::into);
+        c.peers.push(up);
+        Speaker::start(c)
+    };
+    let good = start_client(122, Some("cluster-key")).await.unwrap();
+    let wrong = start_client(123, Some("other-key")).await.unwrap();
+    let unsigned = start_client(124, None).await.unwrap();
+    wait_status(&rr.handle(), "session with the right key", |s| {
+        peer_state(s, lo(122)).is_some_and(|p| p.state == State::Established)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let s = rr.handle().status().await.unwrap();
+    for n in [123, 124] {
+        assert_ne!(
+            peer_state(&s, lo(n)).unwrap().state,
+            State::Established,
+            "127.0.0.{n} came up without the key"
+        );
+    }
+    for c in [&wrong, &unsigned] {
+        assert_ne!(
+            c.handle().status().await.unwrap().peers[0].state,
+            State::Established
+        );
+    }
+    // Removed and added again without a key of its own: the default applies again.
+    rr.handle().remove_peer(lo(124)).await.unwrap();
+    let mut spec = PeerSpec::new(lo(124), ASN);
+    spec.client = true;
+    spec.passive = true;
+    rr.handle().add_peer(spec).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let s = rr.handle().status().await.unwrap();
+    assert_ne!(peer_state(&s, lo(124)).unwrap().state, State::Established);
+    for sp in [good, wrong, unsigned, rr] {
+        sp.shutdown().await;
+    }
+}
+
 /// A hand-driven peer: OPEN with the given capabilities, KEEPALIVEs, and
 /// then whatever the test writes.
 async fn raw_peer(
