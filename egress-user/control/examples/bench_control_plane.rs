@@ -8,7 +8,9 @@
 //! Figures: cold start (controller and agents started on a filled datastore,
 //! until every node's desired state holds every selected pod), then the time
 //! from a pod label change written by the driver to the new rule in that
-//! node's desired state (sequential changes, p50/p99), and the peak RSS of
+//! node's desired state (sequential changes, p50/p99), the same until that
+//! node also holds a port block of the new policy's EIP (the controller's
+//! grant: `change_with_grant_*`), and the peak RSS of
 //! the controller and agents processes. The last line is one JSON object.
 
 use std::collections::BTreeMap;
@@ -158,7 +160,7 @@ async fn agents(endpoint: &str) {
     let names: Vec<String> = (0..NODES).map(node_name).collect();
     let mut state: BTreeMap<String, NodeDesired> = BTreeMap::new();
     let mut announced = false;
-    let mut seen_seq: BTreeMap<String, bool> = BTreeMap::new();
+    let mut seen_seq: BTreeMap<String, (bool, bool)> = BTreeMap::new();
     // Each real agent computes only its own node, in parallel with the
     // others. Simulated in one process: the nodes whose pods changed are
     // computed at once; after a global change every other node is marked
@@ -172,13 +174,23 @@ async fn agents(endpoint: &str) {
             match futures::FutureExt::now_or_never(cache.next_batch()) {
                 Some(b) => b,
                 None => {
+                    let t = Instant::now();
                     let prep = Prepared::new(&cache.view);
-                    let chunk: Vec<String> = dirty.iter().take(10).cloned().collect();
+                    // 12: a grant change (its worker and the 10 gateway
+                    // nodes) in one go.
+                    let chunk: Vec<String> = dirty.iter().take(12).cloned().collect();
                     for n in chunk {
                         dirty.remove(&n);
                         state.insert(n.clone(), prep.node(&cfg(&n)));
                     }
                     drop(prep);
+                    if tracing_on() {
+                        eprintln!(
+                            "agents: dirty chunk {:.1} ms, {} left",
+                            t.elapsed().as_secs_f64() * 1e3,
+                            dirty.len()
+                        );
+                    }
                     if !announced && dirty.is_empty() && complete(&cache.view, &state) {
                         announced = true;
                         println!("COLD {}", now_ns());
@@ -189,6 +201,7 @@ async fn agents(endpoint: &str) {
                 }
             }
         };
+        let t_batch = Instant::now();
         let changed = match batch {
             Some(Ok(c)) => c,
             Some(Err(e)) => panic!("watch: {e}"),
@@ -196,13 +209,32 @@ async fn agents(endpoint: &str) {
         };
         if changed.global {
             dirty.extend(names.iter().cloned());
+        } else if !changed.grant_nodes.is_empty() {
+            // Grants of a node changed: its own port blocks, and the reply
+            // steering of every gateway-eligible node.
+            dirty.extend(changed.grant_nodes.iter().cloned());
+            dirty.extend(egress_control::controller::gateway_eligible(&cache.view));
         }
-        let prep = Prepared::new(&cache.view);
-        for n in &changed.pod_nodes {
-            dirty.remove(n);
-            state.insert(n.clone(), prep.node(&cfg(n)));
+        let t = Instant::now();
+        let mut t_prep = Duration::ZERO;
+        if !changed.pod_nodes.is_empty() {
+            let prep = Prepared::new(&cache.view);
+            t_prep = t.elapsed();
+            for n in &changed.pod_nodes {
+                dirty.remove(n);
+                state.insert(n.clone(), prep.node(&cfg(n)));
+            }
         }
-        drop(prep);
+        if tracing_on() {
+            eprintln!(
+                "agents: batch global={} pod_nodes={} prepare {:.1} ms, nodes {:.1} ms, since wake {:.1} ms",
+                changed.global,
+                changed.pod_nodes.len(),
+                t_prep.as_secs_f64() * 1e3,
+                (t.elapsed() - t_prep).as_secs_f64() * 1e3,
+                t_batch.elapsed().as_secs_f64() * 1e3,
+            );
+        }
         report(&cache.view, &state, &mut seen_seq);
         if !announced && dirty.is_empty() && complete(&cache.view, &state) {
             announced = true;
@@ -211,11 +243,13 @@ async fn agents(endpoint: &str) {
     }
 }
 
-/// Prints `SEEN seq time` for each relabelled pod whose new rule is in.
+/// Prints `SEEN seq time` for each relabelled pod once its new rule is in
+/// its node's desired state, and `GRANT seq time` once that node also holds
+/// a port block of the new policy's EIP (what the pod's traffic needs).
 fn report(
     view: &egress_control::controller::ClusterView,
     state: &BTreeMap<String, NodeDesired>,
-    seen_seq: &mut BTreeMap<String, bool>,
+    seen_seq: &mut BTreeMap<String, (bool, bool)>,
 ) {
     for p in view
         .pods
@@ -223,7 +257,8 @@ fn report(
         .filter(|p| p.labels.contains_key("bench-seq"))
     {
         let seq = p.labels["bench-seq"].clone();
-        if seen_seq.get(&seq).copied().unwrap_or(false) {
+        let done = seen_seq.entry(seq.clone()).or_default();
+        if done.0 && done.1 {
             continue;
         }
         let Some(d) = state.get(&p.node) else {
@@ -231,24 +266,51 @@ fn report(
         };
         let ip: std::net::IpAddr = p.ips[0].parse().unwrap();
         let target = p.labels["app"].clone();
-        let has = d.rules.iter().any(|r| {
-            r.src == ip
-                && matches!(r.action, egress_control::agent_state::RuleAction::Egress(id)
-                    if d.policies.get(&id).is_some_and(|t| {
-                        view.policies.iter().any(|q| {
-                            q.metadata.name.as_deref() == Some(t.key.name.as_str())
-                                && q.spec.applied_to.pod_selector.as_ref().is_some_and(|s| s.match_labels.get("app") == Some(&target))
-                        })
-                    }))
+        let policy = d.rules.iter().find_map(|r| match r.action {
+            egress_control::agent_state::RuleAction::Egress(id) if r.src == ip => {
+                d.policies.get(&id).filter(|t| {
+                    view.policies.iter().any(|q| {
+                        q.metadata.name.as_deref() == Some(t.key.name.as_str())
+                            && q.spec
+                                .applied_to
+                                .pod_selector
+                                .as_ref()
+                                .is_some_and(|s| s.match_labels.get("app") == Some(&target))
+                    })
+                })
+            }
+            _ => None,
         });
-        if has {
-            seen_seq.insert(seq.clone(), true);
+        let Some(t) = policy else { continue };
+        if !done.0 {
+            done.0 = true;
             println!("SEEN {seq} {}", now_ns());
+        }
+        let granted = t.eip_v4.is_some_and(|e| {
+            d.port_blocks
+                .get(&std::net::IpAddr::V4(e))
+                .is_some_and(|b| !b.is_empty())
+        });
+        if !done.1 && granted {
+            done.1 = true;
+            println!("GRANT {seq} {}", now_ns());
         }
     }
 }
 
+/// `EGRESS_BENCH_TRACE=1`: the controller logs each pass's timings and the
+/// agents each batch's, on stderr (to see where a change's time goes).
+fn tracing_on() -> bool {
+    std::env::var_os("EGRESS_BENCH_TRACE").is_some()
+}
+
 async fn controller(endpoint: &str) {
+    if tracing_on() {
+        tracing_subscriber::fmt()
+            .with_env_filter("egress_control=debug")
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let ds = connect(endpoint).await;
     let cfg = RunConfig {
         identity: "bench".into(),
@@ -324,6 +386,7 @@ async fn driver() {
 
     // Changes: relabel a pod to another policy's app, one at a time.
     let mut lat = Vec::new();
+    let mut grant_lat = Vec::new();
     let mut write_ms = Vec::new();
     for i in 0..CHANGES {
         let k = (i * 37) % PODS;
@@ -340,6 +403,15 @@ async fn driver() {
         let l = wait(&format!("SEEN {i} "), Duration::from_secs(30));
         let end: u128 = l.split(' ').nth(2).unwrap().parse().unwrap();
         lat.push((end - start) as f64 / 1e6);
+        let l = wait(&format!("GRANT {i} "), Duration::from_secs(30));
+        let end: u128 = l.split(' ').nth(2).unwrap().parse().unwrap();
+        grant_lat.push((end - start) as f64 / 1e6);
+        if tracing_on() {
+            eprintln!(
+                "driver: change {i}: write {:.1} ms, seen after {:.1} ms, granted after {:.1} ms",
+                write_ms[i], lat[i], grant_lat[i]
+            );
+        }
     }
     let controller_peak_mb = peak_mb(ctl.id());
     let agent_peak_mb = peak_mb(ag.id());
@@ -349,6 +421,8 @@ async fn driver() {
     let _ = ag.wait();
     let p50 = pct(&mut lat, 0.5);
     let p99 = pct(&mut lat, 0.99);
+    let grant_p50 = pct(&mut grant_lat, 0.5);
+    let grant_p99 = pct(&mut grant_lat, 0.99);
     let write_p50 = pct(&mut write_ms, 0.5);
     let write_p99 = pct(&mut write_ms, 0.99);
     eprintln!(
@@ -368,6 +442,8 @@ async fn driver() {
             "cold_start_s": (cold_s * 1000.0).round() / 1000.0,
             "change_p50_ms": (p50 * 100.0).round() / 100.0,
             "change_p99_ms": (p99 * 100.0).round() / 100.0,
+            "change_with_grant_p50_ms": (grant_p50 * 100.0).round() / 100.0,
+            "change_with_grant_p99_ms": (grant_p99 * 100.0).round() / 100.0,
             "etcd_write_p50_ms": (write_p50 * 100.0).round() / 100.0,
             "etcd_write_p99_ms": (write_p99 * 100.0).round() / 100.0,
             "controller_peak_mb": (controller_peak_mb * 10.0).round() / 10.0,

@@ -195,7 +195,8 @@ pub struct Prepared<'a> {
     gateways: Vec<GatewayParts>,
 }
 
-/// One gateway's status, parsed once per view.
+/// One gateway's status and the port blocks of its addresses, parsed once
+/// per view.
 struct GatewayParts {
     eligible: BTreeSet<String>,
     /// node -> EIP -> its blocks.
@@ -206,18 +207,9 @@ struct GatewayParts {
 }
 
 fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
-    let endpoints: BTreeMap<&str, IpAddr> = view
-        .tunnels
-        .iter()
-        .filter_map(|t| {
-            let n = t.metadata.name.as_deref()?;
-            Some((n, tunnel_endpoint(view, n)?))
-        })
-        .collect();
     let mut out = Vec::new();
     for g in &view.gateways {
         let Some(st) = &g.status else { continue };
-        let size = st.port_block_size.max(1) as u32;
         let gw_name = g.metadata.name.clone().unwrap_or_default();
         let mut parts = GatewayParts {
             eligible: view
@@ -230,28 +222,37 @@ fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
             steering: BTreeMap::new(),
             owned: BTreeMap::new(),
         };
-        for b in &st.port_blocks {
-            let Ok(eip) = b.eip.parse::<IpAddr>() else {
+        // The grants of this gateway's addresses, from every worker's
+        // EgressTunnel (where the controller records them).
+        for t in &view.tunnels {
+            let (Some(node), Some(ts)) = (t.metadata.name.as_deref(), t.status.as_ref()) else {
                 continue;
             };
-            let ranges = parts
-                .blocks
-                .entry(b.node.clone())
-                .or_default()
-                .entry(eip)
-                .or_default();
-            ranges.extend(b.blocks.iter().map(|&i| {
-                let first = (i as u32 * size).min(65535) as u16;
-                PortRange {
-                    block: i,
-                    first,
-                    last: (first as u32 + size - 1).min(65535) as u16,
-                }
-            }));
-            ranges.sort();
-            if let Some(ep) = endpoints.get(b.node.as_str()) {
-                for &i in &b.blocks {
-                    parts.steering.insert((eip, i), *ep);
+            let size = ts.port_block_size.max(1) as u32;
+            let endpoint = tunnel_endpoint(view, node);
+            for b in ts.port_blocks.iter().filter(|b| b.gateway == gw_name) {
+                let Ok(eip) = b.eip.parse::<IpAddr>() else {
+                    continue;
+                };
+                let ranges = parts
+                    .blocks
+                    .entry(node.to_string())
+                    .or_default()
+                    .entry(eip)
+                    .or_default();
+                ranges.extend(b.blocks.iter().map(|&i| {
+                    let first = (i as u32 * size).min(65535) as u16;
+                    PortRange {
+                        block: i,
+                        first,
+                        last: (first as u32 + size - 1).min(65535) as u16,
+                    }
+                }));
+                ranges.sort();
+                if let Some(ep) = endpoint {
+                    for &i in &b.blocks {
+                        parts.steering.insert((eip, i), ep);
+                    }
                 }
             }
         }
@@ -465,8 +466,13 @@ impl<'a> Prepared<'a> {
                 }
             }
             if g.eligible.contains(me) {
-                out.reply_steering
-                    .extend(g.steering.iter().map(|(k, v)| (*k, *v)));
+                if out.reply_steering.is_empty() {
+                    // One gateway (the usual case): a copy, not 10,000 inserts.
+                    out.reply_steering = g.steering.clone();
+                } else {
+                    out.reply_steering
+                        .extend(g.steering.iter().map(|(k, v)| (*k, *v)));
+                }
             }
             if view.phase(me) == TunnelPhase::Ready {
                 if let Some(owned) = g.owned.get(me) {

@@ -68,10 +68,9 @@ pub struct EgressGatewayStatus {
     pub node_list: Vec<GatewayNodeStatus>,
     #[serde(default, rename = "ipUsage")]
     pub ip_usage: IpUsage,
-    /// Port blocks handed to workers, per EIP (this project's addition).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub port_blocks: Vec<PortBlockStatus>,
     /// Ports per block (0 before the controller first wrote the status).
+    /// The blocks themselves live in each worker's EgressTunnel status
+    /// (`portBlocks`), one small record per node.
     #[serde(default)]
     pub port_block_size: u16,
     /// The highest epoch handed out for this gateway so far; epochs only grow.
@@ -129,14 +128,4 @@ pub struct IpUsage {
     pub ipv6_total: u64,
     #[serde(default)]
     pub ipv6_free: u64,
-}
-
-/// Port blocks of one EIP held by one worker node. Block `i` is the ports
-/// `i*size .. (i+1)*size-1`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PortBlockStatus {
-    pub eip: String,
-    pub node: String,
-    pub blocks: Vec<u16>,
 }

@@ -16,7 +16,7 @@ mod tunnel;
 pub use common::{Condition, LabelSelector, LabelSelectorRequirement};
 pub use gateway::{
     EgressGateway, EgressGatewaySpec, EgressGatewayStatus, EipStatus, GatewayNodeStatus, IpUsage,
-    Ippools, NodeSelector, PolicyRef, PortBlockStatus,
+    Ippools, NodeSelector, PolicyRef,
 };
 pub use policy::{
     AllocatorPolicy, AppliedTo, ClusterAppliedTo, EgressClusterPolicy, EgressClusterPolicySpec,
@@ -24,7 +24,8 @@ pub use policy::{
 };
 pub use records::{NamespaceRecord, NodeRecord, PodRecord};
 pub use tunnel::{
-    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, Parent, TunnelInfo, TunnelPhase,
+    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, EipPortBlocks, Parent, TunnelInfo,
+    TunnelPhase,
 };
 
 /// The API group of every custom resource of this project.

@@ -2,8 +2,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// One per node: the node's tunnel endpoint and health, written by its agent
-/// (tunnel) and the controller (phase).
+/// One per node: the node's tunnel endpoint, written by its agent
+/// (`tunnel`); its health and the port blocks it holds as a worker, written
+/// by the controller (`phase`, `lastHeartbeatTime`, `portBlocks`,
+/// `portBlockSize`).
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "egressgateway.egress.dev",
@@ -34,6 +36,33 @@ pub struct EgressTunnelStatus {
     /// RFC 3339 time of the last heartbeat the controller saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<String>,
+    /// Port blocks this node holds as a worker, per EIP (this project's
+    /// addition). One small record per node, written by the controller
+    /// only when its grants change; agents read every node's to steer
+    /// replies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub port_blocks: Vec<EipPortBlocks>,
+    /// Ports per block of `portBlocks` (0 when the controller has not
+    /// granted any).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub port_block_size: u16,
+}
+
+fn is_zero(v: &u16) -> bool {
+    *v == 0
+}
+
+/// The port blocks of one EIP held by the node. Block `i` is the ports
+/// `i*size .. (i+1)*size-1`.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EipPortBlocks {
+    /// The EgressGateway whose pool (or gateway node) the address is of.
+    pub gateway: String,
+    pub eip: String,
+    pub blocks: Vec<u16>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

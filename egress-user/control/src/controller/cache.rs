@@ -7,6 +7,7 @@ use futures::stream::{SelectAll, StreamExt};
 use serde::de::DeserializeOwned;
 
 use super::ClusterView;
+use crate::api::EgressTunnel;
 use crate::datastore::typed::{decode, namespace_record, node_record, pod_record};
 use crate::datastore::{Datastore, Kind, ObjectKey, Result, Stored, WatchEvent, WatchStream};
 
@@ -15,8 +16,28 @@ use crate::datastore::{Datastore, Kind, ObjectKey, Result, Stored, WatchEvent, W
 pub struct Changed {
     /// Nodes whose pods changed (only pods changed for them).
     pub pod_nodes: Vec<String>,
-    /// Something other than pods changed: everything may be affected.
+    /// Nodes whose port-block grants changed, and nothing else of their
+    /// EgressTunnel: that node's own port blocks and the reply steering of
+    /// every gateway-eligible node may be affected, nothing else.
+    pub grant_nodes: Vec<String>,
+    /// Something other than pods and grants changed: everything may be
+    /// affected.
     pub global: bool,
+}
+
+/// True when two versions of a tunnel differ in their port-block grants only.
+fn grants_only_differ(old: &EgressTunnel, new: &EgressTunnel) -> bool {
+    let strip = |t: &EgressTunnel| {
+        let mut t = t.clone();
+        if let Some(s) = &mut t.status {
+            s.port_blocks.clear();
+            s.port_block_size = 0;
+        }
+        t.metadata.resource_version = None;
+        t.metadata.managed_fields = None;
+        t
+    };
+    strip(old) == strip(new)
 }
 
 /// The view plus the watches that keep it current.
@@ -101,6 +122,22 @@ impl ViewCache {
         let v = &mut self.view;
         match ev {
             WatchEvent::Put(s) => {
+                if s.kind == Kind::EgressTunnel {
+                    let old = v
+                        .tunnels
+                        .iter()
+                        .find(|t| key_of_meta(&t.metadata) == s.key)
+                        .cloned();
+                    Self::put(v, s);
+                    let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
+                    match (old, new) {
+                        (Some(o), Some(n)) if grants_only_differ(&o, n) => {
+                            changed.grant_nodes.push(s.key.name.clone());
+                        }
+                        _ => changed.global = true,
+                    }
+                    return;
+                }
                 if s.kind == Kind::Pod {
                     let r = pod_record(&s.value);
                     if let Some(old) = v
@@ -161,6 +198,8 @@ impl ViewCache {
         }
         changed.pod_nodes.sort();
         changed.pod_nodes.dedup();
+        changed.grant_nodes.sort();
+        changed.grant_nodes.dedup();
         Some(Ok(changed))
     }
 }
@@ -228,5 +267,56 @@ mod tests {
         assert_eq!(ch.pod_nodes, ["n2"]);
         assert!(!ch.global);
         assert_eq!(c.view.pods.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_change_of_grants_alone_is_not_global() {
+        use crate::datastore::StatusPatch;
+        use serde_json::json;
+        let ds = MemoryDatastore::new();
+        let t = json!({"apiVersion": crate::api::API_VERSION, "kind": "EgressTunnel",
+                       "metadata": {"name": "w1"}, "spec": {}});
+        ds.create(Kind::EgressTunnel, t).await.unwrap();
+        let key = ObjectKey::cluster("w1");
+        let write = |owned: &[&str], status: serde_json::Value| {
+            let ds = &ds;
+            let key = &key;
+            let p = StatusPatch {
+                manager: "test".into(),
+                owned: owned.iter().map(|s| s.to_string()).collect(),
+                status,
+            };
+            async move { ds.write_status(Kind::EgressTunnel, key, &p).await.unwrap() }
+        };
+        write(
+            &["tunnel", "phase"],
+            json!({"tunnel": {"ipv4": "192.168.0.1"}, "phase": "Ready"}),
+        )
+        .await;
+        let mut c = ViewCache::start(&ds).await.unwrap();
+
+        let grants = ["portBlocks", "portBlockSize"];
+        write(
+            &grants,
+            json!({"portBlocks": [{"gateway": "g", "eip": "10.0.0.1", "blocks": [1]}],
+                              "portBlockSize": 1024}),
+        )
+        .await;
+        let ch = c.next_batch().await.unwrap().unwrap();
+        assert_eq!(
+            (ch.grant_nodes.as_slice(), ch.global),
+            (&["w1".to_string()][..], false)
+        );
+        let st = c.view.tunnel("w1").unwrap().status.clone().unwrap();
+        assert_eq!(st.port_blocks[0].blocks, [1]);
+
+        // The phase (or the endpoint) matters to every node.
+        write(
+            &["tunnel", "phase"],
+            json!({"tunnel": {"ipv4": "192.168.0.1"}, "phase": "Failed"}),
+        )
+        .await;
+        let ch = c.next_batch().await.unwrap().unwrap();
+        assert!(ch.global && ch.grant_nodes.is_empty(), "{ch:?}");
     }
 }

@@ -9,11 +9,11 @@ mod view;
 
 pub use cache::{sizes, Changed, ViewCache};
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
-pub use reconcile::{reconcile, ControllerConfig, EipMove, FailoverReason, Plan};
+pub use reconcile::{reconcile, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants};
 pub use run::{
     gateway_eligible, run_controller, run_controller_with_stats, tick, tick_cached,
     tick_cached_report, write_plan, write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION,
-    MANAGER,
+    MANAGER, PORT_BLOCK_MANAGER,
 };
 pub use view::{ClusterView, PolicyIndex, PolicyView};
 

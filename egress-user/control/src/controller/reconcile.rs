@@ -35,6 +35,10 @@ impl Default for ControllerConfig {
 pub struct Plan {
     pub gateways: BTreeMap<String, EgressGatewayStatus>,
     pub policies: BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>,
+    /// Port-block grants per node (the EgressTunnel status fields
+    /// `portBlocks`, `portBlockSize`), for every node with an EgressTunnel:
+    /// empty grants for a node that holds none.
+    pub tunnels: BTreeMap<String, TunnelGrants>,
     pub events: Vec<Event>,
     /// The failovers this plan makes: EIPs leaving a node that can no
     /// longer hold them (each also has an `EipMoved` event).
@@ -101,6 +105,27 @@ pub struct EipMove {
     pub reason: FailoverReason,
 }
 
+/// The port blocks one node holds as a worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TunnelGrants {
+    /// Ports per block; 0 when the node holds no block.
+    pub port_block_size: u16,
+    /// Sorted by gateway, then EIP.
+    pub port_blocks: Vec<EipPortBlocks>,
+}
+
+impl TunnelGrants {
+    /// The grants as last written into a tunnel's status.
+    pub fn of(status: Option<&EgressTunnelStatus>) -> Self {
+        status
+            .map(|s| Self {
+                port_block_size: s.port_block_size,
+                port_blocks: s.port_blocks.clone(),
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// The unit of assignment: an IPv4/IPv6 pair, or the node address of one
 /// useNodeIP policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -146,6 +171,11 @@ fn had_condition(status: Option<&EgressPolicyStatus>, c: &Condition) -> bool {
 pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
     let mut plan = Plan::default();
     let policies = view.policy_views();
+    for t in &view.tunnels {
+        if let Some(n) = &t.metadata.name {
+            plan.tunnels.insert(n.clone(), TunnelGrants::default());
+        }
+    }
 
     // Gateways in order of age: on overlapping pools the older one keeps them.
     let mut gateways: Vec<&EgressGateway> = view.gateways.iter().collect();
@@ -283,6 +313,9 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
         let empty = Vec::new();
         let pols = by_gw.get(&name).unwrap_or(&empty);
         reconcile_gateway(view, cfg, g, p4, p6, pols, &selected, &mut plan);
+    }
+    for t in plan.tunnels.values_mut() {
+        t.port_blocks.sort();
     }
     plan
 }
@@ -611,6 +644,11 @@ fn reconcile_gateway(
         }
     }
     for (pod, sel) in selected {
+        // Grants are recorded in the worker's EgressTunnel: a node without
+        // one (no agent, no datapath) gets none.
+        if !plan.tunnels.contains_key(&pod.node) {
+            continue;
+        }
         for kk in sel {
             if let Some(addrs) = unit_addrs.get(kk) {
                 for a in addrs {
@@ -622,11 +660,17 @@ fn reconcile_gateway(
             }
         }
     }
-    let mut blocks: Vec<PortBlockStatus> = Vec::new();
-    let prev_blocks: BTreeMap<(&str, &str), &Vec<u16>> = prev
-        .port_blocks
+    // What each worker holds of this gateway's addresses, as last written.
+    let prev_blocks: BTreeMap<(&str, &str), &Vec<u16>> = view
+        .tunnels
         .iter()
-        .map(|b| ((b.eip.as_str(), b.node.as_str()), &b.blocks))
+        .filter_map(|t| Some((t.metadata.name.as_deref()?, t.status.as_ref()?)))
+        .flat_map(|(node, st)| {
+            st.port_blocks
+                .iter()
+                .filter(|b| b.gateway == gw_name)
+                .map(move |b| ((b.eip.as_str(), node), &b.blocks))
+        })
         .collect();
     for (addr, workers) in &demand {
         let mut taken: BTreeSet<u16> = BTreeSet::new();
@@ -661,9 +705,14 @@ fn reconcile_gateway(
             }
         }
         for (w, b) in mine {
-            blocks.push(PortBlockStatus {
+            let t = plan
+                .tunnels
+                .get_mut(w)
+                .expect("demand only from nodes with a tunnel");
+            t.port_block_size = cfg.port_block_size;
+            t.port_blocks.push(EipPortBlocks {
+                gateway: gw_name.clone(),
                 eip: addr.clone(),
-                node: w.to_string(),
                 blocks: b,
             });
         }
@@ -675,7 +724,6 @@ fn reconcile_gateway(
         .get_mut(&gw_name)
         .expect("every gateway has a status");
     status.epoch = epoch;
-    status.port_blocks = blocks;
     status.node_list = gw_nodes
         .iter()
         .map(|n| GatewayNodeStatus {

@@ -14,13 +14,18 @@ use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, S
 
 use super::{
     reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
-    TimerConfig, ViewCache,
+    TimerConfig, TunnelGrants, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
 pub const MANAGER: &str = "egress-controller";
 /// The election every controller replica campaigns in.
 pub const ELECTION: &str = "egress-controller";
+/// Field manager of the port-block grants in EgressTunnel statuses. Its own
+/// name, because on Kubernetes a server-side apply removes the fields its
+/// manager owned before and leaves out: the tunnel phase is written by
+/// [`MANAGER`] in other patches.
+pub const PORT_BLOCK_MANAGER: &str = "egress-controller-port-blocks";
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -55,6 +60,8 @@ impl Default for RunConfig {
 const GATEWAY_FIELDS: &[&str] = &[
     "nodeList",
     "ipUsage",
+    // No longer written (grants live in EgressTunnel statuses); owned so a
+    // status written by an older controller loses it on the next write.
     "portBlocks",
     "portBlockSize",
     "epoch",
@@ -62,6 +69,22 @@ const GATEWAY_FIELDS: &[&str] = &[
 ];
 const POLICY_FIELDS: &[&str] = &["eip", "node", "conditions"];
 const TUNNEL_FIELDS: &[&str] = &["phase", "lastHeartbeatTime"];
+const TUNNEL_GRANT_FIELDS: &[&str] = &["portBlocks", "portBlockSize"];
+
+/// The status write of a node's port-block grants (both fields removed when
+/// it holds none).
+fn grants_patch(g: &super::TunnelGrants) -> StatusPatch {
+    let status = if g.port_blocks.is_empty() {
+        json!({})
+    } else {
+        json!({"portBlocks": g.port_blocks, "portBlockSize": g.port_block_size})
+    };
+    StatusPatch {
+        manager: PORT_BLOCK_MANAGER.into(),
+        owned: TUNNEL_GRANT_FIELDS.iter().map(|s| s.to_string()).collect(),
+        status,
+    }
+}
 
 fn patch(owned: &[&str], status: serde_json::Value) -> StatusPatch {
     StatusPatch {
@@ -129,6 +152,20 @@ pub async fn write_plan_stored(
     for ((kind, key), st) in &plan.policies {
         if pol_cur.get(&(*kind, key.clone())).copied().flatten() != Some(st) {
             writes.push((*kind, key.clone(), patch(POLICY_FIELDS, json!(st))));
+        }
+    }
+    // Port-block grants: only the nodes whose grants changed (a few hundred
+    // bytes each), never every grant of a gateway.
+    for (node, g) in &plan.tunnels {
+        let cur = view
+            .tunnel(node)
+            .map(|t| TunnelGrants::of(t.status.as_ref()));
+        if cur.as_ref().is_some_and(|c| c != g) {
+            writes.push((
+                Kind::EgressTunnel,
+                ObjectKey::cluster(node),
+                grants_patch(g),
+            ));
         }
     }
     let written: Vec<Option<Stored>> = stream::iter(writes.into_iter().map(Ok))
@@ -286,8 +323,20 @@ pub async fn tick_cached_report(
         .await?;
         n += 1;
     }
+    let t = std::time::Instant::now();
     let plan = reconcile(&cache.view, &cfg.controller);
+    let reconciled = t.elapsed();
     let written = write_plan_stored(ds, &cache.view, &plan).await?;
+    tracing::debug!(
+        reconcile_ms = reconciled.as_secs_f64() * 1e3,
+        write_ms = (t.elapsed() - reconciled).as_secs_f64() * 1e3,
+        objects = written.len(),
+        bytes = written
+            .iter()
+            .map(|s| s.value.to_string().len())
+            .sum::<usize>(),
+        "pass"
+    );
     n += written.len();
     for s in &written {
         cache.put_stored(s);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::run::{tick, write_plan};
+use super::run::{tick, write_plan, write_plan_stored};
 use super::*;
 use crate::api::*;
 use crate::datastore::memory::MemoryDatastore;
@@ -108,6 +108,22 @@ pub(crate) async fn policy_status(ds: &MemoryDatastore, name: &str) -> EgressPol
         .unwrap()
         .status
         .unwrap_or_default()
+}
+
+/// Every port-block grant, from the EgressTunnel statuses: (node, EIP) -> blocks.
+pub(crate) async fn grants(ds: &MemoryDatastore) -> BTreeMap<(String, String), Vec<u16>> {
+    let view = load_view(ds).await.unwrap();
+    let mut out = BTreeMap::new();
+    for t in &view.tunnels {
+        let Some(st) = &t.status else { continue };
+        for b in &st.port_blocks {
+            out.insert(
+                (t.metadata.name.clone().unwrap_or_default(), b.eip.clone()),
+                b.blocks.clone(),
+            );
+        }
+    }
+    out
 }
 
 pub(crate) async fn gw_status(ds: &MemoryDatastore, name: &str) -> EgressGatewayStatus {
@@ -438,10 +454,7 @@ async fn port_blocks_on_demand_and_taken_back() {
     .await
     .unwrap();
     pass(&ds).await;
-    assert!(
-        gw_status(&ds, "g1").await.port_blocks.is_empty(),
-        "no pods, no blocks"
-    );
+    assert!(grants(&ds).await.is_empty(), "no pods, no blocks");
 
     for (name, on, ip) in [
         ("a", "w1", "10.244.1.2"),
@@ -459,39 +472,71 @@ async fn port_blocks_on_demand_and_taken_back() {
     .await
     .unwrap();
     pass(&ds).await;
-    let blocks: BTreeMap<String, Vec<u16>> = gw_status(&ds, "g1")
-        .await
-        .port_blocks
-        .into_iter()
-        .map(|b| (b.node, b.blocks))
-        .collect();
+    let eip = |n: &str| (n.to_string(), "10.0.0.1".to_string());
     assert_eq!(
-        blocks,
-        BTreeMap::from([("w1".into(), vec![1]), ("w2".into(), vec![2])])
+        grants(&ds).await,
+        BTreeMap::from([(eip("w1"), vec![1]), (eip("w2"), vec![2])])
     );
+    // Each grant names its gateway and block size, in the worker's tunnel.
+    let view = load_view(&ds).await.unwrap();
+    let w1 = view.tunnel("w1").unwrap().status.clone().unwrap();
+    assert_eq!(w1.port_block_size, 1024);
+    assert_eq!(w1.port_blocks[0].gateway, "g1");
+    assert_eq!(w1.tunnel.ipv4, "192.168.0.1", "the agent's fields are kept");
 
-    // w1's last pod goes: its block comes back; w2 keeps its own.
+    // w1's last pod goes: its block comes back; w2 keeps its own. Only w1's
+    // small record is written: the gateway's status does not change.
     ds.delete(Kind::Pod, &ObjectKey::namespaced("default", "a"), None)
         .await
         .unwrap();
-    pass(&ds).await;
-    let st = gw_status(&ds, "g1").await;
-    assert_eq!(st.port_blocks.len(), 1);
+    let view = load_view(&ds).await.unwrap();
+    let plan = reconcile(&view, &ControllerConfig::default());
+    let written = write_plan_stored(&ds, &view, &plan).await.unwrap();
     assert_eq!(
-        (
-            st.port_blocks[0].node.as_str(),
-            st.port_blocks[0].blocks.clone()
-        ),
-        ("w2", vec![2])
+        written
+            .iter()
+            .map(|s| (s.kind, s.key.name.as_str()))
+            .collect::<Vec<_>>(),
+        [(Kind::EgressTunnel, "w1")]
     );
+    assert_eq!(grants(&ds).await, BTreeMap::from([(eip("w2"), vec![2])]));
+    let w1 = load_view(&ds)
+        .await
+        .unwrap()
+        .tunnel("w1")
+        .unwrap()
+        .status
+        .clone()
+        .unwrap();
+    assert!(w1.port_blocks.is_empty() && w1.port_block_size == 0);
+    assert_eq!(w1.phase, TunnelPhase::Ready, "the phase is kept");
+    // Nothing changed: nothing is written.
+    let view = load_view(&ds).await.unwrap();
+    let plan = reconcile(&view, &ControllerConfig::default());
+    assert!(write_plan_stored(&ds, &view, &plan)
+        .await
+        .unwrap()
+        .is_empty());
+
     // A new worker reuses the freed block 1.
     ds.create(Kind::Pod, pod_object(&pod("d", "web", "gw", "10.244.0.3")))
         .await
         .unwrap();
     pass(&ds).await;
-    let st = gw_status(&ds, "g1").await;
-    let gw_blocks = st.port_blocks.iter().find(|b| b.node == "gw").unwrap();
-    assert_eq!(gw_blocks.blocks, vec![1]);
+    assert_eq!(grants(&ds).await[&eip("gw")], vec![1]);
+
+    // A pod on a node without an EgressTunnel (no agent) gets no block.
+    ds.create(Kind::Node, node_object(&node("bare", "-")))
+        .await
+        .unwrap();
+    ds.create(
+        Kind::Pod,
+        pod_object(&pod("e", "web", "bare", "10.244.3.2")),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    assert_eq!(grants(&ds).await.len(), 2);
 }
 
 #[tokio::test]
