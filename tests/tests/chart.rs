@@ -256,6 +256,7 @@ fn schema_rejects_bad_values() {
         ("feature.clusterCIDR.extraCidr", json!("10.96.0.0/12")),
         ("agent.privileged", json!("true")),
         ("agent.pinDir", json!("/var/run/egress")),
+        ("agent.uplink", json!("eth0 --mtu=1")),
         ("agent.tolerations", json!([{"operator": "Sometimes"}])),
         ("agent.resources", json!({"requests": {"cpu": "lots"}})),
         ("controller.replicas", json!(0)),
@@ -1691,6 +1692,7 @@ fn every_value_changes_the_output() {
         ("fullnameOverride", json!("custom"), json!({})),
         ("agent.privileged", json!(true), json!({})),
         ("agent.pinDir", json!("/sys/fs/bpf/other"), json!({})),
+        ("agent.uplink", json!("ens5"), json!({})),
         (
             "agent.resources",
             json!({"requests": {"cpu": "1"}}),

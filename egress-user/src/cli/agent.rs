@@ -37,9 +37,10 @@ pub struct AgentArgs {
     /// A node label, `key=value`; repeat. Gateways select nodes by label.
     #[arg(long = "node-label", value_parser = parse_label)]
     pub node_labels: Vec<(String, String)>,
-    /// The underlay interface.
-    #[arg(long, default_value = "eth0", env = "EGRESS_UPLINK")]
-    pub uplink: String,
+    /// The underlay interface (default: the one the IPv4 default route
+    /// leaves by).
+    #[arg(long, env = "EGRESS_UPLINK")]
+    pub uplink: Option<String>,
     /// The tunnel endpoint address (default: the uplink's first IPv4 address).
     #[arg(long)]
     pub tunnel_ip: Option<Ipv4Addr>,
@@ -190,7 +191,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let settings = AgentSettings {
         node,
         labels: args.node_labels.iter().cloned().collect::<BTreeMap<_, _>>(),
-        uplink: args.uplink.clone(),
+        uplink: match &args.uplink {
+            Some(name) => name.clone(),
+            None => default_uplink().await?,
+        },
         tunnel_ip: args.tunnel_ip,
         vxlan: VxlanSpec {
             name: args.vxlan_name.clone(),
@@ -243,4 +247,15 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+}
+
+/// The interface of the IPv4 default route, for a missing `--uplink`.
+async fn default_uplink() -> anyhow::Result<String> {
+    let (conn, handle, _) = rtnetlink::new_connection()?;
+    let task = tokio::spawn(conn);
+    let name = crate::node::route::default_route_interface(&handle).await;
+    task.abort();
+    let name = name?;
+    tracing::info!(uplink = %name, "uplink: the interface of the default route");
+    Ok(name)
 }

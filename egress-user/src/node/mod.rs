@@ -4,5 +4,6 @@
 //! carry the decision out.
 
 pub mod link;
+pub mod route;
 pub mod vxlan;
 pub mod watch;
