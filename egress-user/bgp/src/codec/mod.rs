@@ -111,6 +111,30 @@ impl Message {
         Ok(())
     }
 
+    /// [`Message::encode`] for an UPDATE held by reference (the RIB's
+    /// packed UPDATEs are encoded without a copy).
+    pub fn encode_update(
+        u: &Update,
+        opts: CodecOptions,
+        out: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let start = out.len();
+        out.put_slice(&[0xff; 16]);
+        out.put_u16(0);
+        out.put_u8(MSG_UPDATE);
+        u.encode_body(opts, out);
+        let len = out.len() - start;
+        if len > MAX_MESSAGE_LEN {
+            out.truncate(start);
+            return Err(EncodeError::TooLong {
+                ty: MSG_UPDATE,
+                len,
+            });
+        }
+        out[start + 16..start + 18].copy_from_slice(&(len as u16).to_be_bytes());
+        Ok(())
+    }
+
     pub fn to_bytes(&self, opts: CodecOptions) -> Result<Bytes, EncodeError> {
         let mut b = BytesMut::new();
         self.encode(opts, &mut b)?;

@@ -115,18 +115,71 @@ pub struct ImportReport {
 
 /// The Adj-RIB-Out of a peer is not stored: it is by definition the
 /// export of the Loc-RIB towards that peer ([`Rib::adj_rib_out`]), so only
-/// its changes are queued. That saves one table per peer.
+/// its changes are queued, per update group. That saves one table per peer.
 struct PeerState {
     cfg: PeerConfig,
     /// Set while a session is Established.
     session: Option<SessionInfo>,
     received: usize,
-    /// Size of the Adj-RIB-Out, kept up to date as changes are queued.
+    /// The update group the peer is in while Established.
+    group: Option<u64>,
+}
+
+/// What decides how a route is exported to a peer, apart from the peer's
+/// own address (a route never goes back to the peer it came from, which
+/// each member applies for itself when the changes are packed).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct GroupKey {
+    asn: u32,
+    client: bool,
+    /// With next-hop-self: our address on the session, put as next hop.
+    next_hop_self: Option<IpAddr>,
+    llgr: bool,
+}
+
+/// A prefix's change waiting in a group: the export of its current best
+/// route, and enough of the past for each member to decide alone.
+#[derive(Clone)]
+struct Pending {
+    /// The export of the current best route; None: nothing to export.
+    value: Option<Arc<out::Exported>>,
+    /// The peer the current best route came from.
+    from: Option<IpAddr>,
+    /// Before the first change of this batch: whether the best route was
+    /// exported to the group, and where it came from.
+    was_exported: bool,
+    was_from: Option<IpAddr>,
+}
+
+impl Pending {
+    /// What `member` is sent: an announcement (Some(Some)), a withdrawal
+    /// (Some(None)) or nothing. A member never gets its own routes back,
+    /// and gets a withdrawal only for a route it was sent.
+    fn for_member(&self, member: Option<IpAddr>) -> Option<Option<&Arc<out::Exported>>> {
+        if self.value.is_some() && (member.is_none() || self.from != member) {
+            return Some(self.value.as_ref());
+        }
+        let had = self.was_exported && (member.is_none() || self.was_from != member);
+        had.then_some(None)
+    }
+}
+
+/// Peers that see the same export of every route (FRR's update groups):
+/// one queue of changes, one export per route and one packing for all of
+/// them, so the speaker encodes each UPDATE once and sends the same bytes
+/// to every member. A peer whose session comes up (or asks for a route
+/// refresh) gets a group of its own for its full table, merged back once
+/// both are sent out.
+struct OutGroup {
+    key: GroupKey,
+    members: Vec<IpAddr>,
+    pending: PrefixMap<Pending>,
+    /// Loc-RIB prefixes exported to the group ...
     advertised: usize,
-    /// Adj-RIB-Out changes not yet sent; None is a withdrawal.
-    pending: PrefixMap<Option<Arc<out::Exported>>>,
-    /// One shared copy per distinct attribute set sent to this peer, so
-    /// pending changes cost one pointer each, and packing can group by it.
+    /// ... of which came from each member (so not sent to it).
+    own: HashMap<IpAddr, usize>,
+    /// One shared copy per distinct attribute set, so pending changes cost
+    /// one pointer each, and packing can group by it.
     interned: HashSet<Arc<out::Exported>>,
     /// The last few exports, by source attributes: the prefixes of one
     /// UPDATE all share them, so one export serves them all.
@@ -152,61 +205,53 @@ impl MemoKey {
 
 const MEMO_SIZE: usize = 4;
 
-/// The route as this peer sees it (None: not sent), memoized and interned.
-fn export_to(rib: &RibConfig, p: &mut PeerState, r: Option<&Route>) -> Option<Arc<out::Exported>> {
-    let r = r?;
-    let session = p.session.as_ref()?;
-    if let Some((_, e)) = p.memo.iter().find(|(k, _)| k.matches(r)) {
-        return e.clone();
+impl OutGroup {
+    fn new(key: GroupKey, member: IpAddr) -> OutGroup {
+        OutGroup {
+            key,
+            members: vec![member],
+            pending: PrefixMap::default(),
+            advertised: 0,
+            own: HashMap::from([(member, 0)]),
+            interned: HashSet::new(),
+            memo: Vec::new(),
+        }
     }
-    let ebgp = p.cfg.asn != rib.local_asn;
-    let e =
-        out::export(rib, &p.cfg, ebgp, session.local_addr, session.llgr, r).map(|e| p.intern(e));
-    if p.memo.len() == MEMO_SIZE {
-        p.memo.remove(0);
-    }
-    p.memo.push((
-        MemoKey {
-            attrs: r.attrs.clone(),
-            next_hop: r.next_hop,
-            from: r.source.peer_addr(),
-            llgr_stale: r.llgr_stale,
-        },
-        e.clone(),
-    ));
-    e
-}
 
-/// Queues for `p` the change of `prefix` from `old` to `new` best route.
-fn queue_change(
-    rib: &RibConfig,
-    p: &mut PeerState,
-    prefix: Prefix,
-    old: Option<&Route>,
-    new: Option<&Route>,
-) {
-    if p.session.is_none() {
-        return;
+    /// The route as the group sees it (None: not sent), memoized and interned.
+    fn export(&mut self, rib: &RibConfig, r: Option<&Route>) -> Option<Arc<out::Exported>> {
+        let r = r?;
+        if let Some((_, e)) = self.memo.iter().find(|(k, _)| k.matches(r)) {
+            return e.clone();
+        }
+        let peer = PeerConfig {
+            // Not a peer: split horizon is applied per member.
+            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            asn: self.key.asn,
+            client: self.key.client,
+            next_hop_self: self.key.next_hop_self.is_some(),
+        };
+        let ebgp = self.key.asn != rib.local_asn;
+        let local = self
+            .key
+            .next_hop_self
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let e = out::export(rib, &peer, ebgp, local, self.key.llgr, r).map(|e| self.intern(e));
+        if self.memo.len() == MEMO_SIZE {
+            self.memo.remove(0);
+        }
+        self.memo.push((
+            MemoKey {
+                attrs: r.attrs.clone(),
+                next_hop: r.next_hop,
+                from: r.source.peer_addr(),
+                llgr_stale: r.llgr_stale,
+            },
+            e.clone(),
+        ));
+        e
     }
-    let before = export_to(rib, p, old);
-    let after = export_to(rib, p, new);
-    let same = match (&before, &after) {
-        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-        (None, None) => true,
-        _ => false,
-    };
-    if same {
-        return;
-    }
-    match (before.is_some(), after.is_some()) {
-        (false, true) => p.advertised += 1,
-        (true, false) => p.advertised = p.advertised.saturating_sub(1),
-        _ => {}
-    }
-    p.pending.insert(prefix, after);
-}
 
-impl PeerState {
     fn intern(&mut self, e: out::Exported) -> Arc<out::Exported> {
         if let Some(a) = self.interned.get(&e) {
             return a.clone();
@@ -219,6 +264,110 @@ impl PeerState {
         self.interned.insert(a.clone());
         a
     }
+
+    /// Queues the change of `prefix` from `old` to `new` best route.
+    fn queue(&mut self, rib: &RibConfig, prefix: Prefix, old: Option<&Route>, new: Option<&Route>) {
+        let before = self.export(rib, old);
+        let after = self.export(rib, new);
+        let old_from = old.and_then(|r| r.source.peer_addr());
+        let new_from = new.and_then(|r| r.source.peer_addr());
+        let same = match (&before, &after) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) && old_from == new_from,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        if before.is_some() {
+            self.advertised = self.advertised.saturating_sub(1);
+            if let Some(n) = old_from.and_then(|f| self.own.get_mut(&f)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        if after.is_some() {
+            self.advertised += 1;
+            if let Some(n) = new_from.and_then(|f| self.own.get_mut(&f)) {
+                *n += 1;
+            }
+        }
+        match self.pending.entry(prefix) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let p = e.get_mut();
+                p.value = after;
+                p.from = new_from;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Pending {
+                    value: after,
+                    from: new_from,
+                    was_exported: before.is_some(),
+                    was_from: old_from,
+                });
+            }
+        }
+    }
+
+    /// Packs the pending changes: one list for the members that decide
+    /// alike, one per member that was the source of a pending route.
+    fn take(&mut self) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        if self.pending.is_empty() {
+            return out;
+        }
+        let mut alone: Vec<IpAddr> = Vec::new();
+        if self.members.len() == 1 {
+            alone.push(self.members[0]);
+        } else {
+            for p in self.pending.values() {
+                for f in [p.from, p.was_from].into_iter().flatten() {
+                    if !alone.contains(&f) && self.own.contains_key(&f) {
+                        alone.push(f);
+                    }
+                }
+            }
+        }
+        let alike: Vec<IpAddr> = self
+            .members
+            .iter()
+            .filter(|m| !alone.contains(m))
+            .copied()
+            .collect();
+        if !alike.is_empty() {
+            out.push(Outgoing {
+                updates: out::pack(
+                    self.pending
+                        .iter()
+                        .filter_map(|(k, p)| p.for_member(None).map(|v| (*k, v.cloned()))),
+                ),
+                peers: alike,
+            });
+        }
+        for m in alone {
+            out.push(Outgoing {
+                updates: out::pack(
+                    self.pending
+                        .iter()
+                        .filter_map(|(k, p)| p.for_member(Some(m)).map(|v| (*k, v.cloned()))),
+                ),
+                peers: vec![m],
+            });
+        }
+        out.retain(|o| !o.updates.is_empty());
+        let big = self.pending.capacity() > 1 << 16;
+        self.pending.clear();
+        if big {
+            self.pending.shrink_to(0);
+        }
+        out
+    }
+}
+
+/// UPDATEs for a set of peers that are all to be sent the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    pub peers: Vec<IpAddr>,
+    pub updates: Vec<Update>,
 }
 
 #[derive(Clone, Debug)]
@@ -252,6 +401,8 @@ pub struct Rib {
     /// While set, the decision process waits (RFC 4724 selection deferral).
     deferring: bool,
     dirty: PrefixSet,
+    groups: HashMap<u64, OutGroup>,
+    next_group: u64,
 }
 
 impl Rib {
@@ -264,6 +415,8 @@ impl Rib {
             best_changes: Vec::new(),
             deferring: false,
             dirty: PrefixSet::default(),
+            groups: HashMap::new(),
+            next_group: 0,
         }
     }
 
@@ -278,10 +431,7 @@ impl Rib {
                 cfg,
                 session: None,
                 received: 0,
-                advertised: 0,
-                pending: PrefixMap::default(),
-                interned: HashSet::new(),
-                memo: Vec::new(),
+                group: None,
             },
         );
     }
@@ -318,11 +468,90 @@ impl Rib {
             local_addr,
             llgr,
         });
-        p.pending.clear();
-        p.memo.clear();
-        p.advertised = 0;
+        let key = GroupKey {
+            asn: p.cfg.asn,
+            client: p.cfg.client,
+            next_hop_self: p.cfg.next_hop_self.then_some(local_addr),
+            llgr,
+        };
+        self.leave_group(addr);
+        let id = self.new_group(OutGroup::new(key, addr));
+        let g = self.groups.get_mut(&id).expect("just made");
         for (prefix, r) in &self.loc {
-            queue_change(&self.cfg, p, *prefix, None, Some(r));
+            g.queue(&self.cfg, *prefix, None, Some(r));
+        }
+    }
+
+    fn new_group(&mut self, g: OutGroup) -> u64 {
+        let id = self.next_group;
+        self.next_group += 1;
+        for m in &g.members {
+            if let Some(p) = self.peers.get_mut(m) {
+                p.group = Some(id);
+            }
+        }
+        self.groups.insert(id, g);
+        id
+    }
+
+    /// Takes `addr` out of its update group (dropping the group if empty).
+    fn leave_group(&mut self, addr: IpAddr) {
+        let Some(id) = self.peers.get_mut(&addr).and_then(|p| p.group.take()) else {
+            return;
+        };
+        if let Some(g) = self.groups.get_mut(&id) {
+            g.members.retain(|m| *m != addr);
+            g.own.remove(&addr);
+            if g.members.is_empty() {
+                self.groups.remove(&id);
+            }
+        }
+    }
+
+    /// Gives `addr` an update group of its own with what was pending for
+    /// it, and returns that group's id.
+    fn split(&mut self, addr: IpAddr) -> Option<u64> {
+        let id = self.peers.get(&addr)?.group?;
+        let g = self.groups.get(&id)?;
+        if g.members.len() == 1 {
+            return Some(id);
+        }
+        let mut alone = OutGroup::new(g.key.clone(), addr);
+        alone.pending = g.pending.clone();
+        alone.advertised = g.advertised;
+        alone
+            .own
+            .insert(addr, g.own.get(&addr).copied().unwrap_or(0));
+        self.leave_group(addr);
+        Some(self.new_group(alone))
+    }
+
+    /// Joins groups with the same key once neither has anything pending.
+    fn merge_groups(&mut self) {
+        let mut first: HashMap<GroupKey, u64> = HashMap::new();
+        let mut ids: Vec<u64> = self.groups.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let g = &self.groups[&id];
+            if !g.pending.is_empty() {
+                continue;
+            }
+            match first.get(&g.key) {
+                None => {
+                    first.insert(g.key.clone(), id);
+                }
+                Some(&into) => {
+                    let g = self.groups.remove(&id).expect("listed");
+                    for m in &g.members {
+                        if let Some(p) = self.peers.get_mut(m) {
+                            p.group = Some(into);
+                        }
+                    }
+                    let target = self.groups.get_mut(&into).expect("listed");
+                    target.members.extend(g.members);
+                    target.own.extend(g.own);
+                }
+            }
         }
     }
 
@@ -333,9 +562,7 @@ impl Rib {
             return;
         };
         p.session = None;
-        p.pending.clear();
-        p.memo.clear();
-        p.advertised = 0;
+        self.leave_group(addr);
         if keep_as_stale {
             self.mark_stale(addr);
         } else {
@@ -617,19 +844,31 @@ impl Rib {
             }
         }
         let new = self.loc.get(&prefix);
-        for p in self.peers.values_mut() {
-            queue_change(&self.cfg, p, prefix, old.as_ref(), new);
+        for g in self.groups.values_mut() {
+            g.queue(&self.cfg, prefix, old.as_ref(), new);
         }
     }
 
     /// RFC 2918: the peer asked for everything again.
     pub fn refresh(&mut self, addr: IpAddr, family: Family) {
-        let Some(p) = self.peers.get_mut(&addr) else {
+        let Some(id) = self.split(addr) else {
             return;
         };
+        let g = self.groups.get_mut(&id).expect("split");
         for (prefix, r) in self.loc.iter().filter(|(k, _)| k.family() == family) {
-            if let Some(e) = export_to(&self.cfg, p, Some(r)) {
-                p.pending.insert(*prefix, Some(e));
+            if g.pending.contains_key(prefix) {
+                continue; // already current
+            }
+            if let Some(e) = g.export(&self.cfg, Some(r)) {
+                g.pending.insert(
+                    *prefix,
+                    Pending {
+                        value: Some(e),
+                        from: r.source.peer_addr(),
+                        was_exported: false,
+                        was_from: None,
+                    },
+                );
             }
         }
     }
@@ -641,20 +880,32 @@ impl Rib {
 
     /// Peers with Adj-RIB-Out changes waiting to be sent.
     pub fn peers_with_pending(&self) -> Vec<IpAddr> {
-        self.peers
-            .iter()
-            .filter(|(_, p)| !p.pending.is_empty())
-            .map(|(a, _)| *a)
+        self.groups
+            .values()
+            .filter(|g| !g.pending.is_empty())
+            .flat_map(|g| g.members.iter().copied())
             .collect()
     }
 
-    /// Packs the waiting changes for `addr` into UPDATE messages, one per
-    /// distinct attribute set, each within the 4096-octet limit.
+    /// Packs the waiting changes for `addr` alone into UPDATE messages, one
+    /// per distinct attribute set, each within the 4096-octet limit.
     pub fn take_updates(&mut self, addr: IpAddr) -> Vec<Update> {
-        let Some(p) = self.peers.get_mut(&addr) else {
+        let Some(id) = self.split(addr) else {
             return Vec::new();
         };
-        out::pack(std::mem::take(&mut p.pending))
+        let g = self.groups.get_mut(&id).expect("split");
+        g.take().into_iter().flat_map(|o| o.updates).collect()
+    }
+
+    /// Packs every waiting change, once per set of peers that are sent the
+    /// same UPDATEs (see [`OutGroup`]): the caller encodes each list once.
+    pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for g in self.groups.values_mut() {
+            out.extend(g.take());
+        }
+        self.merge_groups();
+        out
     }
 
     pub fn best(&self, prefix: &Prefix) -> Option<&Route> {
@@ -703,10 +954,15 @@ impl Rib {
 
     /// (received, advertised) prefix counts for a peer.
     pub fn prefix_counts(&self, addr: IpAddr) -> (usize, usize) {
-        self.peers
-            .get(&addr)
-            .map(|p| (p.received, p.advertised))
-            .unwrap_or_default()
+        let Some(p) = self.peers.get(&addr) else {
+            return (0, 0);
+        };
+        let advertised = p
+            .group
+            .and_then(|id| self.groups.get(&id))
+            .map(|g| g.advertised - g.own.get(&addr).copied().unwrap_or(0).min(g.advertised))
+            .unwrap_or(0);
+        (p.received, advertised)
     }
 }
 

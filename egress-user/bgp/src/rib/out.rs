@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{decision, PeerConfig, RibConfig, Route, RouteSource};
 use crate::codec::{MpReach, MpUnreach, PathAttributes, Update};
 use crate::reflect;
-use crate::types::{Family, Prefix, PrefixHash, PrefixMap};
+use crate::types::{Family, Prefix, PrefixHash};
 
 /// Attributes and next hop as sent to one peer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -101,7 +101,9 @@ fn nlri_budget(family: Family, attrs: &PathAttributes) -> usize {
 type Group = (Arc<Exported>, Vec<Prefix>);
 
 /// Groups pending changes by attribute set into UPDATE messages.
-pub(crate) fn pack(pending: PrefixMap<Option<Arc<Exported>>>) -> Vec<Update> {
+pub(crate) fn pack(
+    pending: impl IntoIterator<Item = (Prefix, Option<Arc<Exported>>)>,
+) -> Vec<Update> {
     let mut withdrawn: [Vec<Prefix>; 2] = [Vec::new(), Vec::new()];
     // Attribute sets are interned per peer, so the pointer identifies one.
     let mut groups: HashMap<(Family, *const Exported), Group, PrefixHash> = HashMap::default();

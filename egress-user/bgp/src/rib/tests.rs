@@ -531,3 +531,137 @@ fn next_hop_of_the_other_family_is_mapped_or_not_sent() {
             .unwrap();
     }
 }
+
+/// The peers sent the same UPDATEs, as [`Rib::take_outgoing`] lists them.
+fn outgoing(rib: &mut Rib) -> Vec<(Vec<IpAddr>, Vec<Update>)> {
+    let mut v: Vec<_> = rib
+        .take_outgoing()
+        .into_iter()
+        .map(|mut o| {
+            o.peers.sort();
+            (o.peers, o.updates)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn announced_to(v: &[(Vec<IpAddr>, Vec<Update>)], peer: Ipv4Addr) -> Vec<Prefix> {
+    v.iter()
+        .filter(|(peers, _)| peers.contains(&ip(peer)))
+        .flat_map(|(_, ups)| ups.iter().flat_map(|u| u.nlri.clone()))
+        .collect()
+}
+
+fn withdrawn_to(v: &[(Vec<IpAddr>, Vec<Update>)], peer: Ipv4Addr) -> Vec<Prefix> {
+    v.iter()
+        .filter(|(peers, _)| peers.contains(&ip(peer)))
+        .flat_map(|(_, ups)| ups.iter().flat_map(|u| u.withdrawn.clone()))
+        .collect()
+}
+
+/// Update groups: once the initial tables are out, iBGP peers with the same
+/// export share one list of UPDATEs (encoded once by the speaker); the
+/// source of a route decides alone and is not sent its own route back.
+#[test]
+fn peers_with_the_same_export_share_one_list_and_the_source_gets_nothing_back() {
+    let mut rib = reflector(LOCAL_ASN);
+    // Initial tables (empty here) go out; then the groups merge.
+    assert!(outgoing(&mut rib).is_empty());
+    let mut u = announce("192.0.2.0/24", CLIENT, |_| {});
+    u.nlri.push(p("192.0.2.128/25"));
+    rib.apply_update(ip(CLIENT), &u);
+    let v = outgoing(&mut rib);
+    // The two non-clients share one list; CLIENT2 (the other client)
+    // another; CLIENT, the source, gets nothing.
+    let shared: Vec<_> = v.iter().filter(|(peers, _)| peers.len() == 2).collect();
+    assert_eq!(shared.len(), 1, "{v:?}");
+    assert_eq!(shared[0].0, vec![ip(OTHER_RR), ip(UPSTREAM)]);
+    assert_eq!(
+        shared[0].1.len(),
+        1,
+        "two prefixes, one attribute set: one UPDATE"
+    );
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(announced_to(&v, CLIENT).is_empty());
+    assert!(withdrawn_to(&v, CLIENT).is_empty());
+    assert_eq!(rib.prefix_counts(ip(CLIENT)), (2, 0));
+    assert_eq!(rib.prefix_counts(ip(CLIENT2)), (0, 2));
+    assert_eq!(rib.prefix_counts(ip(UPSTREAM)), (0, 2));
+}
+
+/// The best route moves from one member's route to another's: the new
+/// source is sent a withdrawal of the route it had been given, the old
+/// source is sent the new route, everyone else the new route.
+#[test]
+fn best_moving_between_members_withdraws_from_the_new_source_only() {
+    let mut rib = reflector(LOCAL_ASN);
+    outgoing(&mut rib);
+    rib.apply_update(ip(CLIENT), &announce("192.0.2.0/24", CLIENT, |_| {}));
+    outgoing(&mut rib);
+    // CLIENT2's copy is preferred (higher LOCAL_PREF).
+    rib.apply_update(
+        ip(CLIENT2),
+        &announce("192.0.2.0/24", CLIENT2, |a| a.local_pref = Some(200)),
+    );
+    let v = outgoing(&mut rib);
+    assert_eq!(withdrawn_to(&v, CLIENT2), vec![p("192.0.2.0/24")], "{v:?}");
+    assert!(announced_to(&v, CLIENT2).is_empty());
+    assert_eq!(announced_to(&v, CLIENT), vec![p("192.0.2.0/24")]);
+    assert_eq!(announced_to(&v, UPSTREAM), vec![p("192.0.2.0/24")]);
+    assert!(withdrawn_to(&v, UPSTREAM).is_empty());
+    assert_eq!(rib.prefix_counts(ip(CLIENT)).1, 1);
+    assert_eq!(rib.prefix_counts(ip(CLIENT2)).1, 0);
+    // Both changes within one batch: CLIENT2 never had the prefix (it came
+    // and went before anything was sent), so it gets nothing at all.
+    rib.apply_update(ip(CLIENT), &announce("198.51.100.0/24", CLIENT, |_| {}));
+    rib.apply_update(
+        ip(CLIENT2),
+        &announce("198.51.100.0/24", CLIENT2, |a| a.local_pref = Some(200)),
+    );
+    let v = outgoing(&mut rib);
+    assert!(
+        !withdrawn_to(&v, CLIENT2).contains(&p("198.51.100.0/24")),
+        "{v:?}"
+    );
+    assert!(!announced_to(&v, CLIENT2).contains(&p("198.51.100.0/24")));
+    assert_eq!(announced_to(&v, CLIENT), vec![p("198.51.100.0/24")]);
+}
+
+/// A peer whose session comes up gets its whole table on its own, then
+/// joins the others' group; an eBGP peer never shares with iBGP ones.
+#[test]
+fn a_new_session_gets_its_table_alone_then_joins_the_group() {
+    let mut rib = reflector(65100);
+    outgoing(&mut rib);
+    rib.apply_update(ip(CLIENT), &announce("192.0.2.0/24", CLIENT, |_| {}));
+    outgoing(&mut rib);
+    let late = Ipv4Addr::new(10, 0, 0, 60);
+    rib.add_peer(PeerConfig {
+        addr: ip(late),
+        asn: LOCAL_ASN,
+        client: true,
+        next_hop_self: false,
+    });
+    rib.peer_up(ip(late), late, ip(ME));
+    rib.apply_update(ip(CLIENT), &announce("198.51.100.0/24", CLIENT, |_| {}));
+    let v = outgoing(&mut rib);
+    let mut table = announced_to(&v, late);
+    table.sort();
+    assert_eq!(table, vec![p("192.0.2.0/24"), p("198.51.100.0/24")]);
+    assert_eq!(announced_to(&v, CLIENT2), vec![p("198.51.100.0/24")]);
+    // Next change: the late peer shares CLIENT2's list; UPSTREAM (eBGP,
+    // AS_PATH prepended) has its own.
+    rib.apply_update(ip(CLIENT), &announce("203.0.113.0/24", CLIENT, |_| {}));
+    let v = outgoing(&mut rib);
+    assert!(
+        v.iter()
+            .any(|(peers, _)| peers.contains(&ip(late)) && peers.contains(&ip(CLIENT2))),
+        "{v:?}"
+    );
+    assert!(
+        v.iter().any(|(peers, _)| peers == &vec![ip(UPSTREAM)]),
+        "{v:?}"
+    );
+    assert_eq!(rib.prefix_counts(ip(late)), (0, 3));
+}

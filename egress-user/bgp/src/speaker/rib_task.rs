@@ -1,6 +1,6 @@
 //! The one task that owns the RIB and the graceful restart state.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,7 +10,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::session::{self, SessionCmd, SessionSetup};
 use super::{PeerSpec, PeerStatus, SessionEntry, SessionMap, SpeakerConfig, Status};
-use crate::codec::{GracefulRestartCap, Message, RouteRefresh, RouteRefreshSubtype, Update};
+use bytes::{Bytes, BytesMut};
+
+use crate::codec::{
+    CodecOptions, GracefulRestartCap, Message, RouteRefresh, RouteRefreshSubtype, Update,
+};
 use crate::fsm::{DownReason, FsmConfig, Negotiated, State};
 use crate::gr::{self, Helper, HelperAction, RestartAction, Restarter};
 use crate::rib::{BestChange, PeerConfig, Rib, RibConfig};
@@ -87,6 +91,8 @@ struct PeerEntry {
     enhanced_refresh: bool,
     /// The initial table has not been followed by End-of-RIB yet.
     eor_due: bool,
+    /// How messages are encoded on the current session.
+    codec: CodecOptions,
 }
 
 struct RibTask {
@@ -232,6 +238,7 @@ impl RibTask {
                 families: Vec::new(),
                 enhanced_refresh: false,
                 eor_due: false,
+                codec: CodecOptions::default(),
             },
         );
     }
@@ -340,6 +347,7 @@ impl RibTask {
             .collect();
         p.enhanced_refresh = neg.peer_open.enhanced_route_refresh();
         p.eor_due = true;
+        p.codec = neg.codec;
         p.state = State::Established;
         let local_llgr = self
             .cfg
@@ -539,34 +547,55 @@ impl RibTask {
         if self.rib.deferring() {
             return;
         }
-        let mut targets: HashSet<IpAddr> = self.rib.peers_with_pending().into_iter().collect();
-        targets.extend(
-            self.peers
-                .iter()
-                .filter(|(_, p)| p.eor_due)
-                .map(|(a, _)| *a),
-        );
-        for addr in targets {
-            let updates = self.rib.take_updates(addr);
-            let Some(p) = self.peers.get_mut(&addr) else {
-                continue;
-            };
-            let mut msgs: Vec<Message> = updates
-                .into_iter()
-                .filter(|u| carries(u, &p.families))
-                .map(Message::Update)
-                .collect();
-            if p.eor_due {
+        for o in self.rib.take_outgoing() {
+            // Each list is encoded once per distinct (codec, families) of
+            // its peers, and the same bytes go to all of them.
+            let mut encoded: Vec<(CodecOptions, Vec<Family>, Bytes)> = Vec::new();
+            for addr in o.peers {
+                let Some(p) = self.peers.get_mut(&addr) else {
+                    continue;
+                };
+                let bytes = match encoded
+                    .iter()
+                    .find(|(c, f, _)| *c == p.codec && *f == p.families)
+                {
+                    Some((_, _, b)) => b.clone(),
+                    None => {
+                        let b = encode(
+                            o.updates.iter().filter(|u| carries(u, &p.families)),
+                            p.codec,
+                        );
+                        encoded.push((p.codec, p.families.clone(), b.clone()));
+                        b
+                    }
+                };
+                let mut chunks = vec![bytes];
+                if std::mem::take(&mut p.eor_due) {
+                    chunks.push(encode(&gr::end_of_rib_markers(&p.families), p.codec));
+                }
+                chunks.retain(|c| !c.is_empty());
+                if !chunks.is_empty() {
+                    let cmd = SessionCmd::SendEncoded(p.codec, chunks);
+                    self.send(addr, cmd);
+                }
+            }
+        }
+        // End-of-RIB for sessions whose initial table was empty.
+        let due: Vec<(IpAddr, CodecOptions, Bytes)> = self
+            .peers
+            .iter_mut()
+            .filter(|(_, p)| p.eor_due)
+            .map(|(a, p)| {
                 p.eor_due = false;
-                msgs.extend(
-                    gr::end_of_rib_markers(&p.families)
-                        .into_iter()
-                        .map(Message::Update),
-                );
-            }
-            if !msgs.is_empty() {
-                self.send(addr, SessionCmd::Send(msgs));
-            }
+                (
+                    *a,
+                    p.codec,
+                    encode(&gr::end_of_rib_markers(&p.families), p.codec),
+                )
+            })
+            .collect();
+        for (addr, codec, b) in due {
+            self.send(addr, SessionCmd::SendEncoded(codec, vec![b]));
         }
     }
 
@@ -605,6 +634,17 @@ impl RibTask {
             let _ = s.tx.send(SessionCmd::Stop);
         }
     }
+}
+
+/// UPDATEs on the wire, one after the other.
+fn encode<'a>(updates: impl IntoIterator<Item = &'a Update>, codec: CodecOptions) -> Bytes {
+    let mut buf = BytesMut::new();
+    for u in updates {
+        if let Err(e) = Message::encode_update(u, codec, &mut buf) {
+            tracing::warn!(error = %e, "UPDATE not sent");
+        }
+    }
+    buf.freeze()
 }
 
 /// Whether an UPDATE belongs to a family negotiated with the peer.

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
@@ -27,6 +27,9 @@ use crate::types::Family;
 pub(crate) enum SessionCmd {
     /// Messages to send once Established (UPDATEs, End-of-RIB, refresh).
     Send(Vec<Message>),
+    /// Messages already encoded with these options (the same bytes go to
+    /// every peer of an update group); dropped if the session's differ.
+    SendEncoded(CodecOptions, Vec<Bytes>),
     /// An accepted connection from this peer.
     Inbound(TcpStream),
     /// Cease and end the task.
@@ -116,6 +119,7 @@ pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<S
                     return;
                 }
                 Some(SessionCmd::Send(msgs)) => s.send_batch(msgs).await,
+                Some(SessionCmd::SendEncoded(codec, chunks)) => s.send_encoded(codec, chunks).await,
                 Some(SessionCmd::Inbound(stream)) => s.inbound(stream).await,
             },
             res = read_more(&mut s.conn) => match res {
@@ -305,6 +309,22 @@ impl Session {
             return; // the RIB re-sends the table when the session is back
         }
         self.write(&msgs).await;
+        if let Some(ev) = self.events.pop_front() {
+            self.run_events(ev).await;
+        }
+    }
+
+    async fn send_encoded(&mut self, codec: CodecOptions, chunks: Vec<Bytes>) {
+        if self.fsm.state() != State::Established || codec != self.codec {
+            return; // the RIB re-sends the table when the session is back
+        }
+        let Some(c) = &mut self.conn else { return };
+        for b in &chunks {
+            if c.wr.write_all(b).await.is_err() {
+                self.events.push_back(Event::TcpConnectionFails);
+                break;
+            }
+        }
         if let Some(ev) = self.events.pop_front() {
             self.run_events(ev).await;
         }
