@@ -157,10 +157,13 @@ fn start_reflector(
             let cfg = json!({"asn": ASN, "router_id": me, "cluster_id": "1.1.1.1", "listen": format!("{me}:179"),
                 "restart_time": 0, "restarting": false, "peers": peers, "print_routes": false});
             std::fs::write(dir.file("speaker.json"), cfg.to_string())?;
-            let mut p = ns.spawn(&[
-                speaker.to_str().context("speaker path")?,
-                &dir.file("speaker.json"),
-            ])?;
+            // For profiling: BENCH_BGP_WRAP="perf record -g -o /tmp/p.data"
+            // or "heaptrack -o /tmp/h" runs our reflector under that tool.
+            let wrap = std::env::var("BENCH_BGP_WRAP").unwrap_or_default();
+            let mut argv: Vec<&str> = wrap.split_whitespace().collect();
+            let cfg_path = dir.file("speaker.json");
+            argv.extend([speaker.to_str().context("speaker path")?, &cfg_path]);
+            let mut p = ns.spawn(&argv)?;
             p.wait_for_line("ready", Duration::from_secs(10))?;
             Ok(p)
         }

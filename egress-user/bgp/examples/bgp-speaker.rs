@@ -113,7 +113,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         h.add_peer(p).await?;
     }
     h.announce_many(c.announce).await?;
-    let mut changes = h.subscribe().await?;
+    // Only when someone reads the best routes: the controller's reflector
+    // does not follow them either.
+    let mut changes = if c.print_routes || (c.status_file.is_some() && c.status_routes) {
+        Some(h.subscribe().await?)
+    } else {
+        None
+    };
     println!("ready");
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -135,7 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 std::fs::write(&tmp, serde_json::to_vec(&doc)?)?;
                 std::fs::rename(&tmp, path)?;
             }
-            Some(change) = changes.recv() => {
+            Some(change) = next_change(&mut changes) => {
                 if c.print_routes {
                     println!("{}", serde_json::to_string(&change)?);
                 }
@@ -163,5 +169,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 return Ok(());
             }
         }
+    }
+}
+
+async fn next_change(
+    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<BestChange>>,
+) -> Option<BestChange> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }

@@ -759,7 +759,11 @@ impl Rib {
     fn insert_candidate(&mut self, route: Route) {
         let prefix = route.prefix;
         let from = route.source.peer_addr();
-        let routes = self.candidates.entry(prefix).or_default();
+        // Most prefixes have one candidate: a first push would reserve four.
+        let routes = self
+            .candidates
+            .entry(prefix)
+            .or_insert_with(|| Vec::with_capacity(1));
         match routes.iter_mut().find(|r| r.source.peer_addr() == from) {
             Some(slot) => *slot = route,
             None => {
