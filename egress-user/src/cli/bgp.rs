@@ -52,6 +52,12 @@ pub struct BgpArgs {
     /// Graceful restart time we ask peers to keep our routes for, seconds (RFC 4724); 0 turns GR off.
     #[arg(long = "bgp-graceful-restart-time", default_value_t = 120)]
     pub graceful_restart_time: u16,
+    /// Long-lived graceful restart (RFC 9494): seconds peers keep our routes
+    /// as LLGR_STALE (least preferred) after the restart time, up to
+    /// 16777215; 0 turns it off. With --bgp-graceful-restart-time 0 peers go
+    /// straight to long-lived stale.
+    #[arg(long = "bgp-long-lived-stale-time", default_value_t = 0)]
+    pub long_lived_stale_time: u32,
 }
 
 /// Parses `ADDR,asn=N[,port=N][,client][,passive][,next-hop-self]`.
@@ -117,7 +123,13 @@ impl BgpArgs {
         cfg.peers = self.peers.clone();
         // Also for peers added at run time (the clients from the datastore).
         cfg.default_password = self.password.clone();
-        if self.graceful_restart_time == 0 {
+        if self.long_lived_stale_time > 0x00ff_ffff {
+            bail!(
+                "--bgp-long-lived-stale-time {}: at most 16777215 seconds (24 bits in the capability)",
+                self.long_lived_stale_time
+            );
+        }
+        if self.graceful_restart_time == 0 && self.long_lived_stale_time == 0 {
             cfg.graceful_restart = None;
             cfg.restarting = false;
         } else {
@@ -126,6 +138,7 @@ impl BgpArgs {
             }
             cfg.graceful_restart = Some(GrConfig {
                 restart_time: self.graceful_restart_time,
+                llgr_stale_time: self.long_lived_stale_time,
                 ..GrConfig::default()
             });
         }
@@ -257,7 +270,32 @@ mod tests {
             keepalive_time: 0,
             password: None,
             graceful_restart_time: 120,
+            long_lived_stale_time: 0,
         }
+    }
+
+    #[test]
+    fn long_lived_stale_time_turns_llgr_on_even_without_restart_time() {
+        let gr = |restart, llgr| {
+            BgpArgs {
+                graceful_restart_time: restart,
+                long_lived_stale_time: llgr,
+                ..args()
+            }
+            .speaker_config(None)
+            .map(|c| {
+                c.graceful_restart
+                    .map(|g| (g.restart_time, g.llgr_stale_time))
+            })
+        };
+        assert_eq!(gr(120, 0).unwrap(), Some((120, 0)));
+        assert_eq!(gr(120, 3600).unwrap(), Some((120, 3600)));
+        assert_eq!(gr(0, 3600).unwrap(), Some((0, 3600)));
+        assert_eq!(gr(0, 0).unwrap(), None);
+        assert!(gr(120, 1 << 24)
+            .unwrap_err()
+            .to_string()
+            .contains("--bgp-long-lived-stale-time"));
     }
 
     #[test]

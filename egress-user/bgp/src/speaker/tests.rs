@@ -485,6 +485,65 @@ async fn routes_outlive_the_restart_time_as_long_lived_stale() {
     rr.shutdown().await;
 }
 
+/// RFC 9494 as the restarting side, long-lived only (restart time 0): when
+/// the speaker goes away without a word, the helper keeps its route as
+/// long-lived stale at once; when it comes back (restarting, R bit) and
+/// sends its table and End-of-RIB, the route is fresh again, and it never
+/// left the helper's table.
+#[tokio::test]
+async fn restarting_side_with_only_long_lived_gr_keeps_its_route_at_the_helper() {
+    let llgr = |mut c: SpeakerConfig| {
+        c.graceful_restart = Some(GrConfig {
+            restart_time: 0,
+            deferral_time: Duration::ZERO,
+            llgr_stale_time: 30,
+            ..GrConfig::default()
+        });
+        c
+    };
+    let mut rc = llgr(config(131, false));
+    let mut peer = PeerSpec::new(lo(132), ASN);
+    peer.client = true;
+    peer.passive = true;
+    rc.peers.push(peer);
+    let rr = Speaker::start(rc).await.unwrap();
+    let h = rr.handle();
+    let mut changes = h.subscribe().await.unwrap();
+    let a = h.listen_addr().unwrap();
+    let start_client = |restarting: bool| {
+        let mut cc = llgr(config(132, restarting));
+        let mut up = PeerSpec::new(a.ip(), ASN);
+        up.port = a.port();
+        cc.peers.push(up);
+        Speaker::start(cc)
+    };
+    let c = start_client(false).await.unwrap();
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(132))
+        .await
+        .unwrap();
+    next_change(&mut changes).await;
+    c.abort();
+    wait_status(&h, "long-lived stale at once", |s| {
+        peer_state(s, lo(132)).is_some_and(|p| p.graceful_restart.starts_with("LongLivedStale"))
+    })
+    .await;
+    let c = start_client(true).await.unwrap();
+    c.handle()
+        .announce(p("192.0.2.10/32"), lo(132))
+        .await
+        .unwrap();
+    let s = wait_status(&h, "fresh again after End-of-RIB", |s| {
+        peer_state(s, lo(132))
+            .is_some_and(|p| p.state == State::Established && p.stale == 0 && p.received == 1)
+    })
+    .await;
+    assert_eq!(s.best_routes, 1);
+    assert!(changes.try_recv().is_err(), "the route never left");
+    c.shutdown().await;
+    rr.shutdown().await;
+}
+
 #[tokio::test]
 async fn tcp_md5_password_must_match() {
     let mut rc = config(111, false);
