@@ -126,6 +126,7 @@ mod tests {
             source: RouteSource::Peer(Arc::new(src)),
             stale: false,
             llgr_stale: false,
+            best: false,
         }
     }
 

@@ -20,7 +20,7 @@ pub use decision::{select_best, DEFAULT_LOCAL_PREF};
 
 use crate::codec::{PathAttributes, Update};
 use crate::reflect::{self, LoopDiscard};
-use crate::types::{AsPath, Family, Origin, Prefix, PrefixMap, PrefixSet};
+use crate::types::{AsPath, Family, Origin, Prefix, PrefixMap};
 
 /// The peer a route was learned from, with what the decision needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,7 +59,7 @@ impl RouteSource {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Route {
     pub prefix: Prefix,
     pub next_hop: IpAddr,
@@ -70,6 +70,28 @@ pub struct Route {
     pub stale: bool,
     /// Kept past the restart time as long-lived stale (RFC 9494).
     pub llgr_stale: bool,
+    /// The prefix's best route (in the Loc-RIB): the Loc-RIB is these
+    /// flags on the candidates, not a second table.
+    pub(crate) best: bool,
+}
+
+/// Equal routes are the same route whether or not selected.
+impl PartialEq for Route {
+    fn eq(&self, o: &Route) -> bool {
+        self.prefix == o.prefix
+            && self.next_hop == o.next_hop
+            && self.attrs == o.attrs
+            && self.source == o.source
+            && self.stale == o.stale
+            && self.llgr_stale == o.llgr_stale
+    }
+}
+
+impl Eq for Route {}
+
+/// The selected route among a prefix's candidates.
+fn flagged(routes: &[Route]) -> Option<&Route> {
+    routes.iter().find(|r| r.best)
 }
 
 /// A change of the best route for a prefix, for the agent's routes map.
@@ -396,11 +418,14 @@ pub struct Rib {
     peers: HashMap<IpAddr, PeerState>,
     /// All Adj-RIBs-In and our local routes, indexed by prefix.
     candidates: PrefixMap<Vec<Route>>,
-    loc: PrefixMap<Route>,
+    /// Number of prefixes with a best route.
+    loc_len: usize,
     best_changes: Vec<BestChange>,
     /// While set, the decision process waits (RFC 4724 selection deferral).
     deferring: bool,
-    dirty: PrefixSet,
+    /// Prefixes to decide when deferral ends, with their best route
+    /// before the first change.
+    dirty: PrefixMap<Option<Route>>,
     groups: HashMap<u64, OutGroup>,
     next_group: u64,
 }
@@ -411,10 +436,10 @@ impl Rib {
             cfg,
             peers: HashMap::new(),
             candidates: PrefixMap::default(),
-            loc: PrefixMap::default(),
+            loc_len: 0,
             best_changes: Vec::new(),
             deferring: false,
-            dirty: PrefixSet::default(),
+            dirty: PrefixMap::default(),
             groups: HashMap::new(),
             next_group: 0,
         }
@@ -477,7 +502,11 @@ impl Rib {
         self.leave_group(addr);
         let id = self.new_group(OutGroup::new(key, addr));
         let g = self.groups.get_mut(&id).expect("just made");
-        for (prefix, r) in &self.loc {
+        for (prefix, r) in self
+            .candidates
+            .iter()
+            .filter_map(|(k, v)| Some((k, flagged(v)?)))
+        {
             g.queue(&self.cfg, *prefix, None, Some(r));
         }
     }
@@ -580,6 +609,13 @@ impl Rib {
     pub fn mark_llgr_stale(&mut self, addr: IpAddr) -> usize {
         let mut touched = Vec::new();
         for (prefix, routes) in self.candidates.iter_mut() {
+            if !routes
+                .iter()
+                .any(|r| r.source.peer_addr() == Some(addr) && r.stale)
+            {
+                continue;
+            }
+            let old = flagged(routes).cloned();
             let before = routes.len();
             routes.retain(|r| {
                 !(r.source.peer_addr() == Some(addr)
@@ -594,13 +630,14 @@ impl Rib {
                 }
             }
             if changed {
-                touched.push(*prefix);
+                touched.push((*prefix, old));
             }
         }
-        for prefix in &touched {
-            self.recompute(*prefix);
+        let n = touched.len();
+        for (prefix, old) in touched {
+            self.recompute(prefix, old);
         }
-        touched.len()
+        n
     }
 
     /// Marks routes from `addr` in `family` (all when None) stale, as at
@@ -611,18 +648,26 @@ impl Rib {
             if family.is_some_and(|f| prefix.family() != f) {
                 continue;
             }
+            if !routes
+                .iter()
+                .any(|r| r.source.peer_addr() == Some(addr) && !r.stale)
+            {
+                continue;
+            }
+            let old = flagged(routes).cloned();
             for r in routes.iter_mut() {
                 if r.source.peer_addr() == Some(addr) && !r.stale {
                     r.stale = true;
-                    touched.push(*prefix);
                 }
             }
+            touched.push((*prefix, old));
         }
-        // Refreshes the Loc-RIB copies; nothing changes on the wire.
-        for prefix in &touched {
-            self.recompute(*prefix);
+        // Stale routes stay candidates; nothing changes on the wire.
+        let n = touched.len();
+        for (prefix, old) in touched {
+            self.recompute(prefix, old);
         }
-        touched.len()
+        n
     }
 
     /// Removes the routes from `addr` still stale in `family` (at its
@@ -636,19 +681,22 @@ impl Rib {
     fn remove_routes_from(&mut self, addr: IpAddr, pred: impl Fn(&Route) -> bool) -> usize {
         let mut touched = Vec::new();
         for (prefix, routes) in self.candidates.iter_mut() {
-            let before = routes.len();
-            routes.retain(|r| !(r.source.peer_addr() == Some(addr) && pred(r)));
-            if routes.len() != before {
-                touched.push(*prefix);
+            let gone = |r: &Route| r.source.peer_addr() == Some(addr) && pred(r);
+            if !routes.iter().any(gone) {
+                continue;
             }
+            let old = flagged(routes).cloned();
+            routes.retain(|r| !gone(r));
+            touched.push((*prefix, old));
         }
+        let n = touched.len();
         if let Some(p) = self.peers.get_mut(&addr) {
-            p.received = p.received.saturating_sub(touched.len());
+            p.received = p.received.saturating_sub(n);
         }
-        for prefix in &touched {
-            self.recompute(*prefix);
+        for (prefix, old) in touched {
+            self.recompute(prefix, old);
         }
-        touched.len()
+        n
     }
 
     fn source_of(&self, addr: IpAddr) -> Option<Arc<PeerSource>> {
@@ -707,6 +755,7 @@ impl Rib {
                 source: RouteSource::Peer(source.clone()),
                 stale: false,
                 llgr_stale: false,
+                best: false,
             });
             report.accepted += 1;
         }
@@ -740,6 +789,7 @@ impl Rib {
             source: RouteSource::Local,
             stale: false,
             llgr_stale: false,
+            best: false,
         });
     }
 
@@ -747,11 +797,12 @@ impl Rib {
         let Some(routes) = self.candidates.get_mut(&prefix) else {
             return false;
         };
+        let old = flagged(routes).cloned();
         let before = routes.len();
         routes.retain(|r| r.source != RouteSource::Local);
         let removed = routes.len() != before;
         if removed {
-            self.recompute(prefix);
+            self.recompute(prefix, old);
         }
         removed
     }
@@ -764,6 +815,7 @@ impl Rib {
             .candidates
             .entry(prefix)
             .or_insert_with(|| Vec::with_capacity(1));
+        let old = flagged(routes).cloned();
         match routes.iter_mut().find(|r| r.source.peer_addr() == from) {
             Some(slot) => *slot = route,
             None => {
@@ -773,13 +825,14 @@ impl Rib {
                 }
             }
         }
-        self.recompute(prefix);
+        self.recompute(prefix, old);
     }
 
     fn remove_candidate(&mut self, prefix: Prefix, from: IpAddr) -> bool {
         let Some(routes) = self.candidates.get_mut(&prefix) else {
             return false;
         };
+        let old = flagged(routes).cloned();
         let before = routes.len();
         routes.retain(|r| r.source.peer_addr() != Some(from));
         if routes.len() == before {
@@ -788,7 +841,7 @@ impl Rib {
         if let Some(p) = self.peers.get_mut(&from) {
             p.received = p.received.saturating_sub(1);
         }
-        self.recompute(prefix);
+        self.recompute(prefix, old);
         true
     }
 
@@ -797,9 +850,9 @@ impl Rib {
     pub fn set_deferral(&mut self, on: bool) {
         self.deferring = on;
         if !on {
-            let dirty: Vec<Prefix> = self.dirty.drain().collect();
-            for prefix in dirty {
-                self.recompute(prefix);
+            let dirty: Vec<(Prefix, Option<Route>)> = self.dirty.drain().collect();
+            for (prefix, old) in dirty {
+                self.recompute(prefix, old);
             }
         }
     }
@@ -808,24 +861,35 @@ impl Rib {
         self.deferring
     }
 
-    fn recompute(&mut self, prefix: Prefix) {
+    /// Runs the decision process for `prefix`, whose best route was `old`
+    /// before the change that calls it.
+    fn recompute(&mut self, prefix: Prefix, old: Option<Route>) {
         if self.deferring {
-            self.dirty.insert(prefix);
+            self.dirty.entry(prefix).or_insert(old);
             return;
         }
-        let new = self
-            .candidates
-            .get(&prefix)
-            .and_then(|routes| select_best(routes.iter()))
-            .cloned();
-        if self.candidates.get(&prefix).is_some_and(|r| r.is_empty()) {
-            self.candidates.remove(&prefix);
+        let mut new = None;
+        if let Some(routes) = self.candidates.get_mut(&prefix) {
+            let chosen = select_best(routes.iter()).map(|r| r as *const Route);
+            for r in routes.iter_mut() {
+                r.best = chosen == Some(r as *const Route);
+                if r.best {
+                    new = Some(r.clone());
+                }
+            }
+            if routes.is_empty() {
+                self.candidates.remove(&prefix);
+            }
         }
-        let old = self.loc.get(&prefix).cloned();
+        match (&old, &new) {
+            (None, Some(_)) => self.loc_len += 1,
+            (Some(_), None) => self.loc_len = self.loc_len.saturating_sub(1),
+            _ => {}
+        }
         if old == new {
             return;
         }
-        match new {
+        match &new {
             Some(r) => {
                 let change = BestChange::Set {
                     prefix,
@@ -840,16 +904,13 @@ impl Rib {
                 if !same_for_agent {
                     self.best_changes.push(change);
                 }
-                self.loc.insert(prefix, r);
             }
             None => {
-                self.loc.remove(&prefix);
                 self.best_changes.push(BestChange::Removed { prefix });
             }
         }
-        let new = self.loc.get(&prefix);
         for g in self.groups.values_mut() {
-            g.queue(&self.cfg, prefix, old.as_ref(), new);
+            g.queue(&self.cfg, prefix, old.as_ref(), new.as_ref());
         }
     }
 
@@ -859,7 +920,12 @@ impl Rib {
             return;
         };
         let g = self.groups.get_mut(&id).expect("split");
-        for (prefix, r) in self.loc.iter().filter(|(k, _)| k.family() == family) {
+        for (prefix, r) in self
+            .candidates
+            .iter()
+            .filter(|(k, _)| k.family() == family)
+            .filter_map(|(k, v)| Some((k, flagged(v)?)))
+        {
             if g.pending.contains_key(prefix) {
                 continue; // already current
             }
@@ -913,11 +979,11 @@ impl Rib {
     }
 
     pub fn best(&self, prefix: &Prefix) -> Option<&Route> {
-        self.loc.get(prefix)
+        flagged(self.candidates.get(prefix)?)
     }
 
     pub fn loc_rib(&self) -> impl Iterator<Item = &Route> {
-        self.loc.values()
+        self.candidates.values().filter_map(|v| flagged(v))
     }
 
     /// Routes received from one peer and kept (its Adj-RIB-In).
@@ -938,17 +1004,16 @@ impl Rib {
             return Vec::new();
         };
         let ebgp = self.is_ebgp(&p.cfg);
-        self.loc
-            .iter()
-            .filter_map(|(k, r)| {
+        self.loc_rib()
+            .filter_map(|r| {
                 out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, session.llgr, r)
-                    .map(|e| (*k, e.next_hop, e.attrs))
+                    .map(|e| (r.prefix, e.next_hop, e.attrs))
             })
             .collect()
     }
 
     pub fn loc_rib_len(&self) -> usize {
-        self.loc.len()
+        self.loc_len
     }
 
     /// Number of stale routes kept from a peer.
