@@ -92,10 +92,21 @@ async fn seed(ds: &dyn Datastore) {
             Kind::EgressTunnel,
             &ObjectKey::cluster(&n.name),
             &StatusPatch {
-                manager: "agent".into(),
-                owned: vec!["tunnel".into(), "phase".into()],
-                status: json!({"tunnel": {"ipv4": n.addresses[0], "mac": "02:00:00:00:00:01"},
-                               "phase": "Ready"}),
+                manager: "egress-agent".into(),
+                owned: vec!["tunnel".into()],
+                status: json!({"tunnel": {"ipv4": n.addresses[0], "mac": "02:00:00:00:00:01"}}),
+            },
+        )
+        .await
+        .unwrap();
+        // The phase as a previous controller left it (agents never write it).
+        ds.write_status(
+            Kind::EgressTunnel,
+            &ObjectKey::cluster(&n.name),
+            &StatusPatch {
+                manager: "egress-controller".into(),
+                owned: vec!["phase".into()],
+                status: json!({"phase": "Ready"}),
             },
         )
         .await
@@ -163,43 +174,46 @@ async fn agents(endpoint: &str) {
     let mut seen_seq: BTreeMap<String, (bool, bool)> = BTreeMap::new();
     // Each real agent computes only its own node, in parallel with the
     // others. Simulated in one process: the nodes whose pods changed are
-    // computed at once; after a global change every other node is marked
-    // dirty and recomputed a few at a time, between batches, so one
-    // agent's work never waits behind 99 others'.
+    // computed at once; other nodes a change may affect (every node after a
+    // global change; the worker and the gateway candidates after a grant
+    // change) are marked dirty and recomputed one at a time on one prepared
+    // view, stopping as soon as a change waits, so one agent's work never
+    // waits behind the others'.
     let mut dirty: std::collections::BTreeSet<String> = names.iter().cloned().collect();
+    let mut waiting = false;
     loop {
-        let batch = if dirty.is_empty() {
+        let batch = if dirty.is_empty() || waiting {
+            waiting = false;
             cache.next_batch().await
         } else {
-            match futures::FutureExt::now_or_never(cache.next_batch()) {
-                Some(b) => b,
-                None => {
-                    let t = Instant::now();
-                    let prep = Prepared::new(&cache.view);
-                    // 12: a grant change (its worker and the 10 gateway
-                    // nodes) in one go.
-                    let chunk: Vec<String> = dirty.iter().take(12).cloned().collect();
-                    for n in chunk {
-                        dirty.remove(&n);
-                        state.insert(n.clone(), prep.node(&cfg(&n)));
+            let t = Instant::now();
+            let mut done = 0;
+            {
+                let (view, mut pending) = cache.split();
+                let prep = Prepared::new(view);
+                while let Some(n) = dirty.pop_first() {
+                    state.insert(n.clone(), prep.node(&cfg(&n)));
+                    done += 1;
+                    if pending.any() {
+                        waiting = true;
+                        break;
                     }
-                    drop(prep);
-                    if tracing_on() {
-                        eprintln!(
-                            "agents: dirty chunk {:.1} ms, {} left",
-                            t.elapsed().as_secs_f64() * 1e3,
-                            dirty.len()
-                        );
-                    }
-                    if !announced && dirty.is_empty() && complete(&cache.view, &state) {
-                        announced = true;
-                        println!("COLD {}", now_ns());
-                    }
-                    report(&cache.view, &state, &mut seen_seq);
-                    tokio::task::yield_now().await;
-                    continue;
                 }
             }
+            if tracing_on() {
+                eprintln!(
+                    "agents: {done} dirty nodes in {:.1} ms, {} left",
+                    t.elapsed().as_secs_f64() * 1e3,
+                    dirty.len()
+                );
+            }
+            if !announced && dirty.is_empty() && complete(&cache.view, &state) {
+                announced = true;
+                println!("COLD {}", now_ns());
+            }
+            report(&cache.view, &state, &mut seen_seq);
+            tokio::task::yield_now().await;
+            continue;
         };
         let t_batch = Instant::now();
         let changed = match batch {

@@ -1,6 +1,8 @@
 //! The records an agent keeps about its own node: the node record (labels,
 //! addresses, pod CIDRs) and its EgressTunnel (tunnel endpoint, MAC, parent
-//! interface, phase).
+//! interface). The agent reports facts; the controller alone decides the
+//! tunnel's phase (Ready, HeartbeatTimeout, ...) from them and from the
+//! heartbeats.
 
 use std::net::Ipv4Addr;
 
@@ -30,7 +32,9 @@ pub fn mac_string(mac: &[u8; 6]) -> String {
         .join(":")
 }
 
-/// Writes the node record and the EgressTunnel with phase Ready.
+/// Writes the node record and the EgressTunnel's `status.tunnel` (never the
+/// phase: the controller sets it once the tunnel is registered and, on a
+/// gateway candidate, its heartbeat is seen).
 pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
     typed::apply(ds, Kind::Node, typed::node_object(&me.node))
         .await
@@ -55,14 +59,13 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
             "mac": mac_string(&me.mac),
             "parent": { "name": me.parent },
         },
-        "phase": "Ready",
     });
     ds.write_status(
         Kind::EgressTunnel,
         &key,
         &StatusPatch {
             manager: MANAGER.into(),
-            owned: vec!["tunnel".into(), "phase".into()],
+            owned: vec!["tunnel".into()],
             status,
         },
     )
@@ -77,7 +80,7 @@ mod tests {
     use egress_control::datastore::memory::MemoryDatastore;
 
     #[tokio::test]
-    async fn registration_writes_node_and_ready_tunnel_and_is_idempotent() {
+    async fn registration_writes_node_and_tunnel_facts_not_the_phase() {
         let ds = MemoryDatastore::new();
         let me = SelfDescription {
             node: NodeRecord {
@@ -91,6 +94,27 @@ mod tests {
             parent: "eth0".into(),
         };
         register(&ds, &me).await.unwrap();
+        let view = typed::load_view(&ds).await.unwrap();
+        let st = view.tunnel("w1").unwrap().status.clone().unwrap();
+        assert_eq!(st.tunnel.ipv4, "10.10.0.1");
+        assert_eq!(
+            st.phase,
+            egress_control::api::TunnelPhase::Pending,
+            "registered, not Ready until the controller says so"
+        );
+        // The controller decided a phase meanwhile: registering again (an
+        // agent restart) keeps it.
+        ds.write_status(
+            Kind::EgressTunnel,
+            &ObjectKey::cluster("w1"),
+            &StatusPatch {
+                manager: "egress-controller".into(),
+                owned: vec!["phase".into()],
+                status: json!({"phase": "HeartbeatTimeout"}),
+            },
+        )
+        .await
+        .unwrap();
         register(&ds, &me).await.unwrap();
         let view = typed::load_view(&ds).await.unwrap();
         assert_eq!(view.nodes.len(), 1);
@@ -99,6 +123,10 @@ mod tests {
         assert_eq!(st.tunnel.ipv4, "10.10.0.1");
         assert_eq!(st.tunnel.mac, "02:00:00:00:00:01");
         assert_eq!(st.tunnel.parent.name, "eth0");
-        assert_eq!(format!("{:?}", st.phase), "Ready");
+        assert_eq!(
+            st.phase,
+            egress_control::api::TunnelPhase::HeartbeatTimeout,
+            "the agent never writes the phase"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! A [`ClusterView`] kept current from watch events: list every kind once,
 //! then apply each change in place (no relist, no full decode).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use futures::stream::{SelectAll, StreamExt};
 use serde::de::DeserializeOwned;
@@ -44,6 +44,32 @@ fn grants_only_differ(old: &EgressTunnel, new: &EgressTunnel) -> bool {
 pub struct ViewCache {
     pub view: ClusterView,
     watches: SelectAll<WatchStream>,
+    /// Events a [`Pending`] probe took, applied first by the next batch
+    /// (`None`: the watches ended).
+    stash: VecDeque<Option<Result<WatchEvent>>>,
+}
+
+/// Says whether a change is waiting while the view is borrowed (from
+/// [`ViewCache::split`]), so long work on one view can stop early.
+pub struct Pending<'a> {
+    watches: &'a mut SelectAll<WatchStream>,
+    stash: &'a mut VecDeque<Option<Result<WatchEvent>>>,
+}
+
+impl Pending<'_> {
+    /// True when an event is waiting (it is kept for the next batch).
+    pub fn any(&mut self) -> bool {
+        if !self.stash.is_empty() {
+            return true;
+        }
+        match futures::FutureExt::now_or_never(self.watches.next()) {
+            Some(ev) => {
+                self.stash.push_back(ev);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 fn key_of_meta(m: &kube::core::ObjectMeta) -> ObjectKey {
@@ -73,7 +99,22 @@ impl ViewCache {
             }
             watches.push(ds.watch(k, rev).await?);
         }
-        Ok(Self { view, watches })
+        Ok(Self {
+            view,
+            watches,
+            stash: VecDeque::new(),
+        })
+    }
+
+    /// The view, and a probe that says whether a change is waiting.
+    pub fn split(&mut self) -> (&ClusterView, Pending<'_>) {
+        (
+            &self.view,
+            Pending {
+                watches: &mut self.watches,
+                stash: &mut self.stash,
+            },
+        )
     }
 
     /// Puts an object as written by this process (before its watch event).
@@ -185,10 +226,19 @@ impl ViewCache {
     /// `None` when the watches ended; an error when one failed (start over).
     pub async fn next_batch(&mut self) -> Option<Result<Changed>> {
         let mut changed = Changed::default();
-        let first = self.watches.next().await?;
+        let first = match self.stash.pop_front() {
+            Some(ev) => ev?,
+            None => self.watches.next().await?,
+        };
         match first {
             Ok(ev) => self.apply(&ev, &mut changed),
             Err(e) => return Some(Err(e)),
+        }
+        while let Some(ev) = self.stash.pop_front() {
+            match ev? {
+                Ok(ev) => self.apply(&ev, &mut changed),
+                Err(e) => return Some(Err(e)),
+            }
         }
         while let Some(Some(ev)) = futures::FutureExt::now_or_never(self.watches.next()) {
             match ev {
@@ -309,6 +359,44 @@ mod tests {
         );
         let st = c.view.tunnel("w1").unwrap().status.clone().unwrap();
         assert_eq!(st.port_blocks[0].blocks, [1]);
+
+        // A probe sees a waiting change while the view is borrowed; the
+        // next batch applies it.
+        write(
+            &grants,
+            json!({"portBlocks": [{"gateway": "g", "eip": "10.0.0.1", "blocks": [2]}],
+                   "portBlockSize": 1024}),
+        )
+        .await;
+        {
+            let (view, mut pending) = c.split();
+            assert_eq!(
+                view.tunnel("w1")
+                    .unwrap()
+                    .status
+                    .clone()
+                    .unwrap()
+                    .port_blocks[0]
+                    .blocks,
+                [1]
+            );
+            assert!(pending.any());
+            assert!(pending.any(), "still waiting until a batch takes it");
+        }
+        let ch = c.next_batch().await.unwrap().unwrap();
+        assert_eq!(ch.grant_nodes, ["w1"]);
+        assert_eq!(
+            c.view
+                .tunnel("w1")
+                .unwrap()
+                .status
+                .clone()
+                .unwrap()
+                .port_blocks[0]
+                .blocks,
+            [2]
+        );
+        assert!(!c.split().1.any());
 
         // The phase (or the endpoint) matters to every node.
         write(

@@ -7,7 +7,7 @@ mod reconcile;
 pub(crate) mod run;
 mod view;
 
-pub use cache::{sizes, Changed, ViewCache};
+pub use cache::{sizes, Changed, Pending, ViewCache};
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{reconcile, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants};
 pub use run::{
