@@ -8,13 +8,86 @@ use std::time::Duration;
 use egress_tests::{
     cluster::{examples_dir, wait_until, Cluster, ClusterSpec, REFLECTOR_ADMIN},
     egress_bin,
-    topology::eip,
+    topology::{eip, FABRIC_UNDERLAY_IP},
 };
 
 fn learned(cluster: &Cluster, node: usize, prefix: &str) -> Option<String> {
     cluster.agent_state(node).ok()?["bgp_learned"][prefix]
         .as_str()
         .map(str::to_owned)
+}
+
+/// Reflector clients in the Established state, from `egress bgp status`.
+fn established_clients(cluster: &Cluster, egress: &std::path::Path) -> anyhow::Result<usize> {
+    let status = cluster.topo.fabric.exec(&[
+        egress.to_str().unwrap(),
+        "bgp",
+        "status",
+        "--admin-addr",
+        REFLECTOR_ADMIN,
+        "--json",
+    ])?;
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    let peers = status["peers"].as_array().cloned().unwrap_or_default();
+    Ok(peers
+        .iter()
+        .filter(|p| p["client"] == true && p["state"] == "Established")
+        .count())
+}
+
+/// Sets an environment variable that the cluster's processes inherit, and
+/// removes it when dropped (so later tests in this binary do not see it).
+struct EnvVar(&'static str);
+
+impl EnvVar {
+    fn set(name: &'static str, value: &str) -> EnvVar {
+        std::env::set_var(name, value);
+        EnvVar(name)
+    }
+}
+
+impl Drop for EnvVar {
+    fn drop(&mut self) {
+        std::env::remove_var(self.0);
+    }
+}
+
+/// TCP-MD5 between the agents and the reflector: with
+/// EGRESS_BGP_PASSWORD set for both (as the chart sets it from a Secret),
+/// every agent's session comes up signed; a connection without the key
+/// from a node's address is not even answered (the kernel drops it).
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn agent_sessions_with_the_reflector_are_md5_signed() -> anyhow::Result<()> {
+    let egress = egress_bin()?;
+    let _key = EnvVar::set("EGRESS_BGP_PASSWORD", "cluster-s3cret");
+    let cluster = Cluster::start(
+        &egress,
+        ClusterSpec {
+            bgp: true,
+            ..ClusterSpec::default()
+        },
+    )?;
+    wait_until(
+        "every node is an established client over TCP-MD5",
+        Duration::from_secs(30),
+        || Ok(established_clients(&cluster, &egress)? == cluster.topo.nodes.len()),
+    )?;
+    let node = &cluster.topo.nodes[0];
+    let unsigned = node.ns.exec(&[
+        "nc",
+        "-z",
+        "-w",
+        "2",
+        &FABRIC_UNDERLAY_IP.to_string(),
+        "179",
+    ]);
+    assert!(
+        unsigned.is_err(),
+        "an unsigned connection from {} reached the reflector",
+        node.ip
+    );
+    Ok(())
 }
 
 #[test]
@@ -73,36 +146,10 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
 
     // The reflector shows every node as an established client.
     // (The last node to register may still be connecting: wait for it.)
-    let established = || -> anyhow::Result<usize> {
-        let status = cluster.topo.fabric.exec(&[
-            egress.to_str().unwrap(),
-            "bgp",
-            "status",
-            "--admin-addr",
-            REFLECTOR_ADMIN,
-            "--json",
-        ])?;
-        let status: serde_json::Value = serde_json::from_str(&status)?;
-        let peers = status["peers"].as_array().cloned().unwrap_or_default();
-        Ok(peers
-            .iter()
-            .filter(|p| p["client"] == true && p["state"] == "Established")
-            .count())
-    };
     wait_until(
         "every node is an established client",
         Duration::from_secs(30),
-        || Ok(established()? == cluster.topo.nodes.len()),
+        || Ok(established_clients(&cluster, &egress)? == cluster.topo.nodes.len()),
     )?;
-    // The reflector's /metrics counts the same sessions.
-    let metrics = cluster.fabric_http(REFLECTOR_ADMIN, "/metrics")?;
-    let line = format!(
-        "egress_bgp_sessions{{state=\"Established\"}} {}",
-        cluster.topo.nodes.len() + 1
-    );
-    assert!(
-        metrics.lines().any(|l| l == line),
-        "no {line:?} (the nodes and FRR) in:\n{metrics}"
-    );
     Ok(())
 }
