@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::api::{EgressGateway, TunnelPhase};
+use crate::api::TunnelPhase;
 use crate::controller::{ClusterView, PolicyIndex};
 use crate::datastore::{Kind, ObjectKey};
 use crate::validate::parse_cidr;
@@ -172,11 +172,6 @@ fn tunnel_endpoint(view: &ClusterView, node: &str) -> Option<IpAddr> {
         .or_else(|| t.tunnel.ipv6.parse().ok())
 }
 
-fn eligible(g: &EgressGateway, view: &ClusterView, node: &str) -> bool {
-    view.node(node)
-        .is_some_and(|n| g.spec.node_selector.selector.matches(&n.labels))
-}
-
 /// The desired dataplane of `cfg.node`.
 pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
     Prepared::new(view).node(cfg)
@@ -215,7 +210,7 @@ fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
             eligible: view
                 .nodes
                 .iter()
-                .filter(|n| eligible(g, view, &n.name))
+                .filter(|n| g.spec.node_selector.selector.matches(&n.labels))
                 .map(|n| n.name.clone())
                 .collect(),
             blocks: BTreeMap::new(),
@@ -308,6 +303,15 @@ impl<'a> Prepared<'a> {
         // Policies and their targets.
         let views = view.policy_views();
         let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
+        // Each node's tunnel endpoint, looked up once (not per policy).
+        let endpoints: BTreeMap<&str, IpAddr> = view
+            .tunnels
+            .iter()
+            .filter_map(|t| {
+                let n = t.metadata.name.as_deref()?;
+                Some((n, tunnel_endpoint(view, n)?))
+            })
+            .collect();
         // (gateway, node, ipv4, ipv6) -> epoch of that assignment.
         let mut epochs: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
         for g in &view.gateways {
@@ -352,7 +356,7 @@ impl<'a> Prepared<'a> {
                     eip_v4: st.eip.ipv4.parse().ok(),
                     eip_v6: st.eip.ipv6.parse().ok(),
                     gateway_node: st.node.clone(),
-                    tunnel_endpoint: tunnel_endpoint(view, &st.node),
+                    tunnel_endpoint: endpoints.get(st.node.as_str()).copied(),
                     local: false,
                     use_node_ip: p.fields.egress_ip.use_node_ip,
                     epoch: epochs
