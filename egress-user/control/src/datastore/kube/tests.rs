@@ -368,3 +368,55 @@ async fn records_are_read_only_on_kubernetes() {
         .unwrap_err();
     assert!(e.to_string().contains("come from Kubernetes"), "{e}");
 }
+
+#[tokio::test]
+async fn port_block_grants_go_to_the_tunnel_status_under_their_own_manager() {
+    use crate::api::{EgressTunnel, EipPortBlocks};
+    use crate::controller::{
+        write_plan_stored, ClusterView, Plan, TunnelGrants, PORT_BLOCK_MANAGER,
+    };
+    let (ds, mut h) = mock();
+    let tunnel: EgressTunnel = serde_json::from_value(json!({
+        "apiVersion": crate::api::API_VERSION, "kind": "EgressTunnel",
+        "metadata": {"name": "w1", "resourceVersion": "6"}, "spec": {},
+        "status": {"tunnel": {"ipv4": "192.168.0.1"}, "phase": "Ready"}}))
+    .unwrap();
+    let view = ClusterView {
+        tunnels: vec![tunnel.clone()],
+        ..Default::default()
+    };
+    let mut plan = Plan::default();
+    plan.tunnels.insert(
+        "w1".into(),
+        TunnelGrants {
+            port_block_size: 1024,
+            port_blocks: vec![EipPortBlocks {
+                gateway: "g".into(),
+                eip: "10.0.0.1".into(),
+                blocks: vec![1],
+            }],
+        },
+    );
+    let call = tokio::spawn(async move { write_plan_stored(&ds, &view, &plan).await });
+    let grants = json!({"portBlocks": [{"gateway": "g", "eip": "10.0.0.1", "blocks": [1]}],
+                        "portBlockSize": 1024});
+    let mut stored = serde_json::to_value(&tunnel).unwrap();
+    stored["metadata"]["resourceVersion"] = json!("7");
+    stored["status"]["portBlocks"] = grants["portBlocks"].clone();
+    stored["status"]["portBlockSize"] = json!(1024);
+    let seen = answer(&mut h, 200, stored).await;
+    assert_eq!(seen.method, "PATCH");
+    assert!(seen
+        .path_and_query
+        .starts_with("/apis/egressgateway.egress.dev/v1beta1/egresstunnels/w1/status?"));
+    assert!(seen
+        .path_and_query
+        .contains(&format!("fieldManager={PORT_BLOCK_MANAGER}")));
+    assert_ne!(PORT_BLOCK_MANAGER, crate::controller::MANAGER);
+    // Only the grants: the phase belongs to the controller's other patches,
+    // the tunnel to the agent.
+    assert_eq!(seen.body["status"], grants);
+    let written = call.await.unwrap().unwrap();
+    assert_eq!(written.len(), 1, "the one tunnel whose grants changed");
+    assert_eq!(written[0].value["status"]["phase"], "Ready");
+}
