@@ -151,5 +151,15 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
         Duration::from_secs(30),
         || Ok(established_clients(&cluster, &egress)? == cluster.topo.nodes.len()),
     )?;
+    // The reflector's /metrics counts the same sessions.
+    let metrics = cluster.fabric_http(REFLECTOR_ADMIN, "/metrics")?;
+    let line = format!(
+        "egress_bgp_sessions{{state=\"Established\"}} {}",
+        cluster.topo.nodes.len() + 1
+    );
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "no {line:?} (the nodes and FRR) in:\n{metrics}"
+    );
     Ok(())
 }
