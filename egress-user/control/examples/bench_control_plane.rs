@@ -32,6 +32,8 @@ const GATEWAY_NODES: usize = 10;
 const POLICIES: usize = 1000;
 const PODS: usize = 10_000;
 const CHANGES: usize = 200;
+/// New pods, each on a node that holds no block of its policy's EIP yet.
+const NEW_PODS: usize = 50;
 const PREFIX: &str = "/bench";
 
 fn now_ns() -> u128 {
@@ -231,10 +233,21 @@ async fn agents(endpoint: &str) {
         }
         let t = Instant::now();
         let mut t_prep = Duration::ZERO;
-        if !changed.pod_nodes.is_empty() {
+        // The nodes this batch is about first (their own agents would not
+        // wait for the others); the gateway candidates' steering after.
+        let now: Vec<&String> = changed
+            .pod_nodes
+            .iter()
+            .chain(if changed.global {
+                &[][..]
+            } else {
+                &changed.grant_nodes[..]
+            })
+            .collect();
+        if !now.is_empty() {
             let prep = Prepared::new(&cache.view);
             t_prep = t.elapsed();
-            for n in &changed.pod_nodes {
+            for n in now {
                 dirty.remove(n);
                 state.insert(n.clone(), prep.node(&cfg(n)));
             }
@@ -427,6 +440,41 @@ async fn driver() {
             );
         }
     }
+    // New pods where the controller must grant a new block: the relabels
+    // above always land where the node already holds one (every policy has
+    // pods on 9 nodes of one class, `(node - 10) % 10`, and keeps them
+    // there), so they do not time the grant path. Policy j's pods are on
+    // the nodes GATEWAY_NODES + (j*7919 - 10m) % 90: one node further has none.
+    let mut new_grant = Vec::new();
+    for i in 0..NEW_PODS {
+        let j = (i * 53 + 7) % POLICIES;
+        let node =
+            GATEWAY_NODES + ((j * 7919) % (NODES - GATEWAY_NODES) + 1) % (NODES - GATEWAY_NODES);
+        let p = PodRecord {
+            name: format!("new{i:03}"),
+            namespace: format!("ns{}", j % 10),
+            labels: [
+                ("app".to_string(), format!("app{j}")),
+                ("bench-seq".to_string(), format!("n{i}")),
+            ]
+            .into(),
+            node: node_name(node),
+            ips: vec![format!(
+                "10.{}.{}.{}",
+                200 + node / 256,
+                node % 256,
+                200 + i
+            )],
+        };
+        let start = now_ns();
+        ds.create(Kind::Pod, pod_object(&p)).await.unwrap();
+        let l = wait(&format!("GRANT n{i} "), Duration::from_secs(30));
+        let end: u128 = l.split(' ').nth(2).unwrap().parse().unwrap();
+        new_grant.push((end - start) as f64 / 1e6);
+        if tracing_on() {
+            eprintln!("driver: new pod {i}: granted after {:.1} ms", new_grant[i]);
+        }
+    }
     let controller_peak_mb = peak_mb(ctl.id());
     let agent_peak_mb = peak_mb(ag.id());
     let _ = ctl.kill();
@@ -435,6 +483,8 @@ async fn driver() {
     let _ = ag.wait();
     let p50 = pct(&mut lat, 0.5);
     let p99 = pct(&mut lat, 0.99);
+    let new_grant_p50 = pct(&mut new_grant, 0.5);
+    let new_grant_p99 = pct(&mut new_grant, 0.99);
     let grant_p50 = pct(&mut grant_lat, 0.5);
     let grant_p99 = pct(&mut grant_lat, 0.99);
     let write_p50 = pct(&mut write_ms, 0.5);
@@ -458,6 +508,9 @@ async fn driver() {
             "change_p99_ms": (p99 * 100.0).round() / 100.0,
             "change_with_grant_p50_ms": (grant_p50 * 100.0).round() / 100.0,
             "change_with_grant_p99_ms": (grant_p99 * 100.0).round() / 100.0,
+            "new_pods": NEW_PODS,
+            "new_pod_grant_p50_ms": (new_grant_p50 * 100.0).round() / 100.0,
+            "new_pod_grant_p99_ms": (new_grant_p99 * 100.0).round() / 100.0,
             "etcd_write_p50_ms": (write_p50 * 100.0).round() / 100.0,
             "etcd_write_p99_ms": (write_p99 * 100.0).round() / 100.0,
             "controller_peak_mb": (controller_peak_mb * 10.0).round() / 10.0,
