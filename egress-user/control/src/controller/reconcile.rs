@@ -287,24 +287,29 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
         by_gw.entry(gw_name).or_default().push(p);
     }
 
-    // Which policies select each pod (for port-block demand), once.
+    // The worker nodes of each policy's pods (for port-block demand), once.
+    // Grants are recorded in the worker's EgressTunnel: a node without one
+    // (no agent, no datapath) gets none.
     let index = PolicyIndex::new(&policies);
-    let mut selected: Vec<(&PodRecord, Vec<(Kind, ObjectKey)>)> = Vec::new();
+    let mut by_index: Vec<BTreeSet<&str>> = vec![BTreeSet::new(); policies.len()];
+    let mut ns_labels: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
     for pod in &view.pods {
-        if pod.node.is_empty() || pod.ips.is_empty() {
+        if pod.node.is_empty() || pod.ips.is_empty() || !plan.tunnels.contains_key(&pod.node) {
             continue;
         }
-        let nsl = view.namespace_labels(&pod.namespace);
-        let sel = index.selecting(&policies, pod, &nsl);
-        if !sel.is_empty() {
-            selected.push((
-                pod,
-                sel.into_iter()
-                    .map(|i| (policies[i].kind, policies[i].key.clone()))
-                    .collect(),
-            ));
+        let nsl = ns_labels
+            .entry(pod.namespace.as_str())
+            .or_insert_with(|| view.namespace_labels(&pod.namespace));
+        for i in index.selecting(&policies, pod, nsl) {
+            by_index[i].insert(pod.node.as_str());
         }
     }
+    let workers_of: BTreeMap<(Kind, ObjectKey), BTreeSet<&str>> = by_index
+        .into_iter()
+        .enumerate()
+        .filter(|(_, w)| !w.is_empty())
+        .map(|(i, w)| ((policies[i].kind, policies[i].key.clone()), w))
+        .collect();
     for g in &gateways {
         let name = g.metadata.name.clone().unwrap_or_default();
         let Some((p4, p6)) = pools_by_gw.get(&name) else {
@@ -312,7 +317,7 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
         };
         let empty = Vec::new();
         let pols = by_gw.get(&name).unwrap_or(&empty);
-        reconcile_gateway(view, cfg, g, p4, p6, pols, &selected, &mut plan);
+        reconcile_gateway(view, cfg, g, p4, p6, pols, &workers_of, &mut plan);
     }
     for t in plan.tunnels.values_mut() {
         t.port_blocks.sort();
@@ -328,7 +333,7 @@ fn reconcile_gateway(
     p4: &IpPool,
     p6: &IpPool,
     pols: &[&PolicyView<'_>],
-    selected: &[(&PodRecord, Vec<(Kind, ObjectKey)>)],
+    workers_of: &BTreeMap<(Kind, ObjectKey), BTreeSet<&str>>,
     plan: &mut Plan,
 ) {
     let gw_name = g.metadata.name.clone().unwrap_or_default();
@@ -620,8 +625,7 @@ fn reconcile_gateway(
     let size = cfg.port_block_size.max(1) as u32;
     let first_block = (cfg.first_port as u32).div_ceil(size) as u16;
     let n_blocks = (65536 / size) as u16;
-    let mut demand: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut unit_addrs: BTreeMap<(Kind, ObjectKey), Vec<String>> = BTreeMap::new();
+    let mut demand: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
     for (u, ps) in &units {
         let addrs: Vec<String> = if u.node_ip_of.is_some() {
             let Some((node, _)) = placed.get(u) else {
@@ -640,22 +644,12 @@ fn reconcile_gateway(
                 .collect()
         };
         for p in ps {
-            unit_addrs.insert((p.kind, p.key.clone()), addrs.clone());
-        }
-    }
-    for (pod, sel) in selected {
-        // Grants are recorded in the worker's EgressTunnel: a node without
-        // one (no agent, no datapath) gets none.
-        if !plan.tunnels.contains_key(&pod.node) {
-            continue;
-        }
-        for kk in sel {
-            if let Some(addrs) = unit_addrs.get(kk) {
-                for a in addrs {
+            if let Some(workers) = workers_of.get(&(p.kind, p.key.clone())) {
+                for a in &addrs {
                     demand
                         .entry(a.clone())
                         .or_default()
-                        .insert(pod.node.clone());
+                        .extend(workers.iter().copied());
                 }
             }
         }
@@ -676,7 +670,7 @@ fn reconcile_gateway(
         let mut taken: BTreeSet<u16> = BTreeSet::new();
         let mut mine: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
         for w in workers {
-            if let Some(b) = prev_blocks.get(&(addr.as_str(), w.as_str())) {
+            if let Some(b) = prev_blocks.get(&(addr.as_str(), *w)) {
                 let keep: Vec<u16> = b
                     .iter()
                     .copied()
@@ -688,7 +682,7 @@ fn reconcile_gateway(
             }
         }
         for w in workers {
-            if mine.contains_key(w.as_str()) {
+            if mine.contains_key(w) {
                 continue;
             }
             match (first_block..n_blocks).find(|i| !taken.contains(i)) {

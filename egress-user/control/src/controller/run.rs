@@ -14,7 +14,7 @@ use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, S
 
 use super::{
     reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
-    TimerConfig, TunnelGrants, ViewCache,
+    TimerConfig, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
@@ -157,10 +157,13 @@ pub async fn write_plan_stored(
     // Port-block grants: only the nodes whose grants changed (a few hundred
     // bytes each), never every grant of a gateway.
     for (node, g) in &plan.tunnels {
-        let cur = view
-            .tunnel(node)
-            .map(|t| TunnelGrants::of(t.status.as_ref()));
-        if cur.as_ref().is_some_and(|c| c != g) {
+        let Some(t) = view.tunnel(node) else { continue };
+        let (size, blocks) = t
+            .status
+            .as_ref()
+            .map(|s| (s.port_block_size, s.port_blocks.as_slice()))
+            .unwrap_or((0, &[]));
+        if size != g.port_block_size || blocks != g.port_blocks.as_slice() {
             writes.push((
                 Kind::EgressTunnel,
                 ObjectKey::cluster(node),
