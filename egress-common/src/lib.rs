@@ -13,6 +13,7 @@ pub mod maps;
 pub mod nat;
 pub mod policy;
 pub mod ports;
+pub mod route;
 pub mod steering;
 
 pub use counters::TrafficCounter;

@@ -37,6 +37,8 @@ pub const DROPS: &str = "DROPS";
 /// so a node whose agent died falls silent by itself (self-fencing that does
 /// not need the agent to be alive).
 pub const ANNOUNCE_UNTIL: &str = "ANNOUNCE_UNTIL";
+/// LPM trie: EIP host route learned over BGP -> `RouteNextHop`.
+pub const ROUTES: &str = "ROUTES";
 
 /// Every map userspace pins, in the order it creates them.
 pub const PINNED_MAPS: &[&str] = &[
@@ -53,6 +55,7 @@ pub const PINNED_MAPS: &[&str] = &[
     CONFIG,
     DROPS,
     ANNOUNCE_UNTIL,
+    ROUTES,
 ];
 
 /// Programs in the object.

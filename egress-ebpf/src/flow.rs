@@ -55,6 +55,9 @@ pub struct Flow {
     pub icmp_kind: u8,
     pub has_quoted: bool,
     pub quoted: Quoted,
+    /// Set by the worker before a new translation: the tunnel endpoint the
+    /// flow goes to (a BGP route's, or the policy slot's gateway).
+    pub gw: [u8; 4],
 }
 
 /// Parses the transport part at `l4_off`. Returns None for what we do not translate.

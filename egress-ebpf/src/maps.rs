@@ -11,6 +11,7 @@ use egress_common::{
     nat::{NatEntry, NatKey},
     policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
     ports::PortBlocks,
+    route::RouteNextHop,
     steering::{OwnedEip, SteerKey, SteerTarget},
     TrafficCounter,
 };
@@ -39,6 +40,9 @@ pub static CONFIG: Array<DatapathConfig, 1> = Array::new();
 /// which owned EIPs are no longer answered for.
 #[btf_map]
 pub static ANNOUNCE_UNTIL: Array<u64, 1> = Array::new();
+/// See `egress_common::route`.
+#[btf_map]
+pub static ROUTES: LpmTrie<Addr, RouteNextHop, 4096> = LpmTrie::new();
 #[btf_map]
 pub static DROPS: PerCpuArray<TrafficCounter, DROP_REASONS> = PerCpuArray::new();
 

@@ -79,7 +79,7 @@ pub fn forward_port_inner(
 ) -> i64 {
     let eip = if f.v6 { &target.eip_v6 } else { &target.eip_v4 };
     let policy_id = target.policy_id;
-    let gw = u32::from_ne_bytes(target.gateway_tunnel_ip);
+    let gw = u32::from_ne_bytes(f.gw);
     let nflags = if target.flags & TARGET_LOCAL_GATEWAY != 0 {
         NAT_LOCAL_GATEWAY
     } else {

@@ -3,14 +3,16 @@
 use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use egress_common::{config::DatapathConfig, drops::*, nat::NAT_LOCAL_GATEWAY, policy::*};
+use egress_common::{
+    addr::Addr, config::DatapathConfig, drops::*, nat::NAT_LOCAL_GATEWAY, policy::*,
+};
 
 use crate::{
     ctx::drop_with,
     flow::{parse, rewrite, Flow, Side, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
     fwd::{encap, fib_forward},
     hdr::*,
-    maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS},
+    maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS, ROUTES},
     nat::forward_port,
 };
 
@@ -149,6 +151,12 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         }
         return Ok(v as i32);
     }
+    let gw = if local {
+        target.gateway_tunnel_ip
+    } else {
+        gateway_by_route(cfg, eip).unwrap_or(target.gateway_tunnel_ip)
+    };
+    f.gw = gw;
     let port = forward_port(ctx, cfg, f, target, absent)?;
     rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;
     if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
@@ -167,7 +175,18 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         f.sport = port;
         return fib_forward(ctx, f);
     }
-    encap(ctx, cfg, target.gateway_tunnel_ip)
+    encap(ctx, cfg, gw)
+}
+
+/// The tunnel endpoint a BGP-learned host route names for `eip` (see
+/// `egress_common::route`), unless it is this node or absent.
+#[inline(always)]
+fn gateway_by_route(cfg: &DatapathConfig, eip: &Addr) -> Option<[u8; 4]> {
+    let r = ROUTES.get(&Key::new(128, *eip))?;
+    if r.tunnel_ip == [0; 4] || r.tunnel_ip == cfg.node_tunnel_ip {
+        return None;
+    }
+    Some(r.tunnel_ip)
 }
 
 /// `fast_path`: no forward NAT entry (the full path need not look again).

@@ -356,6 +356,11 @@ impl Cluster {
     }
 
     /// The body of `GET path` from node `i`'s agent admin endpoint.
+    /// Node `i`'s pinned-map folder (for `egress inspect --pin-dir`).
+    pub fn pin_dir(&self, i: usize) -> &Path {
+        self.pins[i].path()
+    }
+
     pub fn agent_http(&self, i: usize, path: &str) -> Result<String> {
         let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
         self.topo.nodes[i].ns.enter(move || {

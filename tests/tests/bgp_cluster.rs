@@ -127,6 +127,25 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
         || Ok(learned(&cluster, 0, &eip_prefix).as_deref() == Some(owner.ip.to_string().as_str())),
     )?;
 
+    // ... and writes it into its datapath's ROUTES map (`egress inspect`),
+    // which sends new flows to the EIP's owner.
+    let pin = cluster.pin_dir(0).to_string_lossy().into_owned();
+    wait_until(
+        "w1's ROUTES map holds the EIP",
+        Duration::from_secs(30),
+        || {
+            let out = std::process::Command::new(&egress)
+                .args(["inspect", "--json", "--pin-dir", &pin])
+                .output()?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+            Ok(v["datapath"]["routes"].as_array().is_some_and(|r| {
+                r.iter().any(|e| {
+                    e["eip"] == eip.as_str() && e["tunnel_ip"] == owner.ip.to_string().as_str()
+                })
+            }))
+        },
+    )?;
+
     // The upstream router (FRR, a non-client) receives every node's pod CIDR
     // and the EIP with its owner as next hop.
     let frr = &cluster.upstream.as_ref().unwrap().frr;

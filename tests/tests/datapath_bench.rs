@@ -111,6 +111,7 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
         } else {
             vec![]
         },
+        routes: vec![],
     }
 }
 

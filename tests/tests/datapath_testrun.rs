@@ -143,6 +143,7 @@ fn desired() -> DesiredMaps {
                 epoch: 1,
             },
         ],
+        routes: vec![],
     }
 }
 
@@ -440,6 +441,56 @@ fn worker_snat_tcp_v4_first_packet_and_established_flow() -> anyhow::Result<()> 
         (nat[0].eip, nat[0].entries, nat[0].ports_in_use),
         (IpAddr::from(EIP), 2, 2)
     );
+    assert_eq!(fx.all_drops(), 0);
+    Ok(())
+}
+
+/// The tunnel endpoint the forward NAT entries send to (all of them).
+fn nat_gateways(fx: &Fixture) -> Vec<Ipv4Addr> {
+    use egress_common::nat::{NatEntry, NatKey};
+    let data = aya::maps::MapData::from_pin(fx.pins.path().join("NAT_FWD")).unwrap();
+    let m: aya::maps::HashMap<_, NatKey, NatEntry> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
+    m.iter()
+        .map(|r| Ipv4Addr::from(r.unwrap().1.ifindex.to_ne_bytes()))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_bgp_route_for_the_eip_sends_flows_to_its_node() -> anyhow::Result<()> {
+    use egress_user::datapath::EipRoute;
+    const OTHER_GW: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 12);
+    let mut d = desired();
+    let mut fx = fixture_with(&d)?;
+    let syn = tcp4(POD, SERVER, 40000, 443, true);
+    let (rc, out) = fx.run("worker_egress", &syn)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let port = check(&out).sport;
+    assert_eq!(
+        nat_gateways(&fx),
+        [GW_TUNNEL],
+        "no route: the slot's gateway"
+    );
+
+    // BGP learned that the EIP's owner moved: the established flow follows
+    // on its next packet, keeping its port.
+    d.routes = vec![EipRoute {
+        eip: EIP.into(),
+        tunnel_ip: OTHER_GW,
+        epoch: 2,
+    }];
+    apply(&mut fx.dp, &d)?;
+    let (rc, out) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, false))?;
+    assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, port));
+    assert_eq!(nat_gateways(&fx), [OTHER_GW]);
+
+    // A route naming this node itself is not a tunnel destination.
+    d.routes[0].tunnel_ip = WORKER_TUNNEL;
+    apply(&mut fx.dp, &d)?;
+    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(nat_gateways(&fx), [GW_TUNNEL]);
     assert_eq!(fx.all_drops(), 0);
     Ok(())
 }

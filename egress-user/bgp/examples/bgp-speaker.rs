@@ -147,7 +147,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 if c.status_file.is_some() && c.status_routes {
                     match change {
-                        BestChange::Set { prefix, next_hop, from } => {
+                        BestChange::Set { prefix, next_hop, from, .. } => {
                             routes.insert(prefix.to_string(), (next_hop, from));
                         }
                         BestChange::Removed { prefix } => {

@@ -331,6 +331,8 @@ pub fn desired_maps(
         port_blocks,
         reply_steering,
         owned_eips,
+        // Filled by the caller from the routes BGP learned (agent::routes).
+        routes: Vec::new(),
     };
     (maps, skipped)
 }

@@ -3,6 +3,7 @@
 //! address), withdraws an EIP the moment it loses it, and keeps the routes
 //! it learns for the operator and the datapath.
 
+use super::routes::Learned;
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr},
@@ -124,7 +125,9 @@ pub struct AgentBgp {
     handle: SpeakerHandle,
     _speaker: Speaker,
     announced: BTreeMap<Prefix, Route>,
-    learned: Arc<Mutex<BTreeMap<Prefix, IpAddr>>>,
+    learned: Arc<Mutex<BTreeMap<Prefix, Learned>>>,
+    /// Woken on every change of `learned` (the agent reconciles ROUTES).
+    learned_changed: Arc<tokio::sync::Notify>,
 }
 
 impl AgentBgp {
@@ -153,22 +156,34 @@ impl AgentBgp {
         let learned = Arc::new(Mutex::new(BTreeMap::new()));
         let mut changes = handle.subscribe().await?;
         let sink = learned.clone();
+        let learned_changed = Arc::new(tokio::sync::Notify::new());
+        let wake = learned_changed.clone();
         tokio::spawn(async move {
             while let Some(ch) = changes.recv().await {
-                let mut table = sink.lock().unwrap();
-                match ch {
-                    // Our own announcements come back with `from: None`; keep only learned ones.
-                    BestChange::Set {
-                        prefix,
-                        next_hop,
-                        from: Some(_),
-                    } => {
-                        table.insert(prefix, next_hop);
-                    }
-                    BestChange::Set { prefix, .. } | BestChange::Removed { prefix } => {
-                        table.remove(&prefix);
+                {
+                    let mut table = sink.lock().unwrap();
+                    match ch {
+                        // Our own announcements come back with `from: None`; keep only learned ones.
+                        BestChange::Set {
+                            prefix,
+                            next_hop,
+                            from: Some(_),
+                            local_pref,
+                        } => {
+                            table.insert(
+                                prefix,
+                                Learned {
+                                    next_hop,
+                                    local_pref,
+                                },
+                            );
+                        }
+                        BestChange::Set { prefix, .. } | BestChange::Removed { prefix } => {
+                            table.remove(&prefix);
+                        }
                     }
                 }
+                wake.notify_one();
             }
         });
         Ok(Self {
@@ -176,6 +191,7 @@ impl AgentBgp {
             _speaker: speaker,
             announced: BTreeMap::new(),
             learned,
+            learned_changed,
         })
     }
 
@@ -199,8 +215,13 @@ impl AgentBgp {
 
     /// Routes learned from the reflectors (prefix -> next hop), kept current
     /// by the speaker's change stream.
-    pub fn learned(&self) -> Arc<Mutex<BTreeMap<Prefix, IpAddr>>> {
+    pub fn learned(&self) -> Arc<Mutex<BTreeMap<Prefix, Learned>>> {
         self.learned.clone()
+    }
+
+    /// Notified whenever the learned routes change.
+    pub fn learned_changed(&self) -> Arc<tokio::sync::Notify> {
+        self.learned_changed.clone()
     }
 
     pub fn handle(&self) -> &SpeakerHandle {

@@ -9,6 +9,7 @@ pub mod adapt;
 pub mod bgp;
 pub mod metrics;
 pub mod register;
+pub mod routes;
 pub mod runtime;
 
 pub use runtime::{run, AgentSettings};

@@ -210,9 +210,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let published = Arc::new(Mutex::new(Published::default()));
     let learned = bgp.as_ref().map(|b| b.learned());
     let speaker = bgp.as_ref().map(|b| b.handle().clone());
+    let learned_changed = bgp.as_ref().map(|b| b.learned_changed());
     let (admin, _admin_task) = admin::serve(
         s.admin_addr,
-        admin_handler(published.clone(), learned, speaker, s.pin_dir.clone()),
+        admin_handler(
+            published.clone(),
+            learned.clone(),
+            speaker,
+            s.pin_dir.clone(),
+        ),
     )
     .await?;
     println!("ready node={} tunnel={} admin={}", s.node, tunnel_ip, admin);
@@ -293,6 +299,11 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 // The datapath answers the controller's probes itself, so an
                 // agent restart is not a dead gateway.
                 desired.config.probe_port = s.probe.map_or(0, |(_, port)| port);
+                // EIP routes learned over BGP that are not older than the view.
+                if let Some(l) = &learned {
+                    desired.routes =
+                        super::routes::eip_routes(&l.lock().unwrap(), &assignments(&view));
+                }
                 for sk in &skipped {
                     tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
                 }
@@ -407,6 +418,12 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 fence_due = true;
             }
             _ = resync.tick() => dirty = true,
+            _ = async {
+                match &learned_changed {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => dirty = true,
         }
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
@@ -509,7 +526,7 @@ fn announce_new(
     }
 }
 
-type Learned = Arc<Mutex<BTreeMap<egress_bgp::types::Prefix, IpAddr>>>;
+type Learned = Arc<Mutex<BTreeMap<egress_bgp::types::Prefix, super::routes::Learned>>>;
 
 fn admin_handler(
     published: Arc<Mutex<Published>>,
@@ -555,7 +572,7 @@ fn admin_handler(
                             l.lock()
                                 .unwrap()
                                 .iter()
-                                .map(|(p, nh)| (p.to_string(), nh.to_string()))
+                                .map(|(p, l)| (p.to_string(), l.next_hop.to_string()))
                                 .collect()
                         })
                         .unwrap_or_default();

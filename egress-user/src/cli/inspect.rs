@@ -90,6 +90,7 @@ fn print_datapath(dp: &serde_json::Value) {
         Some(v) => println!("  announce lease: {} ms left", s(v)),
         None => {}
     }
+    table("ROUTES (BGP)", "routes", &["eip", "tunnel_ip", "epoch"]);
     table("NAT USE", "nat_use", &["eip", "entries", "ports_in_use"]);
     if let Some(p) = dp.get("policy_stats").and_then(|v| v.as_object()) {
         println!("\nPOLICY COUNTERS");

@@ -20,6 +20,7 @@ use egress_common::{
     maps::*,
     policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch},
     ports::PortBlocks,
+    route::RouteNextHop,
     steering::{OwnedEip, SteerKey, SteerTarget},
 };
 
@@ -225,6 +226,7 @@ pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyR
     diff_hash::<Addr, PortBlocks>(src, PORT_BLOCKS, &m.port_blocks, &mut r)?;
     diff_array::<DatapathConfig>(src, CONFIG, std::slice::from_ref(&m.config), &mut r)?;
     diff_policy_stats(src, &m.policy_ids, &mut r)?;
+    diff_lpm::<RouteNextHop>(src, ROUTES, &m.routes, &mut r)?;
     diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, &mut r)?;
     diff_lpm::<DstMatch>(src, POLICY_DST, &m.policy_dst, &mut r)?;
     diff_lpm::<SrcMatch>(src, POLICY_SRC, &m.policy_src, &mut r)?;

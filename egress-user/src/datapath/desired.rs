@@ -160,6 +160,15 @@ pub struct OwnedEip {
     pub epoch: u32,
 }
 
+/// Worker: an EIP host route learned over BGP, which sends new flows to
+/// that EIP's announcing node (see `egress_common::route`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EipRoute {
+    pub eip: IpAddr,
+    pub tunnel_ip: Ipv4Addr,
+    pub epoch: u32,
+}
+
 /// Node-wide settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeConfig {
@@ -206,6 +215,8 @@ pub struct DesiredMaps {
     pub port_blocks: Vec<PortBlockGrant>,
     pub reply_steering: Vec<ReplySteering>,
     pub owned_eips: Vec<OwnedEip>,
+    /// BGP-learned EIP routes, newer than (or as new as) the datastore's.
+    pub routes: Vec<EipRoute>,
 }
 
 #[cfg(test)]

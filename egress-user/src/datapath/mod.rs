@@ -19,6 +19,6 @@ pub mod translate;
 
 pub use apply::{apply, ApplyError, ApplyReport, MapSource, PinnedMaps};
 pub use desired::{
-    Cidr, DesiredMaps, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant, ReplySteering,
+    Cidr, DesiredMaps, EipRoute, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant, ReplySteering,
 };
 pub use loader::{Datapath, LoadError};

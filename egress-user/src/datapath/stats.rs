@@ -190,6 +190,20 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
         }
         out.insert("owned_eips".into(), v.into());
     }
+    if let Some(m) = open(ROUTES) {
+        let t: aya::maps::LpmTrie<_, Addr, egress_common::route::RouteNextHop> =
+            aya::maps::LpmTrie::try_from(m)?;
+        let mut v = Vec::new();
+        for r in t.iter() {
+            let (k, n) = r?;
+            v.push(json!({
+                "eip": addr_from_key(&k.data()).to_string(),
+                "tunnel_ip": std::net::Ipv4Addr::from(n.tunnel_ip).to_string(),
+                "epoch": n.epoch,
+            }));
+        }
+        out.insert("routes".into(), v.into());
+    }
     if pin_dir.join(DROPS).exists() {
         let d: serde_json::Map<String, serde_json::Value> = read_drops(pin_dir)?
             .into_iter()

@@ -11,6 +11,7 @@ use egress_common::{
     config::{DatapathConfig, CFG_GATEWAY, CFG_WORKER},
     policy::*,
     ports::{PortBlocks, MAX_BLOCKS_PER_EIP},
+    route::RouteNextHop,
     steering::{
         OwnedEip as OwnedVal, SteerKey, SteerTarget, OWNED_ANSWER_NEIGH, OWNED_NODE_IP, STEER_LOCAL,
     },
@@ -33,6 +34,7 @@ pub struct MapContents {
     pub port_blocks: BTreeMap<Addr, PortBlocks>,
     pub steering: BTreeMap<SteerKey, SteerTarget>,
     pub owned: BTreeMap<Addr, OwnedVal>,
+    pub routes: BTreeMap<LpmKey, RouteNextHop>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -179,6 +181,15 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         out.policy_dst.insert(lpm_key(pre), m);
     }
 
+    for r in &d.routes {
+        out.routes.insert(
+            (128, addr_key(r.eip)),
+            RouteNextHop {
+                tunnel_ip: r.tunnel_ip.octets(),
+                epoch: r.epoch,
+            },
+        );
+    }
     out.config.policy_epoch = policy_epoch(&out);
 
     for g in &d.port_blocks {
@@ -237,7 +248,7 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
 }
 
 /// A digest (FNV-1a, never 0) of everything that decides a flow's policy:
-/// both tries and the slot table. A change makes every NAT entry take the
+/// both tries, the slot table and the EIP routes. A change makes every NAT entry take the
 /// full policy lookup once more.
 fn policy_epoch(m: &MapContents) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
@@ -265,6 +276,12 @@ fn policy_epoch(m: &MapContents) -> u32 {
         eat(&t.eip_v4);
         eat(&t.eip_v6);
         eat(&t.gateway_tunnel_ip);
+    }
+    // A route decides where a flow's tunnel goes, as the slot's gateway does.
+    for ((len, a), r) in &m.routes {
+        eat(&len.to_le_bytes());
+        eat(a);
+        eat(&r.tunnel_ip);
     }
     h.max(1)
 }
@@ -357,6 +374,24 @@ mod tests {
             a,
             "new gateway"
         );
+    }
+
+    #[test]
+    fn eip_routes_are_host_entries_and_move_the_policy_epoch() {
+        let mut d = DesiredMaps {
+            policies: vec![policy(1, 0, &["10.244.0.0/16"], &[], &[])],
+            ..Default::default()
+        };
+        let before = translate(&d).unwrap().config.policy_epoch;
+        d.routes.push(super::super::desired::EipRoute {
+            eip: ip("198.51.100.1"),
+            tunnel_ip: "10.100.0.12".parse().unwrap(),
+            epoch: 5,
+        });
+        let m = translate(&d).unwrap();
+        assert_ne!(m.config.policy_epoch, before, "a route re-validates flows");
+        let r = m.routes[&(128, addr_key(ip("198.51.100.1")))];
+        assert_eq!((r.tunnel_ip, r.epoch), ([10, 100, 0, 12], 5));
     }
 
     #[test]

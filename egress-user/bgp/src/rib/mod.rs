@@ -102,6 +102,9 @@ pub enum BestChange {
         next_hop: IpAddr,
         /// None for our own announcements.
         from: Option<IpAddr>,
+        /// LOCAL_PREF of the best route, if it carries one (agents announce
+        /// EIPs with 100 + the assignment's epoch).
+        local_pref: Option<u32>,
     },
     Removed {
         prefix: Prefix,
@@ -895,12 +898,15 @@ impl Rib {
                     prefix,
                     next_hop: r.next_hop,
                     from: r.source.peer_addr(),
+                    local_pref: r.attrs.local_pref,
                 };
-                // Only attribute or staleness changes: the agent's map
+                // Only other attribute or staleness changes: the agent's map
                 // entry stays the same, so do not bother it.
-                let same_for_agent = old
-                    .as_ref()
-                    .is_some_and(|o| o.next_hop == r.next_hop && o.source == r.source);
+                let same_for_agent = old.as_ref().is_some_and(|o| {
+                    o.next_hop == r.next_hop
+                        && o.source == r.source
+                        && o.attrs.local_pref == r.attrs.local_pref
+                });
                 if !same_for_agent {
                     self.best_changes.push(change);
                 }

@@ -270,7 +270,8 @@ fn failover_to_second_path_when_best_is_withdrawn() {
         vec![BestChange::Set {
             prefix: p("192.0.2.10/32"),
             next_hop: ip(CLIENT2),
-            from: Some(ip(CLIENT2))
+            from: Some(ip(CLIENT2)),
+            local_pref: Some(100),
         }]
     );
 }

@@ -292,6 +292,7 @@ impl RibTask {
                         crate::rib::RouteSource::Peer(p) => Some(p.addr),
                         crate::rib::RouteSource::Local => None,
                     },
+                    local_pref: r.attrs.local_pref,
                 });
                 if snapshot.into_iter().all(|c| tx.send(c).is_ok()) {
                     self.subscribers.push(tx);

@@ -100,7 +100,8 @@ async fn client_announcement_reaches_the_reflector_and_withdrawal_follows() {
         BestChange::Set {
             prefix: p("192.0.2.10/32"),
             next_hop: lo(12),
-            from: Some(lo(12))
+            from: Some(lo(12)),
+            local_pref: Some(100),
         }
     );
     let s = rr.handle().status().await.unwrap();
@@ -134,7 +135,8 @@ async fn reflector_passes_one_clients_route_to_another_with_rr_attributes() {
         BestChange::Set {
             prefix: p("10.244.1.0/24"),
             next_hop: lo(22),
-            from: Some(lo(21))
+            from: Some(lo(21)),
+            local_pref: Some(100),
         }
     );
     for s in [a, b, rr] {
@@ -157,7 +159,8 @@ async fn ipv6_prefix_is_carried() {
         BestChange::Set {
             prefix: p("2001:db8:10::/64"),
             next_hop: nh,
-            from: Some(lo(32))
+            from: Some(lo(32)),
+            local_pref: Some(100),
         }
     );
     c.shutdown().await;
@@ -271,6 +274,7 @@ async fn subscribe_starts_with_the_current_table_and_sees_each_change_once() {
         prefix: p("10.244.0.0/24"),
         next_hop: lo(61),
         from: None,
+        local_pref: Some(100),
     };
     assert_eq!(next_change(&mut late).await, set);
     assert_eq!(next_change(&mut early).await, set);
