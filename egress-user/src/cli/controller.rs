@@ -26,23 +26,11 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Parses `5`, `1.5`, `5s`, `500ms`.
+/// Parses `5`, `1.5`, `5s`, `500ms`, `1m30s`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 5s, 500ms, 1.5)"))?;
-    if !(v >= 0.0 && v.is_finite()) {
-        return Err(format!("{s:?} is not a duration"));
-    }
-    Ok(Duration::from_secs_f64(v * scale))
+    // The same grammar as the agent's timer flags and the chart's schema
+    // (300ms, 5s, 1.5s, 1m30s, a bare number of seconds).
+    egress_failover::timers::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// Connects to the datastore the flags name; the Kubernetes backend keeps
@@ -275,8 +263,9 @@ mod tests {
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("five")
-            .unwrap_err()
-            .contains("not a duration"));
+        // The error names the input.
+        assert!(parse_duration("five").unwrap_err().contains("\"five\""));
+        // What the chart's schema allows for the failover timers.
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
     }
 }
