@@ -11,6 +11,9 @@ use crate::shell::{cargo, exec, step};
 
 /// Builds `egress` and `egress-traffic` (debug profile) and returns them.
 pub fn build_bins(root: &Path) -> Result<Bins> {
+    // The binary embeds the eBPF object: a stale one would not match the
+    // userspace's maps (e.g. a map added since).
+    crate::build_ebpf::build(root, true)?;
     step("build egress and egress-traffic");
     exec(&mut cargo(
         root,
