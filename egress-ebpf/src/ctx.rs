@@ -151,3 +151,22 @@ pub fn csum_update16(check: u16, old: u16, new: u16) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     !(sum as u16)
 }
+
+/// Ones' complement sum of `buf` as big-endian 16-bit words, added to `sum`.
+#[inline(always)]
+pub fn sum_words(buf: &[u8], mut sum: u32) -> u32 {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        sum += u32::from(u16::from_be_bytes([buf[i], buf[i + 1]]));
+        i += 2;
+    }
+    sum
+}
+
+/// The Internet checksum of a 32-bit partial sum (folded, complemented).
+#[inline(always)]
+pub fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}

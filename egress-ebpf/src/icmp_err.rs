@@ -8,30 +8,16 @@ use aya_ebpf::{
     programs::TcContext,
 };
 
-use crate::hdr::*;
+use crate::{
+    ctx::{fold, sum_words},
+    hdr::*,
+};
 
 /// Bytes of the offending packet quoted: its IP header and 8 bytes more (IPv4),
 /// or its IPv6 header and 8 bytes more.
 const QUOTE_V4: usize = IPV4_HDR + 8;
 const QUOTE_V6: usize = IPV6_LEN + 8;
 const IPV4_HDR: usize = 20;
-
-#[inline(always)]
-fn fold(mut sum: u32) -> u16 {
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
-}
-
-#[inline(always)]
-fn sum_words(buf: &[u8], mut sum: u32) -> u32 {
-    let mut i = 0;
-    while i + 1 < buf.len() {
-        sum += u32::from(u16::from_be_bytes([buf[i], buf[i + 1]]));
-        i += 2;
-    }
-    sum
-}
 
 /// Turns the packet into the ICMP error and returns the redirect verdict,
 /// or None when the packet cannot be answered (it is then dropped).

@@ -10,7 +10,10 @@
 use aya_ebpf::{helpers::generated::bpf_redirect, programs::TcContext};
 use egress_common::config::DatapathConfig;
 
-use crate::{ctx::ptr_at, hdr::*};
+use crate::{
+    ctx::{fold, ptr_at, sum_words},
+    hdr::*,
+};
 
 const MAGIC: [u8; 2] = *b"EG";
 const VERSION: u8 = 1;
@@ -43,25 +46,6 @@ struct ProbeUdp {
 }
 const PROBE_UDP_LEN: usize = core::mem::size_of::<ProbeUdp>();
 const IPV4_LEN: usize = core::mem::size_of::<Ipv4Hdr>();
-
-/// Ones' complement sum of big-endian 16-bit words.
-#[inline(always)]
-fn add_words(mut sum: u32, bytes: *const u8, len: usize) -> u32 {
-    let mut i = 0;
-    while i + 1 < len {
-        // SAFETY: callers pass a bounds-checked header of `len` bytes.
-        sum += unsafe { u32::from(u16::from_be_bytes([*bytes.add(i), *bytes.add(i + 1)])) };
-        i += 2;
-    }
-    sum
-}
-
-#[inline(always)]
-fn fold(mut sum: u32) -> u16 {
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
-}
 
 /// The verdict for a probe to this node (answered out of the interface it
 /// came in on), or `None` when the packet is not one.
@@ -110,17 +94,17 @@ pub fn answer(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         (*ip).daddr = sip;
         (*ip).ttl = TTL;
         (*ip).check = [0; 2];
-        (*ip).check = fold(add_words(0, ip as *const u8, IPV4_LEN)).to_be_bytes();
+        (*ip).check = fold(sum_words(&*(ip as *const [u8; IPV4_LEN]), 0)).to_be_bytes();
         let (sport, dport) = ((*pu).udp.source, (*pu).udp.dest);
         (*pu).udp.source = dport;
         (*pu).udp.dest = sport;
         // A zero UDP checksum (none, legal over IPv4) stays zero.
         if (*pu).udp.check != [0; 2] {
             (*pu).udp.check = [0; 2];
-            let mut sum = add_words(0, dip.as_ptr(), 4);
-            sum = add_words(sum, sip.as_ptr(), 4);
+            let mut sum = sum_words(&dip, 0);
+            sum = sum_words(&sip, sum);
             sum += u32::from(IPPROTO_UDP) + PROBE_UDP_LEN as u32;
-            sum = add_words(sum, pu as *const u8, PROBE_UDP_LEN);
+            sum = sum_words(&*(pu as *const [u8; PROBE_UDP_LEN]), sum);
             let mut c = fold(sum);
             if c == 0 {
                 c = 0xffff;
