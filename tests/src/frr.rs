@@ -39,25 +39,7 @@ impl Frr {
         std::fs::write(dir.join("bgpd.conf"), conf)?;
         crate::run(&["chown", "-R", "frr:frr", &dir.to_string_lossy()])
             .context("chown to the frr user (is frr installed?)")?;
-        let d = dir.to_string_lossy().into_owned();
-        let conf = format!("{d}/bgpd.conf");
-        let pid = format!("{d}/bgpd.pid");
-        let proc = ns.spawn(&[
-            "/usr/lib/frr/bgpd",
-            "-f",
-            &conf,
-            "-Z",
-            "-i",
-            &pid,
-            "--vty_socket",
-            &d,
-            "-u",
-            "frr",
-            "-g",
-            "frr",
-            "-P",
-            "0",
-        ])?;
+        let proc = spawn_bgpd(ns, &dir.to_string_lossy())?;
         let frr = Self {
             proc: Some(proc),
             dir,
@@ -116,4 +98,28 @@ impl Drop for Frr {
         drop(self.proc.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Starts FRR's bgpd in `ns` with `dir/bgpd.conf`, its pid file and vty
+/// socket in `dir` (owned by the frr user), no zebra, no listener of its own
+/// beyond the configured neighbors (`-P 0`: no vty port).
+pub fn spawn_bgpd(ns: &Netns, dir: &str) -> Result<Proc> {
+    let conf = format!("{dir}/bgpd.conf");
+    let pid = format!("{dir}/bgpd.pid");
+    ns.spawn(&[
+        "/usr/lib/frr/bgpd",
+        "-f",
+        &conf,
+        "-Z",
+        "-i",
+        &pid,
+        "--vty_socket",
+        dir,
+        "-u",
+        "frr",
+        "-g",
+        "frr",
+        "-P",
+        "0",
+    ])
 }

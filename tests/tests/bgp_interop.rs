@@ -374,24 +374,7 @@ impl Router {
             }
             Kind::Frr => {
                 let _ = std::fs::remove_file(self.dir.file("bgpd.pid"));
-                let conf = format!("{d}/bgpd.conf");
-                let pid = format!("{d}/bgpd.pid");
-                self.ns.spawn(&[
-                    "/usr/lib/frr/bgpd",
-                    "-f",
-                    &conf,
-                    "-Z",
-                    "-i",
-                    &pid,
-                    "--vty_socket",
-                    &d,
-                    "-u",
-                    "frr",
-                    "-g",
-                    "frr",
-                    "-P",
-                    "0",
-                ])?
+                egress_tests::frr::spawn_bgpd(&self.ns, &d)?
             }
             Kind::Bird => {
                 let conf = format!("{d}/bird.conf");
