@@ -145,10 +145,7 @@ pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
     check_udp(&mut out, &udp, &st.eip, bound);
     let tcp = st.traffic.stop_tcp()?;
     check_tcp(&mut out, &tcp);
-    st.ds.finish();
-    st.tracker.finish();
-    out.ok = out.failures.is_empty();
-    Ok(out)
+    st.finish(out)
 }
 
 /// `gateway-agent-crash`: see the module doc.
@@ -255,8 +252,5 @@ pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome
     check_udp(&mut out, &udp, &st.eip, opts.heartbeat_bound());
     let tcp = st.traffic.stop_tcp()?;
     check_tcp(&mut out, &tcp);
-    st.ds.finish();
-    st.tracker.finish();
-    out.ok = out.failures.is_empty();
-    Ok(out)
+    st.finish(out)
 }

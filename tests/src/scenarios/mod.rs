@@ -366,6 +366,17 @@ fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<Stage> {
     })
 }
 
+impl Stage {
+    /// Stops the watchers and settles the verdict (ok when nothing failed);
+    /// the cluster is torn down as the stage drops.
+    fn finish(self, mut out: Outcome) -> Result<Outcome> {
+        self.ds.finish();
+        self.tracker.finish();
+        out.ok = out.failures.is_empty();
+        Ok(out)
+    }
+}
+
 /// The pod's streams and the server's sinks.
 struct Traffic {
     udp: Option<(Proc, Proc)>,
@@ -1067,10 +1078,7 @@ fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Result<Outcome
         ),
     );
     record_datastore(&mut out, &st.ds, &st.eip, &old_name, t0);
-    st.ds.finish();
-    st.tracker.finish();
-    out.ok = out.failures.is_empty();
-    Ok(out)
+    st.finish(out)
 }
 
 /// Gives node `i` a management link to the fabric that carries only its
@@ -1241,10 +1249,7 @@ fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
         ),
     );
     record_datastore(&mut out, &st.ds, &st.eip, &old_name, t0);
-    st.ds.finish();
-    st.tracker.finish();
-    out.ok = out.failures.is_empty();
-    Ok(out)
+    st.finish(out)
 }
 
 /// `datastore-partition`: the owner loses etcd only; it must fence itself
@@ -1369,10 +1374,7 @@ fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
     );
     let _ = block_datastore(&st.cluster, old, false);
     record_datastore(&mut out, &st.ds, &st.eip, &old_name, t0);
-    st.ds.finish();
-    st.tracker.finish();
-    out.ok = out.failures.is_empty();
-    Ok(out)
+    st.finish(out)
 }
 
 // ---------------------------------------------------------------------------
