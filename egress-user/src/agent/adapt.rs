@@ -30,6 +30,8 @@ pub struct NodeFacts {
     pub tunnel_mtu: u16,
     /// Answer ARP/NDP for owned EIPs (L2 mode).
     pub l2_announce: bool,
+    /// UDP port of the controller's probes, answered by the datapath (0: off).
+    pub probe_port: u16,
 }
 
 /// A policy that selects pods on this node but cannot be applied here yet
@@ -322,6 +324,7 @@ pub fn desired_maps(
         tunnel_mtu: facts.tunnel_mtu,
         port_block_size: block_size.unwrap_or(NodeConfig::default().port_block_size),
         node_tunnel_ip: facts.tunnel_ip,
+        probe_port: facts.probe_port,
         ..NodeConfig::default()
     };
     let maps = DesiredMaps {
@@ -359,6 +362,7 @@ mod tests {
             vni: 1,
             tunnel_mtu: 1450,
             l2_announce: true,
+            probe_port: 0,
         }
     }
 

@@ -182,6 +182,9 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         vni: s.vni,
         tunnel_mtu: s.vxlan.mtu as u16,
         l2_announce: s.l2_announce,
+        // The datapath answers the controller's probes itself, so an agent
+        // restart is not a dead gateway.
+        probe_port: s.probe.map_or(0, |(_, port)| port),
     };
 
     let me = SelfDescription {
@@ -296,9 +299,6 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 let allowed: BTreeSet<IpAddr> =
                     fence.announcements(now).iter().map(|a| a.eip).collect();
                 let (mut desired, skipped) = desired_maps(&view, &nd, &facts, &allowed);
-                // The datapath answers the controller's probes itself, so an
-                // agent restart is not a dead gateway.
-                desired.config.probe_port = s.probe.map_or(0, |(_, port)| port);
                 // EIP routes learned over BGP that are not older than the view.
                 if let Some(l) = &learned {
                     desired.routes =
