@@ -31,9 +31,14 @@ use crate::{
 
 #[classifier]
 pub fn tunnel_ingress(mut ctx: TcContext) -> i32 {
-    match try_tunnel_ingress(&mut ctx) {
+    tunnel_ingress_verdict(&mut ctx)
+}
+
+#[inline(always)]
+pub fn tunnel_ingress_verdict(ctx: &mut TcContext) -> i32 {
+    match try_tunnel_ingress(ctx) {
         Ok(v) => v,
-        Err(reason) => drop_with(&ctx, reason),
+        Err(reason) => drop_with(ctx, reason),
     }
 }
 

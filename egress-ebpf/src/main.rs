@@ -6,6 +6,8 @@
 #![no_std]
 #![no_main]
 
+#[cfg(feature = "bench")]
+mod bench;
 mod count;
 mod ctx;
 mod flow;

@@ -22,7 +22,11 @@
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result};
-use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use aya::{
+    maps::{Array, HashMap},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
+use egress_common::nat::{NatEntry, NatKey};
 use egress_tests::{link_veth, Netns, PinDir};
 use egress_user::{
     datapath::{
@@ -115,13 +119,15 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
     }
 }
 
+/// A 64-byte UDP frame (the length `egress-ebpf/src/bench.rs` restores).
 fn udp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
     let mut v = Vec::new();
     PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 1, 1])
         .ipv4(src.octets(), dst.octets(), 64)
         .udp(sport, dport)
-        .write(&mut v, &[0u8; 18])
+        .write(&mut v, &[0u8; 22])
         .unwrap();
+    assert_eq!(v.len(), 64);
     v
 }
 
@@ -133,53 +139,87 @@ fn prog<'a>(dp: &'a mut Datapath, name: &str) -> Result<&'a mut SchedClassifier>
     Ok(p)
 }
 
-/// Median kernel-measured ns over `RUNS` single runs; `patch(i, buf)` makes
-/// run i's packet. The median, because on a shared machine a run that is
-/// preempted costs milliseconds and would dominate a mean.
-fn per_run_ns(
-    runs: u32,
-    p: &SchedClassifier,
-    template: &[u8],
-    expect: u32,
-    mut patch: impl FnMut(u32, &mut [u8]),
-) -> Result<f64> {
-    let mut buf = template.to_vec();
-    let mut out = vec![0u8; template.len() + 128];
-    let mut samples = Vec::with_capacity(runs as usize);
-    for i in 0..runs {
-        buf.copy_from_slice(template);
-        patch(i, &mut buf);
-        let r = p.test_run(TestRunOptions {
-            data_in: Some(&buf),
-            data_out: Some(&mut out),
-            ..TestRunOptions::new()
-        })?;
-        // Every run must take the path it stands for (a drop is cheaper).
-        anyhow::ensure!(
-            r.return_value == expect,
-            "run {i}: verdict {} instead of {expect}",
-            r.return_value
-        );
-        samples.push(r.duration.as_nanos() as u64);
-    }
-    Ok(median(&mut samples))
+fn median(v: &mut [u64]) -> f64 {
+    v.sort_unstable();
+    v[v.len() / 2] as f64
 }
 
-/// Median ns per run of each path, and the TestRun floors.
+/// Per-run ns of `name` on `pkt`: `runs` runs as 100 TestRun calls of
+/// `repeat = runs / 100`, the median call (a call that the machine
+/// preempts would dominate a mean). Every call must end with `expect`.
+/// Returns the ns and the last output packet.
+fn timed(
+    dp: &mut Datapath,
+    name: &str,
+    pkt: &[u8],
+    expect: u32,
+    runs: u32,
+) -> Result<(f64, Vec<u8>)> {
+    let p = prog(dp, name)?;
+    let mut out = vec![0u8; pkt.len() + 128];
+    let mut calls = Vec::with_capacity(100);
+    let mut len = 0;
+    for _ in 0..100 {
+        let r = p.test_run(TestRunOptions {
+            data_in: Some(pkt),
+            data_out: Some(&mut out),
+            repeat: runs / 100,
+            ..TestRunOptions::new()
+        })?;
+        anyhow::ensure!(
+            r.return_value == expect,
+            "{name}: verdict {} instead of {expect}",
+            r.return_value
+        );
+        calls.push(r.duration.as_nanos() as u64);
+        len = r.data_size_out as usize;
+    }
+    out.truncate(len.min(out.len()));
+    Ok((median(&mut calls), out))
+}
+
+/// Median ns per run of each path (TestRun floor included, the bench
+/// restore not), the TestRun floor, and the helper calls the paths need.
 struct Costs {
     first: f64,
     est: f64,
     fwd: f64,
     reply: f64,
-    /// tc_count, single runs (the floor of first/est/fwd).
+    /// The empty program: what TestRun itself costs per run.
     floor: f64,
-    /// tc_count, `repeat` batches (the floor of reply).
-    floor_repeat: f64,
+    /// Writing the template back (`bench_restore`), above a program that
+    /// writes one byte.
+    restore: f64,
+    csum: f64,
+    tunnel: f64,
+    fib: f64,
 }
 
-fn median(v: &mut [u64]) -> f64 {
-    v.sort_unstable();
-    v[v.len() / 2] as f64
+impl Costs {
+    /// The least each path can cost: the floor and the helper calls it
+    /// cannot do without (two checksum updates, address and port, and the
+    /// hand-over to VXLAN for a translated packet; the FIB lookup and
+    /// redirect for a forwarded one; the hand-over for a steered reply).
+    fn least(&self) -> (f64, f64, f64) {
+        let worker = self.floor + 2.0 * self.csum + self.tunnel;
+        (worker, self.floor + self.fib, self.floor + self.tunnel)
+    }
+}
+
+fn bench_object() -> Result<Vec<u8>> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/ebpf/egress-bench.bpf.o"
+    );
+    std::fs::read(path).with_context(|| {
+        format!("{path}: build it with `cargo xtask bench datapath` (feature bench)")
+    })
+}
+
+fn egress_packets(pins: &std::path::Path) -> Result<u64> {
+    Ok(egress_user::datapath::stats::read_policy_stats(pins)?
+        .get(&1)
+        .map_or(0, |s| s.egress_packets))
 }
 
 fn program_costs(runs: u32) -> Result<Costs> {
@@ -202,83 +242,88 @@ fn program_costs(runs: u32) -> Result<Costs> {
     ns.enable_forwarding()?;
     let pins = PinDir::new("bench")?;
     let pin_path: PathBuf = pins.path().to_owned();
+    let object = bench_object()?;
     ns.enter(move || {
-        let mut dp = Datapath::load(EBPF_OBJECT, &pin_path)?;
-        let mut d = desired(true, true, 1, (1, [2, 0, 0, 0, 0xe, 1]));
-        d.config.is_gateway = true;
+        let mut dp = Datapath::load(&object, &pin_path)?;
+        let d = desired(true, true, 1, (1, [2, 0, 0, 0, 0xe, 1]));
         apply(&mut dp, &d)?;
+        let run = |dp: &mut Datapath, name: &str, pkt: &[u8], expect: u32| {
+            // The template the `bench_*` path programs restore every run.
+            let mut tpl: Array<_, [u64; 8]> =
+                Array::try_from(dp.ebpf.map_mut("BENCH_PACKET").context("BENCH_PACKET")?)?;
+            let mut words = [0u64; 8];
+            for (w, c) in words.iter_mut().zip(pkt.chunks(8)) {
+                *w = u64::from_ne_bytes(c.try_into().unwrap());
+            }
+            tpl.set(0, words, 0)?;
+            timed(dp, name, pkt, expect, runs)
+        };
+        let new_flow = udp(ip4(POD), ip4("100.64.0.1"), 1024, 53);
+        let est_pkt = udp(ip4(POD), ip4(SRV), 40000, 443);
+        let fwd_pkt = udp(ip4(EIP), ip4(SRV), 40960, 443);
+        let reply_pkt = udp(ip4(SRV), ip4(EIP), 443, 40 * BLOCK_SIZE + 5);
 
-        // Worker, first packet: a new flow every run, each to its own
-        // destination (so no (destination, port) pair runs out of EIP ports).
-        let tpl = udp(ip4(POD), ip4("100.64.0.1"), 1024, 53);
-        let first = per_run_ns(
-            runs,
-            prog(&mut dp, "worker_egress")?,
-            &tpl,
-            REDIRECT,
-            |i, b| {
-                let d = (0x6440_0000u32 + i + 1).to_be_bytes(); // 100.64.0.0/10
-                b[14 + 16..14 + 20].copy_from_slice(&d);
-                b[14 + 20..14 + 22].copy_from_slice(&((i % 50000) as u16 + 1024).to_be_bytes());
-            },
-        )?;
-        // Worker, established flow: the same packet each run.
-        let tpl = udp(ip4(POD), ip4(SRV), 40000, 443);
-        let est = per_run_ns(
-            runs,
-            prog(&mut dp, "worker_egress")?,
-            &tpl,
-            REDIRECT,
-            |_, _| {},
-        )?;
-        // Gateway, forward: decapsulated packet from the EIP, out by the FIB.
-        let tpl = udp(ip4(EIP), ip4(SRV), 40960, 443);
-        let fwd = per_run_ns(
-            runs,
-            prog(&mut dp, "tunnel_ingress")?,
-            &tpl,
-            REDIRECT,
-            |_, _| {},
-        )?;
-        // Gateway, reply: steering leaves the packet unchanged, so `repeat` is exact.
-        let pkt = udp(ip4(SRV), ip4(EIP), 443, 40 * BLOCK_SIZE + 5);
-        // 100 batches of 10,000 repeats; the median batch.
-        let mut out = vec![0u8; pkt.len() + 128];
-        let p = prog(&mut dp, "uplink_ingress")?;
-        let mut batches = Vec::new();
-        for _ in 0..100 {
-            let r = p.test_run(TestRunOptions {
-                data_in: Some(&pkt),
-                data_out: Some(&mut out),
-                repeat: runs / 100,
-                ..TestRunOptions::new()
-            })?;
-            anyhow::ensure!(r.return_value == REDIRECT, "reply path did not redirect");
-            batches.push(r.duration.as_nanos() as u64);
-        }
-        let reply = median(&mut batches);
-        // The floors of both methods: the trivial tc_count program (one
-        // per-CPU array increment), what BPF_PROG_TEST_RUN itself costs.
-        let p = prog(&mut dp, "tc_count")?;
-        let floor = per_run_ns(runs, p, &tpl, 0, |_, _| {})?;
-        let mut batches = Vec::new();
-        for _ in 0..100 {
-            let r = p.test_run(TestRunOptions {
-                data_in: Some(&tpl),
-                data_out: Some(&mut out),
-                repeat: runs / 100,
-                ..TestRunOptions::new()
-            })?;
-            batches.push(r.duration.as_nanos() as u64);
-        }
-        let floor_repeat = median(&mut batches);
+        let floor = run(&mut dp, "bench_empty", &est_pkt, 0)?.0;
+        // What the restore adds to a program that writes the packet anyway
+        // (every measured path does, and pays the writable-skb prologue).
+        let touch = run(&mut dp, "bench_touch", &est_pkt, 0)?.0;
+        let restore = run(&mut dp, "bench_restore", &est_pkt, 0)?.0 - touch;
+        let restore_new = run(&mut dp, "bench_restore_new_flow", &new_flow, 0)?.0 - touch;
+
+        // Worker, first packet: every run a new flow to its own destination
+        // (100.64.0.1 + n). Each run must translate (policy counter) and
+        // the flows must be in the NAT table.
+        let before = egress_packets(&pin_path)?;
+        let first = run(&mut dp, "bench_worker_first", &new_flow, REDIRECT)?.0 - restore_new;
+        let counted = egress_packets(&pin_path)? - before;
+        anyhow::ensure!(
+            counted == u64::from(runs / 100 * 100),
+            "first packet: {counted} of {runs} runs translated"
+        );
+        let nat: HashMap<_, NatKey, NatEntry> =
+            HashMap::try_from(dp.ebpf.map("NAT_FWD").context("NAT_FWD")?)?;
+        let flows = nat.keys().count() as u64;
+        anyhow::ensure!(
+            flows >= u64::from(runs).min(262_144) / 2,
+            "first packet: only {flows} flows in NAT_FWD after {runs} new flows"
+        );
+
+        // Worker, established flow: the same packet every run.
+        let before = egress_packets(&pin_path)?;
+        let est = run(&mut dp, "bench_worker_established", &est_pkt, REDIRECT)?.0 - restore;
+        let counted = egress_packets(&pin_path)? - before;
+        anyhow::ensure!(
+            counted == u64::from(runs / 100 * 100),
+            "established: {counted} of {runs} runs translated"
+        );
+
+        // Gateway, forward: a decapsulated packet from the EIP, out by the
+        // FIB. The last output must be forwarded once (TTL 63, the
+        // neighbour's MAC), which the restore makes true of every run.
+        let (fwd, out) = run(&mut dp, "bench_gateway_forward", &fwd_pkt, REDIRECT)?;
+        let fwd = fwd - restore;
+        anyhow::ensure!(
+            out.get(22) == Some(&63) && out[..6] == [2, 0, 0, 0, 0x0e, 0x10],
+            "forward: the output is not the forwarded packet"
+        );
+
+        // Gateway, reply: steering leaves the packet as it is, so the
+        // agent's own program runs without a restore.
+        let reply = run(&mut dp, "uplink_ingress", &reply_pkt, REDIRECT)?.0;
+
+        let csum = run(&mut dp, "bench_l4_csum_replace", &est_pkt, 0)?.0 - floor;
+        let tunnel = run(&mut dp, "bench_tunnel_redirect", &est_pkt, REDIRECT)?.0 - floor;
+        let fib = run(&mut dp, "bench_fib_redirect", &fwd_pkt, REDIRECT)?.0 - floor;
         Ok(Costs {
             first,
             est,
             fwd,
             reply,
             floor,
-            floor_repeat,
+            restore,
+            csum,
+            tunnel,
+            fib,
         })
     })
 }
@@ -500,27 +545,24 @@ fn throughput(mode: Mode) -> Result<(f64, f64)> {
 #[test]
 #[ignore = "benchmark: needs root; run by `cargo xtask bench datapath`"]
 fn bench_datapath() -> Result<()> {
-    let Costs {
-        first,
-        est,
-        fwd,
-        reply,
-        floor,
-        floor_repeat,
-    } = program_costs(RUNS)?;
+    let c = program_costs(RUNS)?;
+    let (least_worker, least_fwd, least_reply) = c.least();
     eprintln!(
-        "ns/packet: first {first:.1}, established {est:.1}, forward {fwd:.1}, reply {reply:.1} \
-         (TestRun floor, trivial program: single-run {floor:.1}, repeat {floor_repeat:.1})"
+        "ns/packet (TestRun, repeat): first {:.1}, established {:.1}, forward {:.1}, reply {:.1}; \
+         floor {:.1}; helpers: l4_csum_replace {:.1}, tunnel key + redirect {:.1}, \
+         fib lookup + redirect {:.1}; least possible: worker {least_worker:.1}, \
+         forward {least_fwd:.1}, reply {least_reply:.1}",
+        c.first, c.est, c.fwd, c.reply, c.floor, c.csum, c.tunnel, c.fib
     );
     let (tcp_e, udp_e) = throughput(Mode::Ebpf)?;
     let (tcp_i, udp_i) = throughput(Mode::Iptables)?;
     let (tcp_d, udp_d) = throughput(Mode::Direct)?;
     let r2 = |x: f64| (x * 1000.0).round() / 1000.0;
     let json = serde_json::json!({
-        "worker_first_packet_ns": r2(first),
-        "worker_established_ns": r2(est),
-        "gateway_forward_ns": r2(fwd),
-        "gateway_reply_ns": r2(reply),
+        "worker_first_packet_ns": r2(c.first),
+        "worker_established_ns": r2(c.est),
+        "gateway_forward_ns": r2(c.fwd),
+        "gateway_reply_ns": r2(c.reply),
         "throughput_ebpf_gbps": r2(tcp_e),
         "throughput_iptables_gbps": r2(tcp_i),
         "throughput_direct_gbps": r2(tcp_d),
@@ -530,14 +572,26 @@ fn bench_datapath() -> Result<()> {
         "udp64_direct_mpps": r2(udp_d),
         "ratio_udp64_ebpf_vs_iptables": r2(udp_e / udp_i),
         "testrun_runs": RUNS,
-        "testrun_single_run_floor_ns": r2(floor),
-        "testrun_repeat_floor_ns": r2(floor_repeat),
-        // Each path less the floor of its method: what the program itself costs.
+        "testrun_floor_ns": r2(c.floor),
+        "bench_restore_ns": r2(c.restore),
+        // Each path less the floor: what the program itself costs.
         "net_of_floor_ns": {
-            "worker_first_packet": r2(first - floor),
-            "worker_established": r2(est - floor),
-            "gateway_forward": r2(fwd - floor),
-            "gateway_reply": r2(reply - floor_repeat),
+            "worker_first_packet": r2(c.first - c.floor),
+            "worker_established": r2(c.est - c.floor),
+            "gateway_forward": r2(c.fwd - c.floor),
+            "gateway_reply": r2(c.reply - c.floor),
+        },
+        // The helper calls alone (above the floor), and the least each
+        // path can cost: floor + the helpers it cannot do without.
+        "helper_ns": {
+            "l4_csum_replace": r2(c.csum),
+            "set_tunnel_key_and_redirect": r2(c.tunnel),
+            "fib_lookup_and_redirect": r2(c.fib),
+        },
+        "least_possible_ns": {
+            "worker": r2(least_worker),
+            "gateway_forward": r2(least_fwd),
+            "gateway_reply": r2(least_reply),
         },
         "load_average_1m": std::fs::read_to_string("/proc/loadavg")
             .ok()
@@ -557,10 +611,11 @@ fn bench_program_costs() -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
     let c = program_costs(runs)?;
+    let (w, f, r) = c.least();
     eprintln!(
         "ns/packet ({runs} runs): first {:.1}, established {:.1}, forward {:.1}, reply {:.1} \
-         (TestRun floor: single-run {:.1}, repeat {:.1})",
-        c.first, c.est, c.fwd, c.reply, c.floor, c.floor_repeat
+         (floor {:.1}, restore {:.1}; csum {:.1}, tunnel {:.1}, fib {:.1}; least {w:.1}/{f:.1}/{r:.1})",
+        c.first, c.est, c.fwd, c.reply, c.floor, c.restore, c.csum, c.tunnel, c.fib
     );
     Ok(())
 }

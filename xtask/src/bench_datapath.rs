@@ -10,14 +10,9 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 pub fn run(root: &Path) -> Result<()> {
-    let status = Command::new("cargo")
-        .current_dir(root)
-        .args(["xtask", "build-ebpf", "--release"])
-        .status()
-        .context("running cargo xtask build-ebpf")?;
-    if !status.success() {
-        bail!("cargo xtask build-ebpf --release failed ({status})");
-    }
+    // The agent's object (the throughput runs) and the benchmark's (TestRun).
+    crate::build_ebpf::build(root, true)?;
+    crate::build_ebpf::build_bench(root)?;
     let out = Command::new("cargo")
         .current_dir(root)
         .args([

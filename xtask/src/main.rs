@@ -35,6 +35,9 @@ enum Task {
         /// Build with the release profile (both profiles optimise; release is what CI and the demo use).
         #[arg(long)]
         release: bool,
+        /// Also build the datapath benchmark's object (target/ebpf/egress-bench.bpf.o).
+        #[arg(long)]
+        bench: bool,
     },
     /// The README's test command: setup, build-ebpf, fmt, clippy, all tests, then the privileged tests.
     Test {
@@ -96,7 +99,12 @@ fn main() {
     let root = workspace_root();
     let result = match cli.task {
         Task::Setup => setup::run(&root),
-        Task::BuildEbpf { release } => build_ebpf::build(&root, release).map(|_| ()),
+        Task::BuildEbpf { release, bench } => {
+            build_ebpf::build(&root, release).and_then(|_| match bench {
+                true => build_ebpf::build_bench(&root).map(|_| ()),
+                false => Ok(()),
+            })
+        }
         Task::Test { unprivileged } => test::run(&root, unprivileged),
         Task::Demo(args) => demo::run(&root, args),
         Task::E2e {

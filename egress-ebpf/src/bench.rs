@@ -1,0 +1,210 @@
+//! Programs for the datapath benchmark only (feature `bench`, object
+//! `egress-bench.bpf.o`; never loaded by the agent).
+//!
+//! BPF_PROG_TEST_RUN with `repeat` runs a program again and again on the
+//! same buffer, and the paths that matter rewrite it. So each `bench_*`
+//! path program first writes the template packet (`BENCH_PACKET`) back over
+//! the buffer (`bench_restore` alone measures that), then runs the real
+//! program's code unchanged. The helper programs time the helper calls the
+//! paths cannot do without, so the benchmark can say what a path costs
+//! beyond them.
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, bpf_tunnel_key, TC_ACT_OK},
+    btf_maps::{Array, PerCpuArray},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_skb_set_tunnel_key},
+    macros::{btf_map, classifier},
+    programs::TcContext,
+};
+
+use crate::{
+    ctx::ptr_at,
+    hdr::{Ipv4Hdr, ETH_LEN, UDP_CHECK},
+};
+
+const IPV4_LEN: usize = core::mem::size_of::<Ipv4Hdr>();
+
+/// Bytes of the template the restore writes (the benchmark's packets are this long).
+pub const BENCH_LEN: usize = 64;
+
+#[btf_map]
+static BENCH_PACKET: Array<[u64; BENCH_LEN / 8], 1> = Array::new();
+/// Per-CPU run counter: `bench_worker_first` makes run n a flow to
+/// destination `template + n`.
+#[btf_map]
+static BENCH_SEQ: PerCpuArray<u32, 1> = PerCpuArray::new();
+
+/// Writes the template over the first `BENCH_LEN` bytes of the packet.
+#[inline(always)]
+fn restore(ctx: &TcContext) -> bool {
+    let tpl = match BENCH_PACKET.get(0) {
+        Some(t) => t,
+        None => return false,
+    };
+    let p: *mut [u64; BENCH_LEN / 8] = match ptr_at(ctx, 0) {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    // SAFETY: bounds checked by ptr_at.
+    unsafe { *p = *tpl };
+    true
+}
+
+/// Restores the template with its IPv4 destination advanced by this CPU's
+/// run counter (IPv4 header checksum kept right), so every run is a new flow.
+#[inline(always)]
+fn restore_new_flow(ctx: &TcContext) -> bool {
+    if !restore(ctx) {
+        return false;
+    }
+    let seq = match BENCH_SEQ.get_ptr_mut(0) {
+        Some(s) => s,
+        None => return false,
+    };
+    let ip: *mut Ipv4Hdr = match ptr_at(ctx, ETH_LEN) {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    // SAFETY: this CPU's counter; the header is bounds checked by ptr_at.
+    unsafe {
+        *seq = (*seq).wrapping_add(1);
+        let old = (*ip).daddr;
+        let new = u32::from_be_bytes(old).wrapping_add(*seq).to_be_bytes();
+        (*ip).daddr = new;
+        (*ip).check = crate::ctx::csum_replace4((*ip).check, old, new);
+    }
+    // The UDP checksum is left stale: no path verifies it, and the
+    // benchmark checks the translation by counters, not by checksums.
+    true
+}
+
+#[classifier]
+pub fn bench_restore(ctx: TcContext) -> i32 {
+    if restore(&ctx) {
+        TC_ACT_OK as i32
+    } else {
+        -1
+    }
+}
+
+/// One byte written to the packet: what any program that writes the packet
+/// pays before it starts (the verifier's prologue makes the skb writable).
+/// The restore's own cost is `bench_restore - bench_touch`.
+#[classifier]
+pub fn bench_touch(ctx: TcContext) -> i32 {
+    // A whole header's bounds check (a 1-byte one compiles to a form the
+    // verifier does not follow).
+    match ptr_at::<[u8; ETH_LEN]>(&ctx, 0) {
+        // SAFETY: bounds checked by ptr_at.
+        Ok(p) => unsafe {
+            (*p)[0] = 2;
+            TC_ACT_OK as i32
+        },
+        Err(_) => -1,
+    }
+}
+
+#[classifier]
+pub fn bench_restore_new_flow(ctx: TcContext) -> i32 {
+    if restore_new_flow(&ctx) {
+        TC_ACT_OK as i32
+    } else {
+        -1
+    }
+}
+
+#[classifier]
+pub fn bench_worker_first(mut ctx: TcContext) -> i32 {
+    if !restore_new_flow(&ctx) {
+        return -1;
+    }
+    crate::worker::worker_egress_verdict(&mut ctx)
+}
+
+#[classifier]
+pub fn bench_worker_established(mut ctx: TcContext) -> i32 {
+    if !restore(&ctx) {
+        return -1;
+    }
+    crate::worker::worker_egress_verdict(&mut ctx)
+}
+
+#[classifier]
+pub fn bench_gateway_forward(mut ctx: TcContext) -> i32 {
+    if !restore(&ctx) {
+        return -1;
+    }
+    crate::gateway::tunnel_ingress_verdict(&mut ctx)
+}
+
+/// The trivial program: what TestRun itself costs per run.
+#[classifier]
+pub fn bench_empty(_ctx: TcContext) -> i32 {
+    TC_ACT_OK as i32
+}
+
+/// One `bpf_l4_csum_replace` (a translated packet needs two: address, port).
+#[classifier]
+pub fn bench_l4_csum_replace(ctx: TcContext) -> i32 {
+    let off = ETH_LEN + IPV4_LEN + UDP_CHECK;
+    match ctx.l4_csum_replace(off, 0x1234, 0x4321, 2) {
+        Ok(()) => TC_ACT_OK as i32,
+        Err(_) => -1,
+    }
+}
+
+/// `bpf_skb_set_tunnel_key` and `bpf_redirect`: handing a packet to VXLAN.
+#[classifier]
+pub fn bench_tunnel_redirect(ctx: TcContext) -> i32 {
+    // SAFETY: a zeroed key is valid.
+    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    key.tunnel_id = 7;
+    key.__bindgen_anon_1.remote_ipv4 = 0x0a64_000b;
+    key.tunnel_ttl = 64;
+    // SAFETY: skb from the context; key is a valid stack buffer.
+    let rc = unsafe {
+        bpf_skb_set_tunnel_key(
+            ctx.skb.skb,
+            &mut key,
+            core::mem::size_of::<bpf_tunnel_key>() as u32,
+            0,
+        )
+    };
+    if rc != 0 {
+        return -1;
+    }
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect(1, 0) as i32 }
+}
+
+/// `bpf_fib_lookup` for the packet's IPv4 destination, then `bpf_redirect`.
+#[classifier]
+pub fn bench_fib_redirect(ctx: TcContext) -> i32 {
+    let ip: *const Ipv4Hdr = match ptr_at(&ctx, ETH_LEN) {
+        Ok(p) => p,
+        Err(_) => return -1,
+    };
+    // SAFETY: a zeroed parameter block is valid; header bounds checked.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    unsafe {
+        p.ifindex = (*ctx.skb.skb).ifindex;
+        p.family = 2;
+        p.l4_protocol = (*ip).proto;
+        p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes((*ip).saddr);
+        p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes((*ip).daddr);
+    }
+    // SAFETY: helper with a valid stack parameter block.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc != 0 {
+        return -1;
+    }
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect(p.ifindex, 0) as i32 }
+}
