@@ -34,7 +34,11 @@ pub struct DatapathConfig {
     /// Changes whenever the policy tables change (a digest of them); NAT
     /// entries validated under the current epoch skip the policy lookups.
     pub policy_epoch: u32,
-    pub _pad1: u32,
+    /// The same for the gateway's tables (owned EIPs, reply steering, block
+    /// size): the per-CPU caches of the gateway paths hold results
+    /// computed under one epoch and are ignored under any other. 0: no
+    /// caching.
+    pub gateway_epoch: u32,
 }
 
 /// Idle timeouts in seconds after which a NAT entry's port may be reused.

@@ -177,6 +177,14 @@ pub fn bench_tunnel_redirect(ctx: TcContext) -> i32 {
     unsafe { bpf_redirect(1, 0) as i32 }
 }
 
+/// `bpf_redirect` alone: all a forwarded packet needs when its FIB result
+/// is cached.
+#[classifier]
+pub fn bench_redirect(_ctx: TcContext) -> i32 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect(1, 0) as i32 }
+}
+
 /// `bpf_fib_lookup` for the packet's IPv4 destination, then `bpf_redirect`.
 #[classifier]
 pub fn bench_fib_redirect(ctx: TcContext) -> i32 {

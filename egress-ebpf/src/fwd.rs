@@ -6,7 +6,8 @@ use aya_ebpf::{
         BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
     },
     helpers::generated::{
-        bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_skb_set_tunnel_key,
+        bpf_fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect, bpf_redirect_neigh,
+        bpf_skb_set_tunnel_key,
     },
     programs::TcContext,
 };
@@ -66,9 +67,10 @@ pub fn to_stack(ctx: &TcContext) -> i32 {
 /// Forwards by the FIB: decrements TTL / hop limit, writes the MACs and
 /// redirects; without a neighbour entry lets the kernel resolve it. Anything
 /// the FIB cannot forward goes to the stack (TC_ACT_OK), which also sends
-/// "time exceeded" for an expiring TTL.
+/// "time exceeded" for an expiring TTL. With a `cache_epoch` (not 0) a
+/// successful result is kept in this CPU's forward cache (see `cache`).
 #[inline(always)]
-pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
+pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32, u32> {
     // SAFETY: a zeroed parameter block is valid.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     // SAFETY: skb pointer from the context.
@@ -77,7 +79,8 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     p.sport = f.sport.to_be();
     p.dport = f.dport.to_be();
     // tot_len 0: the kernel checks the skb itself against the egress MTU,
-    // which is right for GRO/GSO packets (larger than the MTU, segmented later).
+    // which is right for GRO/GSO packets (larger than the MTU, segmented
+    // later), and reports that MTU back in `mtu_result`.
     p.__bindgen_anon_1.tot_len = 0;
     if f.v6 {
         p.family = AF_INET6;
@@ -121,34 +124,8 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
         return Ok(to_stack(ctx));
     }
-    // TTL / hop limit and the MACs, written in place (the IPv4 header
-    // checksum in software): no helper call until the redirect.
-    if f.v6 {
-        let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe {
-            if (*ip).hop_limit <= 1 {
-                return Ok(to_stack(ctx));
-            }
-            (*ip).hop_limit -= 1;
-        }
-    } else {
-        let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
-        // SAFETY: bounds checked by ptr_at.
-        unsafe {
-            let ttl = (*ip).ttl;
-            if ttl <= 1 {
-                return Ok(to_stack(ctx));
-            }
-            let proto = (*ip).proto;
-            (*ip).ttl = ttl - 1;
-            let c = csum_update16(
-                u16::from_be_bytes((*ip).check),
-                u16::from_be_bytes([ttl, proto]),
-                u16::from_be_bytes([ttl - 1, proto]),
-            );
-            (*ip).check = c.to_be_bytes();
-        }
+    if !decrement_ttl(ctx, f)? {
+        return Ok(to_stack(ctx));
     }
     if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
         // The lookup left the next hop in the destination field: hand it to
@@ -174,29 +151,108 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
             )
         } as i32);
     }
+    if cache_epoch != 0 {
+        if let Some(s) = crate::cache::fwd_slot(&f.src, &f.dst) {
+            // SAFETY: this CPU's slot; programs do not nest on one CPU.
+            unsafe {
+                (*s).src = f.src;
+                (*s).dst = f.dst;
+                (*s).expires_ns = bpf_ktime_get_coarse_ns() + crate::cache::FWD_CACHE_NS;
+                (*s).epoch = cache_epoch;
+                (*s).ifindex = p.ifindex;
+                (*s).mtu = u32::from(p.__bindgen_anon_1.mtu_result);
+                (*s).smac = p.smac;
+                (*s).dmac = p.dmac;
+            }
+        }
+    }
+    out_by_mac(ctx, p.ifindex, p.smac, p.dmac)
+}
+
+/// Forwards by this CPU's cached FIB result for (source, destination), if
+/// it is live, was cached under `epoch`, and the packet needs nothing the
+/// full path would do differently (an MTU check, an expiring TTL).
+/// `None`: take the full path.
+#[inline(always)]
+pub fn forward_from_cache(ctx: &mut TcContext, f: &Flow, epoch: u32) -> Option<i32> {
+    let s = crate::cache::fwd_slot(&f.src, &f.dst)?;
+    // SAFETY: this CPU's slot; programs do not nest on one CPU.
+    let (ifindex, smac, dmac) = unsafe {
+        if (*s).epoch != epoch || (*s).src != f.src || (*s).dst != f.dst {
+            return None;
+        }
+        // The kernel's own bound (is_skb_forwardable): MTU + link header + VLAN tag.
+        if ctx.len() > (*s).mtu + 18 || bpf_ktime_get_coarse_ns() >= (*s).expires_ns {
+            return None;
+        }
+        ((*s).ifindex, (*s).smac, (*s).dmac)
+    };
+    if decrement_ttl(ctx, f) != Ok(true) {
+        return None;
+    }
+    out_by_mac(ctx, ifindex, smac, dmac).ok()
+}
+
+/// Decrements TTL / hop limit in place (the IPv4 header checksum in
+/// software). `false`, packet untouched: it expires here.
+#[inline(always)]
+fn decrement_ttl(ctx: &mut TcContext, f: &Flow) -> Result<bool, u32> {
+    if f.v6 {
+        let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            if (*ip).hop_limit <= 1 {
+                return Ok(false);
+            }
+            (*ip).hop_limit -= 1;
+        }
+    } else {
+        let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            let ttl = (*ip).ttl;
+            if ttl <= 1 {
+                return Ok(false);
+            }
+            let proto = (*ip).proto;
+            (*ip).ttl = ttl - 1;
+            let c = csum_update16(
+                u16::from_be_bytes((*ip).check),
+                u16::from_be_bytes([ttl, proto]),
+                u16::from_be_bytes([ttl - 1, proto]),
+            );
+            (*ip).check = c.to_be_bytes();
+        }
+    }
+    Ok(true)
+}
+
+/// Writes the MACs and redirects out of `ifindex`.
+#[inline(always)]
+fn out_by_mac(ctx: &TcContext, ifindex: u32, smac: [u8; 6], dmac: [u8; 6]) -> Result<i32, u32> {
     let eth: *mut EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
     // SAFETY: bounds checked by ptr_at.
     unsafe {
-        (*eth).dst = p.dmac;
-        (*eth).src = p.smac;
+        (*eth).dst = dmac;
+        (*eth).src = smac;
     }
     // SAFETY: plain helper call.
-    Ok(unsafe { bpf_redirect(p.ifindex, 0) } as i32)
+    Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }
 
 /// Non-inlined (keeps the caller's stack small); the result travels as one
 /// i64 so that no path returns undefined register bits.
 #[inline(never)]
-pub fn fib_forward_raw(ctx: &mut TcContext, f: &Flow) -> i64 {
-    match fib_forward_inner(ctx, f) {
+pub fn fib_forward_raw(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> i64 {
+    match fib_forward_inner(ctx, f, cache_epoch) {
         Ok(v) => i64::from(v),
         Err(r) => -(i64::from(r)) - 1,
     }
 }
 
 #[inline(always)]
-pub fn fib_forward(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
-    let v = fib_forward_raw(ctx, f);
+pub fn fib_forward(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32, u32> {
+    let v = fib_forward_raw(ctx, f, cache_epoch);
     if v < 0 {
         Err((-(v + 1)) as u32)
     } else {

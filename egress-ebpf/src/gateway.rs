@@ -8,22 +8,24 @@
 //!   port's block.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    bindings::TC_ACT_OK,
     helpers::generated::{bpf_ktime_get_ns, bpf_redirect},
     macros::classifier,
     programs::TcContext,
 };
 use egress_common::{
     addr::{v4_mapped, Addr},
-    config::CFG_GATEWAY,
+    config::{DatapathConfig, CFG_GATEWAY},
     drops::*,
     steering::*,
 };
 
 use crate::{
+    cache::steer_slot,
     ctx::{drop_with, ptr_at},
+    flow::Flow,
     flow::{parse, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
-    fwd::{encap, fib_forward, to_pod},
+    fwd::{encap, fib_forward, forward_from_cache, to_pod},
     hdr::*,
     maps::{ANNOUNCE_UNTIL, CONFIG, OWNED_EIPS, REPLY_STEERING},
     nat::reverse,
@@ -56,8 +58,16 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         Some(c) => *c,
         None => return Err(DROP_NO_CONFIG),
     };
-    if cfg.flags & CFG_GATEWAY != 0 && OWNED_EIPS.get_ptr(&f.src).is_some() {
-        return fib_forward(ctx, f);
+    if cfg.flags & CFG_GATEWAY != 0 {
+        // A cached result was computed for an owned source under this epoch.
+        if cfg.gateway_epoch != 0 {
+            if let Some(v) = forward_from_cache(ctx, f, cfg.gateway_epoch) {
+                return Ok(v);
+            }
+        }
+        if OWNED_EIPS.get_ptr(&f.src).is_some() {
+            return fib_forward(ctx, f, cfg.gateway_epoch);
+        }
     }
     let ifindex = reverse(ctx, f)?;
     // A SYN-ACK through the tunnel: clamp the MSS the pod will use, so its
@@ -241,11 +251,6 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     if !parse(ctx, f) {
         return Ok(TC_ACT_OK as i32);
     }
-    let owned = match OWNED_EIPS.get_ptr(&f.dst) {
-        // SAFETY: valid map value pointer.
-        Some(o) => unsafe { *o },
-        None => return Ok(TC_ACT_OK as i32),
-    };
     let port = if f.icmp_kind == ICMP_KIND_ERROR {
         f.quoted.sport
     } else if f.icmp_kind == ICMP_KIND_ECHO_REPLY
@@ -258,6 +263,25 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         return Ok(TC_ACT_OK as i32);
     };
     let bs = cfg.port_block_size;
+    if bs != 0 && cfg.gateway_epoch != 0 {
+        // A cached steering was found for an owned EIP under this epoch.
+        if let Some(s) = steer_slot(&f.dst, port / bs) {
+            // SAFETY: this CPU's slot; programs do not nest on one CPU.
+            let hit = unsafe {
+                (*s).epoch == cfg.gateway_epoch && (*s).block == port / bs && (*s).eip == f.dst
+            };
+            if hit {
+                // SAFETY: as above.
+                let (flags, worker) = unsafe { ((*s).flags, (*s).worker_tunnel_ip) };
+                return steer(ctx, &cfg, f, flags, worker);
+            }
+        }
+    }
+    let owned = match OWNED_EIPS.get_ptr(&f.dst) {
+        // SAFETY: valid map value pointer.
+        Some(o) => unsafe { *o },
+        None => return Ok(TC_ACT_OK as i32),
+    };
     if bs == 0 {
         return Err(DROP_NO_CONFIG);
     }
@@ -266,7 +290,7 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         block: port / bs,
         _pad: [0; 2],
     };
-    let steer = match REPLY_STEERING.get_ptr(&key) {
+    let target = match REPLY_STEERING.get_ptr(&key) {
         // SAFETY: valid map value pointer.
         Some(s) => unsafe { *s },
         None => {
@@ -277,12 +301,36 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
             return Err(DROP_NO_STEERING);
         }
     };
-    if steer.flags & STEER_LOCAL != 0 {
-        let ifindex = reverse(ctx, f)?;
-        return Ok(crate::fwd::to_pod(ifindex));
+    if cfg.gateway_epoch != 0 {
+        if let Some(s) = steer_slot(&f.dst, key.block) {
+            // SAFETY: this CPU's slot; programs do not nest on one CPU.
+            unsafe {
+                (*s).eip = f.dst;
+                (*s).block = key.block;
+                (*s).flags = target.flags;
+                (*s).epoch = cfg.gateway_epoch;
+                (*s).worker_tunnel_ip = target.worker_tunnel_ip;
+            }
+        }
     }
-    let _ = TC_ACT_SHOT;
-    encap(ctx, &cfg, steer.worker_tunnel_ip)
+    steer(ctx, &cfg, f, target.flags, target.worker_tunnel_ip)
+}
+
+/// A reply to an owned EIP, to the worker that holds its port's block:
+/// through the tunnel, or to the pod when that worker is this node.
+#[inline(always)]
+fn steer(
+    ctx: &mut TcContext,
+    cfg: &DatapathConfig,
+    f: &Flow,
+    flags: u32,
+    worker: [u8; 4],
+) -> Result<i32, u32> {
+    if flags & STEER_LOCAL != 0 {
+        let ifindex = reverse(ctx, f)?;
+        return Ok(to_pod(ifindex));
+    }
+    encap(ctx, cfg, worker)
 }
 
 /// Non-inlined (keeps the caller's stack small); the result travels as one

@@ -8,6 +8,7 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod cache;
 mod count;
 mod ctx;
 mod flow;

@@ -17,6 +17,31 @@ pub mod topology;
 pub use netns::{link_veth, unique_name, Netns, PinDir};
 pub use process::{run, Proc};
 
+/// Runs the TC program `prog` of `ebpf` once on `pkt` with
+/// BPF_PROG_TEST_RUN (loading it first if needed): (verdict, output frame).
+pub fn run_classifier(
+    ebpf: &mut aya::Ebpf,
+    prog: &str,
+    pkt: &[u8],
+) -> anyhow::Result<(u32, Vec<u8>)> {
+    use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+    let p: &mut SchedClassifier = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| anyhow::anyhow!("no program {prog}"))?
+        .try_into()?;
+    if p.fd().is_err() {
+        p.load()?;
+    }
+    let mut out = vec![0u8; pkt.len() + 256];
+    let r = p.test_run(TestRunOptions {
+        data_in: Some(pkt),
+        data_out: Some(&mut out),
+        ..TestRunOptions::new()
+    })?;
+    out.truncate(r.data_size_out as usize);
+    Ok((r.return_value, out))
+}
+
 /// True when this process can create namespaces and load BPF programs.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

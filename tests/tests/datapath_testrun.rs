@@ -7,7 +7,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use egress_common::{config::NatTimeouts, drops::*};
 use egress_tests::{Netns, PinDir};
 use egress_user::{
@@ -184,18 +183,7 @@ impl Fixture {
 }
 
 fn run_prog(dp: &mut Datapath, prog: &str, pkt: &[u8]) -> anyhow::Result<(u32, Vec<u8>)> {
-    let p: &mut SchedClassifier = dp.ebpf.program_mut(prog).unwrap().try_into()?;
-    if p.fd().is_err() {
-        p.load()?;
-    }
-    let mut out = vec![0u8; pkt.len() + 256];
-    let r = p.test_run(TestRunOptions {
-        data_in: Some(pkt),
-        data_out: Some(&mut out),
-        ..TestRunOptions::new()
-    })?;
-    out.truncate(r.data_size_out as usize);
-    Ok((r.return_value, out))
+    egress_tests::run_classifier(&mut dp.ebpf, prog, pkt)
 }
 
 // ---------- packet builders ----------
@@ -1264,7 +1252,9 @@ fn apply_writes_only_the_difference() -> anyhow::Result<()> {
     let r = apply(&mut fx.dp, &d)?;
     assert_eq!(r.written[egress_common::maps::OWNED_EIPS], 1, "{r:?}");
     assert_eq!(r.removed[egress_common::maps::REPLY_STEERING], 1, "{r:?}");
-    assert_eq!((r.total_written(), r.total_removed()), (1, 1), "{r:?}");
+    // ... and the config, for its new gateway epoch (the gateway caches).
+    assert_eq!(r.written[egress_common::maps::CONFIG], 1, "{r:?}");
+    assert_eq!((r.total_written(), r.total_removed()), (2, 1), "{r:?}");
     let (rc, out) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, p, b"a"))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(check(&out).dport, 5353);

@@ -224,13 +224,38 @@ pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyR
     diff_hash::<Addr, OwnedEip>(src, OWNED_EIPS, &m.owned, &mut r)?;
     diff_hash::<SteerKey, SteerTarget>(src, REPLY_STEERING, &m.steering, &mut r)?;
     diff_hash::<Addr, PortBlocks>(src, PORT_BLOCKS, &m.port_blocks, &mut r)?;
-    diff_array::<DatapathConfig>(src, CONFIG, std::slice::from_ref(&m.config), &mut r)?;
+    // The config goes in before the tables, but with the epochs it
+    // already had: a packet that lands between the two writes would
+    // otherwise stamp a result from the old tables with the new epoch, and
+    // that result would then outlive the change.
+    let mut config = m.config;
+    let current = current_config(src)?;
+    config.policy_epoch = current.map_or(0, |c| c.policy_epoch);
+    config.gateway_epoch = current.map_or(0, |c| c.gateway_epoch);
+    let mut config_writes = write_config(src, &config)?;
     diff_policy_stats(src, &m.policy_ids, &mut r)?;
     diff_lpm::<RouteNextHop>(src, ROUTES, &m.routes, &mut r)?;
     diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, &mut r)?;
     diff_lpm::<DstMatch>(src, POLICY_DST, &m.policy_dst, &mut r)?;
     diff_lpm::<SrcMatch>(src, POLICY_SRC, &m.policy_src, &mut r)?;
+    // Every table is current: now the epochs may say so.
+    config_writes += write_config(src, &m.config)?;
+    r.written.insert(CONFIG, config_writes);
     Ok(r)
+}
+
+fn current_config(src: &mut dyn MapSource) -> Result<Option<DatapathConfig>, ApplyError> {
+    let map: Array<&mut MapData, DatapathConfig> =
+        Array::try_from(get(src, CONFIG)?).map_err(wrap(CONFIG))?;
+    // A never-written config reads as zeroes: epoch 0 (nothing validated).
+    Ok(map.get(&0, 0).ok())
+}
+
+/// Writes the config if it differs; returns how many writes that took (0 or 1).
+fn write_config(src: &mut dyn MapSource, c: &DatapathConfig) -> Result<usize, ApplyError> {
+    let mut r = ApplyReport::default();
+    diff_array::<DatapathConfig>(src, CONFIG, std::slice::from_ref(c), &mut r)?;
+    Ok(r.written.get(CONFIG).copied().unwrap_or(0))
 }
 
 /// Translates `desired` and writes it into the maps by diffing.

@@ -102,7 +102,7 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         node_tunnel_ip: c.node_tunnel_ip.octets(),
         timeouts: c.timeouts,
         policy_epoch: 0,
-        _pad1: 0,
+        gateway_epoch: 0,
     };
 
     // Sources and destinations per slot; "no destSubnet" means everything.
@@ -244,20 +244,37 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
             },
         );
     }
+    out.config.gateway_epoch = gateway_epoch(&out);
     Ok(out)
+}
+
+/// FNV-1a over bytes, for the epochs: a digest that is never 0 (0 means
+/// "nothing validated" to the programs).
+struct Fnv1a(u32);
+
+impl Fnv1a {
+    fn new() -> Self {
+        Self(0x811c_9dc5)
+    }
+
+    fn eat(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u32::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0193);
+        }
+    }
+
+    fn digest(&self) -> u32 {
+        self.0.max(1)
+    }
 }
 
 /// A digest (FNV-1a, never 0) of everything that decides a flow's policy:
 /// both tries, the slot table and the EIP routes. A change makes every NAT entry take the
 /// full policy lookup once more.
 fn policy_epoch(m: &MapContents) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u32::from(*b);
-            h = h.wrapping_mul(0x0100_0193);
-        }
-    };
+    let mut h = Fnv1a::new();
+    let mut eat = |bytes: &[u8]| h.eat(bytes);
     for ((len, a), v) in &m.policy_src {
         eat(&len.to_le_bytes());
         eat(a);
@@ -283,7 +300,27 @@ fn policy_epoch(m: &MapContents) -> u32 {
         eat(a);
         eat(&r.tunnel_ip);
     }
-    h.max(1)
+    h.digest()
+}
+
+/// A digest (FNV-1a, never 0) of what the gateway paths decide by: owned
+/// EIPs, reply steering and the block size. The programs' per-CPU caches
+/// hold results computed under one value and ignore them under any other.
+fn gateway_epoch(m: &MapContents) -> u32 {
+    let mut h = Fnv1a::new();
+    let mut eat = |bytes: &[u8]| h.eat(bytes);
+    eat(&m.config.port_block_size.to_le_bytes());
+    for (a, o) in &m.owned {
+        eat(a);
+        eat(&o.flags.to_le_bytes());
+    }
+    for (k, t) in &m.steering {
+        eat(&k.eip);
+        eat(&k.block.to_le_bytes());
+        eat(&t.worker_tunnel_ip);
+        eat(&t.flags.to_le_bytes());
+    }
+    h.digest()
 }
 
 /// What the program would pick for a packet from `src` to `dst`: the
@@ -351,6 +388,39 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn gateway_epoch_follows_ownership_and_steering_only() {
+        use crate::datapath::{OwnedEip, ReplySteering};
+        let eip: IpAddr = "198.51.100.10".parse().unwrap();
+        let d = DesiredMaps {
+            owned_eips: vec![OwnedEip {
+                eip,
+                answer_neigh: true,
+                node_ip: false,
+                epoch: 1,
+            }],
+            reply_steering: vec![ReplySteering {
+                eip,
+                block: 40,
+                worker_tunnel_ip: Ipv4Addr::new(10, 0, 0, 21),
+                local: false,
+            }],
+            ..Default::default()
+        };
+        let epoch = |d: &DesiredMaps| translate(d).unwrap().config.gateway_epoch;
+        let a = epoch(&d);
+        assert_ne!(a, 0);
+        let mut d2 = d.clone();
+        d2.policies = vec![policy(1, 0, &["10.244.0.0/16"], &[], &[])];
+        d2.owned_eips[0].epoch = 2;
+        assert_eq!(epoch(&d2), a, "policies and takeover epochs do not matter");
+        d2.reply_steering[0].worker_tunnel_ip = Ipv4Addr::new(10, 0, 0, 22);
+        assert_ne!(epoch(&d2), a, "a block steered elsewhere");
+        let mut d3 = d.clone();
+        d3.owned_eips.clear();
+        assert_ne!(epoch(&d3), a, "an EIP given up");
     }
 
     #[test]

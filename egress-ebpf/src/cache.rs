@@ -1,0 +1,76 @@
+//! Per-CPU caches of the gateway paths, so that a packet of a known
+//! destination skips the hash lookups and the FIB lookup.
+//!
+//! Each is a direct-mapped per-CPU array: a slot holds one result with the
+//! key it was computed for and the `gateway_epoch` it was computed under.
+//! A slot is used only when key and epoch match (a change of the owned
+//! EIPs or the steering changes the epoch, see `DatapathConfig`); the
+//! forward slots also expire, so that a route or neighbour change is seen
+//! within `FWD_CACHE_NS`. Only successful results are cached: anything the
+//! full path would drop, pass or hand to the kernel is decided by it again.
+
+use aya_ebpf::{btf_maps::PerCpuArray, macros::btf_map};
+use egress_common::addr::Addr;
+
+/// How long a forward slot (a FIB result: egress interface, MACs, MTU) is
+/// used before the FIB is asked again.
+pub const FWD_CACHE_NS: u64 = 200_000_000;
+
+const SLOTS: usize = 1024;
+
+/// A decapsulated packet's (source EIP, destination) and how it leaves.
+#[repr(C)]
+pub struct FwdSlot {
+    pub src: Addr,
+    pub dst: Addr,
+    pub expires_ns: u64,
+    pub epoch: u32,
+    pub ifindex: u32,
+    /// The egress device's MTU (larger packets take the full path, which
+    /// lets the kernel check them).
+    pub mtu: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+}
+
+/// A reply's (EIP, port block) and where it is steered.
+#[repr(C)]
+pub struct SteerSlot {
+    pub eip: Addr,
+    pub block: u16,
+    pub _pad: u16,
+    /// `STEER_*` flags of the steering entry.
+    pub flags: u32,
+    pub epoch: u32,
+    pub worker_tunnel_ip: [u8; 4],
+}
+
+#[btf_map]
+pub static FWD_CACHE: PerCpuArray<FwdSlot, SLOTS> = PerCpuArray::new();
+#[btf_map]
+pub static STEER_CACHE: PerCpuArray<SteerSlot, SLOTS> = PerCpuArray::new();
+
+/// Folds an address into one word (all four for IPv6; IPv4-mapped
+/// addresses differ only in the last).
+#[inline(always)]
+fn fold(a: &Addr) -> u32 {
+    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    w(0) ^ w(4) ^ w(8) ^ w(12)
+}
+
+/// The slot of a key made of two words (multiplicative hashing).
+#[inline(always)]
+fn slot(a: u32, b: u32) -> u32 {
+    let h = (a ^ b.rotate_left(16)).wrapping_mul(0x9e37_79b1);
+    h >> (32 - (SLOTS as u32).trailing_zeros())
+}
+
+#[inline(always)]
+pub fn fwd_slot(src: &Addr, dst: &Addr) -> Option<*mut FwdSlot> {
+    FWD_CACHE.get_ptr_mut(slot(fold(src), fold(dst)))
+}
+
+#[inline(always)]
+pub fn steer_slot(eip: &Addr, block: u16) -> Option<*mut SteerSlot> {
+    STEER_CACHE.get_ptr_mut(slot(fold(eip), u32::from(block)))
+}
