@@ -55,7 +55,7 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         return Ok(TC_ACT_OK as i32);
     }
     let cfg = match CONFIG.get(0) {
-        Some(c) => *c,
+        Some(c) => c,
         None => return Err(DROP_NO_CONFIG),
     };
     if cfg.flags & CFG_GATEWAY != 0 {
@@ -216,13 +216,13 @@ fn ndp_reply_inner(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
 #[inline(always)]
 fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     let cfg = match CONFIG.get(0) {
-        Some(c) => *c,
+        Some(c) => c,
         None => return Ok(TC_ACT_OK as i32),
     };
     if cfg.flags & CFG_GATEWAY == 0 {
         return Ok(TC_ACT_OK as i32);
     }
-    if let Some(v) = crate::probe::answer(ctx, &cfg) {
+    if let Some(v) = crate::probe::answer(ctx, cfg) {
         return Ok(v);
     }
     let eth: *const EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
@@ -242,6 +242,9 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
                 return ndp_reply(ctx, cfg.uplink_mac);
             }
         }
+    }
+    if let Some(v) = steer_v4_from_cache(ctx, cfg) {
+        return Ok(v);
     }
     let f = match crate::maps::SCRATCH.get_ptr_mut(0) {
         // SAFETY: this CPU's scratch slot; programs do not nest on one CPU.
@@ -273,7 +276,7 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
             if hit {
                 // SAFETY: as above.
                 let (flags, worker) = unsafe { ((*s).flags, (*s).worker_tunnel_ip) };
-                return steer(ctx, &cfg, f, flags, worker);
+                return steer(ctx, cfg, f, flags, worker);
             }
         }
     }
@@ -313,7 +316,60 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
             }
         }
     }
-    steer(ctx, &cfg, f, target.flags, target.worker_tunnel_ip)
+    steer(ctx, cfg, f, target.flags, target.worker_tunnel_ip)
+}
+
+/// The common reply, an IPv4 TCP or UDP packet (no options, not a
+/// fragment) whose (EIP, block) this CPU has steered to another node
+/// before: into the tunnel from the headers alone, without the full parse
+/// (a third of the path's cost). Anything else: `None`, the full path.
+#[inline(always)]
+fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
+    let bs = cfg.port_block_size;
+    if bs == 0 || cfg.gateway_epoch == 0 {
+        return None;
+    }
+    let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
+    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok()?;
+    // SAFETY: both bounds-checked by ptr_at.
+    let (proto, dst) = unsafe {
+        if (*eth).proto != ETH_P_IP.to_be_bytes()
+            || (*ip).version_ihl != 0x45
+            || u16::from_be_bytes((*ip).frag_off) & 0x3fff != 0
+        {
+            return None;
+        }
+        ((*ip).proto, v4_mapped((*ip).daddr))
+    };
+    let l4 = ETH_LEN + core::mem::size_of::<Ipv4Hdr>();
+    // The full parse wants the whole transport header; so does this.
+    let dport = match proto {
+        IPPROTO_TCP => {
+            let t: *const TcpHdr = ptr_at(ctx, l4).ok()?;
+            // SAFETY: bounds checked by ptr_at.
+            u16::from_be_bytes(unsafe { (*t).dest })
+        }
+        IPPROTO_UDP => {
+            let u: *const UdpHdr = ptr_at(ctx, l4).ok()?;
+            // SAFETY: bounds checked by ptr_at.
+            u16::from_be_bytes(unsafe { (*u).dest })
+        }
+        _ => return None,
+    };
+    let block = dport / bs;
+    let s = steer_slot(&dst, block)?;
+    // SAFETY: this CPU's slot; programs do not nest on one CPU.
+    let worker = unsafe {
+        if (*s).epoch != cfg.gateway_epoch
+            || (*s).block != block
+            || (*s).eip != dst
+            || (*s).flags & STEER_LOCAL != 0
+        {
+            return None;
+        }
+        (*s).worker_tunnel_ip
+    };
+    encap(ctx, cfg, worker).ok()
 }
 
 /// A reply to an owned EIP, to the worker that holds its port's block:

@@ -208,17 +208,37 @@ fn the_forward_cache_is_used_expires_and_follows_ownership() -> anyhow::Result<(
     })
 }
 
+/// Both ways a steering result is read from the cache: by the headers
+/// alone (IPv4 UDP/TCP) and after the full parse (here an echo reply,
+/// whose identifier is the port).
 #[test]
 #[ignore = "needs root: loads BPF programs"]
 fn the_steering_cache_is_used_and_follows_the_steering_and_ownership() -> anyhow::Result<()> {
     pin_thread_to_one_cpu();
+    let mut echo_reply = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 1, 1])
+        .ipv4(SERVER.octets(), EIP.octets(), 64)
+        .icmpv4_echo_reply(BLOCK * BLOCK_SIZE + 9, 1)
+        .write(&mut echo_reply, b"ping")?;
+    for (what, reply) in [
+        ("udp", udp4(SERVER, EIP, BLOCK * BLOCK_SIZE + 5, 64, 18)),
+        ("echo reply", echo_reply),
+    ] {
+        steering_cache_round(what, &reply)?;
+    }
+    Ok(())
+}
+
+fn steering_cache_round(what: &str, reply: &[u8]) -> anyhow::Result<()> {
     let pins = PinDir::new("steerc")?;
     let mut dp = Datapath::load(EBPF_OBJECT, pins.path())?;
     apply(&mut dp, &gateway(true, true))?;
-    let reply = udp4(SERVER, EIP, BLOCK * BLOCK_SIZE + 5, 64, 18);
-
-    let (rc, out) = run(&mut dp, "uplink_ingress", &reply)?;
-    assert_eq!((rc, &out), (TC_ACT_REDIRECT, &reply), "steered, untouched");
+    let (rc, out) = run(&mut dp, "uplink_ingress", reply)?;
+    assert_eq!(
+        (rc, out.as_slice()),
+        (TC_ACT_REDIRECT, reply),
+        "{what}: steered, untouched"
+    );
 
     // The steering entry goes behind the cache's back: the cache answers.
     {
@@ -227,20 +247,36 @@ fn the_steering_cache_is_used_and_follows_the_steering_and_ownership() -> anyhow
         let key = m.keys().next().expect("one steering entry")?;
         m.remove(&key)?;
     }
-    assert_eq!(run(&mut dp, "uplink_ingress", &reply)?.0, TC_ACT_REDIRECT);
+    assert_eq!(
+        run(&mut dp, "uplink_ingress", reply)?.0,
+        TC_ACT_REDIRECT,
+        "{what}: cached"
+    );
 
     // The same change made by the agent moves the epoch: seen at once.
     apply(&mut dp, &gateway(true, false))?;
-    assert_eq!(run(&mut dp, "uplink_ingress", &reply)?.0, TC_ACT_SHOT);
+    assert_eq!(
+        run(&mut dp, "uplink_ingress", reply)?.0,
+        TC_ACT_SHOT,
+        "{what}"
+    );
     let drops = stats::read_drops(pins.path())?[DROP_NO_STEERING as usize]
         .1
         .packets;
-    assert_eq!(drops, 1, "dropped as no_steering");
+    assert_eq!(drops, 1, "{what}: dropped as no_steering");
 
     // Steered again, then the EIP is given up: not ours any more.
     apply(&mut dp, &gateway(true, true))?;
-    assert_eq!(run(&mut dp, "uplink_ingress", &reply)?.0, TC_ACT_REDIRECT);
+    assert_eq!(
+        run(&mut dp, "uplink_ingress", reply)?.0,
+        TC_ACT_REDIRECT,
+        "{what}"
+    );
     apply(&mut dp, &gateway(false, true))?;
-    assert_eq!(run(&mut dp, "uplink_ingress", &reply)?.0, TC_ACT_OK);
+    assert_eq!(
+        run(&mut dp, "uplink_ingress", reply)?.0,
+        TC_ACT_OK,
+        "{what}: not owned"
+    );
     Ok(())
 }
