@@ -3,7 +3,7 @@
 use aya_ebpf::{
     bindings::{
         bpf_fib_lookup as FibParams, bpf_redir_neigh, bpf_tunnel_key, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK,
+        BPF_FIB_LKUP_RET_SUCCESS, BPF_F_ZERO_CSUM_TX, TC_ACT_OK,
     },
     helpers::generated::{
         bpf_fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect, bpf_redirect_neigh,
@@ -23,7 +23,11 @@ const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
 /// Sets the VXLAN metadata (remote endpoint, VNI) and redirects to the
-/// node's VXLAN device, which encapsulates.
+/// node's VXLAN device, which encapsulates. The outer UDP checksum is left
+/// zero, as RFC 7348 recommends for VXLAN over IPv4 and as a kernel VXLAN
+/// device does by default: the inner packet has its own checksums, and a
+/// GSO packet with an outer checksum must be segmented in software by
+/// devices that cannot compute one per segment.
 #[inline(always)]
 pub fn encap(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Result<i32, u32> {
     // SAFETY: a zeroed bpf_tunnel_key is a valid value.
@@ -37,7 +41,7 @@ pub fn encap(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Result<i
             ctx.skb.skb,
             &mut key,
             core::mem::size_of::<bpf_tunnel_key>() as u32,
-            0,
+            u64::from(BPF_F_ZERO_CSUM_TX),
         )
     };
     if rc != 0 {
