@@ -39,6 +39,10 @@ pub struct DatapathConfig {
     /// computed under one epoch and are ignored under any other. 0: no
     /// caching.
     pub gateway_epoch: u32,
+    /// UDP port of the VXLAN tunnel (the destination of every outer header
+    /// the programs write).
+    pub vxlan_port: u16,
+    pub _pad: [u8; 6],
 }
 
 /// Idle timeouts in seconds after which a NAT entry's port may be reused.
@@ -75,6 +79,6 @@ mod tests {
         assert_eq!(core::mem::size_of::<NatTimeouts>(), 16);
         assert_eq!(core::mem::offset_of!(DatapathConfig, uplink_mac), 20);
         assert_eq!(core::mem::offset_of!(DatapathConfig, node_tunnel_ip), 28);
-        assert_eq!(core::mem::size_of::<DatapathConfig>(), 56);
+        assert_eq!(core::mem::size_of::<DatapathConfig>(), 64);
     }
 }

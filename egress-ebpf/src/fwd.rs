@@ -29,7 +29,15 @@ const AF_INET6: u8 = 10;
 /// GSO packet with an outer checksum must be segmented in software by
 /// devices that cannot compute one per segment.
 #[inline(always)]
-pub fn encap(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Result<i32, u32> {
+pub fn encap(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    remote: [u8; 4],
+    entropy: u32,
+) -> Result<i32, u32> {
+    if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy) {
+        return Ok(v);
+    }
     // SAFETY: a zeroed bpf_tunnel_key is a valid value.
     let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
     key.tunnel_id = cfg.vni;

@@ -81,9 +81,14 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
 
 #[classifier]
 pub fn uplink_ingress(mut ctx: TcContext) -> i32 {
-    match try_uplink_ingress(&mut ctx) {
+    uplink_ingress_verdict(&mut ctx)
+}
+
+#[inline(always)]
+pub fn uplink_ingress_verdict(ctx: &mut TcContext) -> i32 {
+    match try_uplink_ingress(ctx) {
         Ok(v) => v,
-        Err(reason) => drop_with(&ctx, reason),
+        Err(reason) => drop_with(ctx, reason),
     }
 }
 
@@ -341,18 +346,20 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         }
         ((*ip).proto, v4_mapped((*ip).daddr))
     };
+    // SAFETY: bounds checked by ptr_at above.
+    let (saddr, daddr) = unsafe { ((*ip).saddr, (*ip).daddr) };
     let l4 = ETH_LEN + core::mem::size_of::<Ipv4Hdr>();
     // The full parse wants the whole transport header; so does this.
-    let dport = match proto {
+    let (sport, dport) = match proto {
         IPPROTO_TCP => {
             let t: *const TcpHdr = ptr_at(ctx, l4).ok()?;
             // SAFETY: bounds checked by ptr_at.
-            u16::from_be_bytes(unsafe { (*t).dest })
+            unsafe { ((*t).source, u16::from_be_bytes((*t).dest)) }
         }
         IPPROTO_UDP => {
             let u: *const UdpHdr = ptr_at(ctx, l4).ok()?;
             // SAFETY: bounds checked by ptr_at.
-            u16::from_be_bytes(unsafe { (*u).dest })
+            unsafe { ((*u).source, u16::from_be_bytes((*u).dest)) }
         }
         _ => return None,
     };
@@ -369,7 +376,12 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         }
         (*s).worker_tunnel_ip
     };
-    encap(ctx, cfg, worker).ok()
+    let entropy = crate::vxlan::entropy(
+        u32::from_ne_bytes(saddr),
+        u32::from_ne_bytes(daddr),
+        u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(dport),
+    );
+    encap(ctx, cfg, worker, entropy).ok()
 }
 
 /// A reply to an owned EIP, to the worker that holds its port's block:
@@ -386,7 +398,7 @@ fn steer(
         let ifindex = reverse(ctx, f)?;
         return Ok(to_pod(ifindex));
     }
-    encap(ctx, cfg, worker)
+    encap(ctx, cfg, worker, crate::vxlan::flow_entropy(f))
 }
 
 /// Non-inlined (keeps the caller's stack small); the result travels as one

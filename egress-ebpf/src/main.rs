@@ -19,6 +19,7 @@ mod icmp_err;
 mod maps;
 mod nat;
 mod probe;
+mod vxlan;
 mod worker;
 
 #[cfg(not(test))]

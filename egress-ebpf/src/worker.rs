@@ -180,7 +180,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         f.sport = port;
         return fib_forward(ctx, f, 0);
     }
-    encap(ctx, cfg, gw)
+    encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
 }
 
 /// The tunnel endpoint a BGP-learned host route names for `eip` (see
@@ -259,7 +259,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         f.sport = port;
         fib_forward(ctx, f, 0)
     } else {
-        encap(ctx, cfg, gw)
+        encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
     };
     match r {
         Ok(v) => i64::from(v),

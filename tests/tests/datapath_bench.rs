@@ -150,10 +150,46 @@ fn median(v: &mut [u64]) -> f64 {
     v[v.len() / 2] as f64
 }
 
-/// Per-run ns of `name` on `pkt`: `runs` runs as 100 TestRun calls of
-/// `repeat = runs / 100`, the median call (a call that the machine
-/// preempts would dominate a mean). Every call must end with `expect`.
-/// Returns the ns and the last output packet.
+/// Median ns per run of `name` over `calls` TestRun calls of `repeat` runs
+/// each (a call that the machine preempts would dominate a mean);
+/// `patch(i, buf)` makes call i's packet from `template`. Every call must
+/// end with `expect`. Returns the ns and the last output packet.
+fn measure(
+    dp: &mut Datapath,
+    name: &str,
+    template: &[u8],
+    expect: u32,
+    (calls, repeat): (u32, u32),
+    mut patch: impl FnMut(u32, &mut [u8]),
+) -> Result<(f64, Vec<u8>)> {
+    let p = prog(dp, name)?;
+    let mut buf = template.to_vec();
+    let mut out = vec![0u8; template.len() + 128];
+    let mut samples = Vec::with_capacity(calls as usize);
+    let mut len = 0;
+    for i in 0..calls {
+        buf.copy_from_slice(template);
+        patch(i, &mut buf);
+        let r = p.test_run(TestRunOptions {
+            data_in: Some(&buf),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::new()
+        })?;
+        // Every call must take the path it stands for (a drop is cheaper).
+        anyhow::ensure!(
+            r.return_value == expect,
+            "{name}, call {i}: verdict {} instead of {expect}",
+            r.return_value
+        );
+        samples.push(r.duration.as_nanos() as u64);
+        len = r.data_size_out as usize;
+    }
+    out.truncate(len.min(out.len()));
+    Ok((median(&mut samples), out))
+}
+
+/// `runs` runs as 100 calls of `repeat = runs / 100`.
 fn timed(
     dp: &mut Datapath,
     name: &str,
@@ -161,59 +197,60 @@ fn timed(
     expect: u32,
     runs: u32,
 ) -> Result<(f64, Vec<u8>)> {
-    let p = prog(dp, name)?;
-    let mut out = vec![0u8; pkt.len() + 128];
-    let mut calls = Vec::with_capacity(100);
-    let mut len = 0;
-    for _ in 0..100 {
-        let r = p.test_run(TestRunOptions {
-            data_in: Some(pkt),
-            data_out: Some(&mut out),
-            repeat: runs / 100,
-            ..TestRunOptions::new()
-        })?;
-        anyhow::ensure!(
-            r.return_value == expect,
-            "{name}: verdict {} instead of {expect}",
-            r.return_value
-        );
-        calls.push(r.duration.as_nanos() as u64);
-        len = r.data_size_out as usize;
-    }
-    out.truncate(len.min(out.len()));
-    Ok((median(&mut calls), out))
+    measure(dp, name, pkt, expect, (100, runs / 100), |_, _| {})
 }
 
-/// Median ns per run of each path (TestRun floor included, the bench
-/// restore not), the TestRun floor, and the helper calls the paths need.
+/// `runs` single runs (`repeat = 1`, a fresh skb each).
+fn single_runs(
+    dp: &mut Datapath,
+    name: &str,
+    template: &[u8],
+    expect: u32,
+    runs: u32,
+    patch: impl FnMut(u32, &mut [u8]),
+) -> Result<(f64, Vec<u8>)> {
+    measure(dp, name, template, expect, (runs, 1), patch)
+}
+
+/// Median ns per run of each path (its TestRun floor included, the bench
+/// restore not), the floors, and the helper calls the paths need.
 struct Costs {
+    /// Single runs: the worker's paths and the reply encapsulate.
     first: f64,
     est: f64,
-    fwd: f64,
     reply: f64,
-    /// The empty program: what TestRun itself costs per run.
+    /// `repeat` runs.
+    fwd: f64,
+    /// The empty program, `repeat` runs: what TestRun itself costs per run.
     floor: f64,
+    /// The empty program, single runs.
+    single_floor: f64,
     /// Writing the template back (`bench_restore`), above a program that
     /// writes one byte.
     restore: f64,
     csum: f64,
+    /// `bpf_skb_set_tunnel_key` + redirect: the hand-over to the VXLAN
+    /// device (the fallback before a next hop is known).
     tunnel: f64,
+    /// A 50-byte `bpf_skb_adjust_room`: the room for our own VXLAN headers.
+    grow: f64,
     fib: f64,
     redirect: f64,
 }
 
 impl Costs {
     /// The least each path can cost: the floor and the helper calls it
-    /// cannot do without (two checksum updates, address and port, and the
-    /// hand-over to VXLAN for a translated packet; the redirect for a
-    /// forwarded one whose FIB result is cached, the FIB lookup too when
-    /// not; the hand-over for a steered reply).
+    /// cannot do without (two checksum updates, address and port, then the
+    /// room for the VXLAN headers and the redirect for a translated packet;
+    /// the redirect for a forwarded one whose FIB result is cached, the FIB
+    /// lookup too when not; room and redirect for a steered reply).
     fn least(&self) -> Least {
+        let tunnel = self.grow + self.redirect;
         Least {
-            worker: self.floor + 2.0 * self.csum + self.tunnel,
+            worker: self.single_floor + 2.0 * self.csum + tunnel,
             forward_cached: self.floor + self.redirect,
             forward_fib: self.floor + self.fib,
-            reply: self.floor + self.tunnel,
+            reply: self.single_floor + tunnel,
         }
     }
 }
@@ -241,12 +278,20 @@ fn egress_packets(pins: &std::path::Path) -> Result<u64> {
         .map_or(0, |s| s.egress_packets))
 }
 
+/// The frame left the program in our own VXLAN headers (to the VXLAN port).
+fn encapsulated(out: &[u8]) -> bool {
+    out.len() == 64 + 50 && out[36..38] == 4789u16.to_be_bytes()
+}
+
 fn program_costs(runs: u32) -> Result<Costs> {
-    // A namespace with a route and neighbour for the gateway's FIB lookup.
+    // A node with its uplink: the FIB knows the server and its neighbour
+    // (the gateway's forward) and a route to both tunnel endpoints (so the
+    // programs encapsulate themselves, as on a running node).
     let ns = Netns::new("bfib")?;
     ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
     ns.ip(&["link", "set", "up1", "up"])?;
     ns.addr("up0", "203.0.113.1/24")?;
+    ns.addr("up0", "10.100.0.1/24")?;
     ns.ip(&[
         "neigh",
         "add",
@@ -259,12 +304,13 @@ fn program_costs(runs: u32) -> Result<Costs> {
         "permanent",
     ])?;
     ns.enable_forwarding()?;
+    let uplink = link_info(&ns, "up0")?;
     let pins = PinDir::new("bench")?;
     let pin_path: PathBuf = pins.path().to_owned();
     let object = bench_object()?;
     ns.enter(move || {
         let mut dp = Datapath::load(&object, &pin_path)?;
-        let d = desired(true, true, 1, (1, [2, 0, 0, 0, 0xe, 1]));
+        let d = desired(true, true, 1, uplink);
         apply(&mut dp, &d)?;
         let run = |dp: &mut Datapath, name: &str, pkt: &[u8], expect: u32| {
             // The template the `bench_*` path programs restore every run.
@@ -283,22 +329,37 @@ fn program_costs(runs: u32) -> Result<Costs> {
         let reply_pkt = udp(ip4(SRV), ip4(EIP), 443, 40 * BLOCK_SIZE + 5);
 
         let floor = run(&mut dp, "bench_empty", &est_pkt, 0)?.0;
+        let single_floor = single_runs(&mut dp, "bench_empty", &est_pkt, 0, runs, |_, _| {})?.0;
         // What the restore adds to a program that writes the packet anyway
-        // (every measured path does, and pays the writable-skb prologue).
+        // (the forward does, and pays the writable-skb prologue).
         let touch = run(&mut dp, "bench_touch", &est_pkt, 0)?.0;
         let restore = run(&mut dp, "bench_restore", &est_pkt, 0)?.0 - touch;
-        let restore_new = run(&mut dp, "bench_restore_new_flow", &new_flow, 0)?.0 - touch;
+        // A growth and the next run's shrink of 50 bytes: the same work.
+        let grow = (run(&mut dp, "bench_grow_shrink", &est_pkt, 0)?.0 - touch - restore) / 2.0;
 
-        // Worker, first packet: every run a new flow to its own destination
-        // (100.64.0.1 + n). Each run must translate (policy counter) and
-        // the flows must be in the NAT table.
+        // Worker, first packet: every run a new flow, each to its own
+        // destination (so no (destination, port) pair runs out of EIP
+        // ports). Each run must translate (policy counter), the last must
+        // leave in our VXLAN headers, the flows must be in the NAT table.
         let before = egress_packets(&pin_path)?;
-        let first = run(&mut dp, "bench_worker_first", &new_flow, REDIRECT)?.0 - restore_new;
+        let (first, out) = single_runs(
+            &mut dp,
+            "worker_egress",
+            &new_flow,
+            REDIRECT,
+            runs,
+            |i, b| {
+                let d = (0x6440_0000u32 + i + 1).to_be_bytes(); // 100.64.0.0/10
+                b[14 + 16..14 + 20].copy_from_slice(&d);
+                b[14 + 20..14 + 22].copy_from_slice(&((i % 50000) as u16 + 1024).to_be_bytes());
+            },
+        )?;
         let counted = egress_packets(&pin_path)? - before;
         anyhow::ensure!(
-            counted == u64::from(runs / 100 * 100),
+            counted == u64::from(runs),
             "first packet: {counted} of {runs} runs translated"
         );
+        anyhow::ensure!(encapsulated(&out), "first packet: not encapsulated");
         let nat: HashMap<_, NatKey, NatEntry> =
             HashMap::try_from(dp.ebpf.map("NAT_FWD").context("NAT_FWD")?)?;
         let flows = nat.keys().count() as u64;
@@ -309,12 +370,20 @@ fn program_costs(runs: u32) -> Result<Costs> {
 
         // Worker, established flow: the same packet every run.
         let before = egress_packets(&pin_path)?;
-        let est = run(&mut dp, "bench_worker_established", &est_pkt, REDIRECT)?.0 - restore;
+        let (est, out) = single_runs(
+            &mut dp,
+            "worker_egress",
+            &est_pkt,
+            REDIRECT,
+            runs,
+            |_, _| {},
+        )?;
         let counted = egress_packets(&pin_path)? - before;
         anyhow::ensure!(
-            counted == u64::from(runs / 100 * 100),
+            counted == u64::from(runs),
             "established: {counted} of {runs} runs translated"
         );
+        anyhow::ensure!(encapsulated(&out), "established: not encapsulated");
 
         // Gateway, forward: a decapsulated packet from the EIP, out by the
         // FIB. The last output must be forwarded once (TTL 63, the
@@ -326,9 +395,16 @@ fn program_costs(runs: u32) -> Result<Costs> {
             "forward: the output is not the forwarded packet"
         );
 
-        // Gateway, reply: steering leaves the packet as it is, so the
-        // agent's own program runs without a restore.
-        let reply = run(&mut dp, "uplink_ingress", &reply_pkt, REDIRECT)?.0;
+        // Gateway, reply: steered to the worker, in our own headers.
+        let (reply, out) = single_runs(
+            &mut dp,
+            "uplink_ingress",
+            &reply_pkt,
+            REDIRECT,
+            runs,
+            |_, _| {},
+        )?;
+        anyhow::ensure!(encapsulated(&out), "reply: not encapsulated");
 
         let csum = run(&mut dp, "bench_l4_csum_replace", &est_pkt, 0)?.0 - floor;
         let tunnel = run(&mut dp, "bench_tunnel_redirect", &est_pkt, REDIRECT)?.0 - floor;
@@ -340,9 +416,11 @@ fn program_costs(runs: u32) -> Result<Costs> {
             fwd,
             reply,
             floor,
+            single_floor,
             restore,
             csum,
             tunnel,
+            grow,
             fib,
             redirect,
         })
@@ -410,11 +488,8 @@ fn testbed(mode: Mode) -> Result<Bed> {
                 ])?;
                 ns.ip(&["link", "set", VXLAN, "up"])?;
                 let vx = link_info(ns, VXLAN)?.0;
-                let uplink = if worker {
-                    (0, [0; 6])
-                } else {
-                    link_info(ns, "eth1")?
-                };
+                // The worker's uplink faces the gateway; the gateway's the server.
+                let uplink = link_info(ns, if worker { "eth0" } else { "eth1" })?;
                 let d = desired(worker, !worker, vx, uplink);
                 let pin = PinDir::new(if worker { "bw" } else { "bg" })?;
                 let path = pin.path().to_owned();
@@ -647,19 +722,22 @@ fn bench_datapath() -> Result<()> {
         "testrun_runs": RUNS,
         "throughput_rounds": ROUNDS,
         "testrun_floor_ns": r2(c.floor),
+        "testrun_single_run_floor_ns": r2(c.single_floor),
         "bench_restore_ns": r2(c.restore),
-        // Each path less the floor: what the program itself costs.
+
+        // Each path less the floor of its method: what the program costs.
         "net_of_floor_ns": {
-            "worker_first_packet": r2(c.first - c.floor),
-            "worker_established": r2(c.est - c.floor),
+            "worker_first_packet": r2(c.first - c.single_floor),
+            "worker_established": r2(c.est - c.single_floor),
             "gateway_forward": r2(c.fwd - c.floor),
-            "gateway_reply": r2(c.reply - c.floor),
+            "gateway_reply": r2(c.reply - c.single_floor),
         },
         // The helper calls alone (above the floor), and the least each
         // path can cost: floor + the helpers it cannot do without.
         "helper_ns": {
             "l4_csum_replace": r2(c.csum),
             "set_tunnel_key_and_redirect": r2(c.tunnel),
+            "adjust_room_50": r2(c.grow),
             "fib_lookup_and_redirect": r2(c.fib),
             "redirect": r2(c.redirect),
         },
@@ -690,16 +768,19 @@ fn bench_program_costs() -> Result<()> {
     let l = c.least();
     eprintln!(
         "ns/packet ({runs} runs): first {:.1}, established {:.1}, forward {:.1}, reply {:.1} \
-         (floor {:.1}, restore {:.1}; csum {:.1}, tunnel {:.1}, fib {:.1}, redirect {:.1}; \
+         (floor {:.1}, single-run floor {:.1}, restore {:.1}; csum {:.1}, tunnel {:.1}, \
+         grow {:.1}, fib {:.1}, redirect {:.1}; \
          least {:.1}/{:.1}/{:.1})",
         c.first,
         c.est,
         c.fwd,
         c.reply,
         c.floor,
+        c.single_floor,
         c.restore,
         c.csum,
         c.tunnel,
+        c.grow,
         c.fib,
         c.redirect,
         l.worker,

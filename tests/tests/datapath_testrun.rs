@@ -69,6 +69,7 @@ fn desired() -> DesiredMaps {
             node_tunnel_ip: WORKER_TUNNEL,
             timeouts: NatTimeouts::default(),
             probe_port: PROBE_PORT,
+            vxlan_port: 4789,
         },
         policies: vec![
             PolicyRule {
@@ -430,6 +431,130 @@ fn worker_snat_tcp_v4_first_packet_and_established_flow() -> anyhow::Result<()> 
         (IpAddr::from(EIP), 2, 2)
     );
     assert_eq!(fx.all_drops(), 0);
+    Ok(())
+}
+
+/// The outer headers of a frame the worker encapsulated itself, checked
+/// (IPv4 header checksum by etherparse; DF, TTL 64, this node's and the
+/// gateway's tunnel addresses; UDP to the VXLAN port, zero checksum, a
+/// length that covers the rest; the VXLAN header with the VNI), and the
+/// inner frame. (The outer MACs are the neighbour subsystem's to write.)
+fn outer_vxlan(frame: &[u8], vni: u32) -> Vec<u8> {
+    let p = SlicedPacket::from_ethernet(frame).expect("outer frame parses");
+    let Some(NetSlice::Ipv4(ip)) = &p.net else {
+        panic!("outer not IPv4")
+    };
+    let h = ip.header().to_header();
+    assert_eq!(
+        h.header_checksum,
+        h.calc_header_checksum(),
+        "outer IPv4 checksum"
+    );
+    assert!(h.dont_fragment, "outer DF");
+    assert_eq!(h.time_to_live, 64);
+    assert_eq!(
+        (Ipv4Addr::from(h.source), Ipv4Addr::from(h.destination)),
+        (WORKER_TUNNEL, GW_TUNNEL)
+    );
+    assert_eq!(
+        usize::from(h.total_len),
+        frame.len() - 14,
+        "outer IPv4 length"
+    );
+    let Some(TransportSlice::Udp(u)) = &p.transport else {
+        panic!("outer not UDP")
+    };
+    assert_eq!(u.destination_port(), 4789);
+    assert!(
+        u.source_port() >= 0xc000,
+        "source port from the entropy range"
+    );
+    assert_eq!(u.checksum(), 0, "zero outer UDP checksum");
+    assert_eq!(usize::from(u.length()), frame.len() - 34, "UDP length");
+    let vx = u.payload();
+    let v = vni.to_be_bytes();
+    assert_eq!(
+        &vx[..8],
+        &[0x08, 0, 0, 0, v[1], v[2], v[3], 0],
+        "VXLAN header"
+    );
+    vx[8..].to_vec()
+}
+
+/// When the FIB has a route to the gateway's tunnel endpoint, the worker
+/// writes the VXLAN headers itself and the packet leaves by the uplink
+/// (the neighbour subsystem resolves the next hop); without one it hands
+/// the packet to the VXLAN device. Both carry the same translated packet.
+#[test]
+#[ignore = "needs root: loads BPF programs in a network namespace"]
+fn worker_encapsulates_itself_when_the_gateway_is_routable() -> anyhow::Result<()> {
+    let ns = Netns::new("encap")?;
+    ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
+    ns.ip(&["link", "set", "up1", "up"])?;
+    ns.ip(&["link", "set", "up0", "up"])?;
+    ns.enable_forwarding()?;
+    let uplink: serde_json::Value =
+        serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", "up0"])?)?;
+    let uplink_ifindex = uplink[0]["ifindex"].as_u64().unwrap() as u32;
+    let name = ns.name().to_string();
+    ns.enter(move || {
+        let mut d = desired();
+        d.config.uplink_ifindex = uplink_ifindex;
+        let mut fx = fixture_with(&d)?;
+        let pkt = udp4(POD, SERVER, 5353, 53, b"q");
+
+        // No route to the gateway's tunnel endpoint: the device's way.
+        let (rc, out) = fx.run("worker_egress", &pkt)?;
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        let plain = check(&out);
+        assert_eq!(plain.src, IpAddr::from(EIP));
+
+        // The underlay is routable (no neighbour entry needed): the same
+        // translation, in our own headers.
+        let cidr = format!("{WORKER_TUNNEL}/24");
+        let st = std::process::Command::new("ip")
+            .args(["-n", &name, "addr", "add", &cidr, "dev", "up0"])
+            .status()?;
+        anyhow::ensure!(st.success(), "ip addr add");
+        let (rc, out) = fx.run("worker_egress", &pkt)?;
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        let inner = outer_vxlan(&out, d.config.vni);
+        assert_eq!(check(&inner), plain, "the same translated packet inside");
+        assert_eq!(&inner[..12], &pkt[..12], "the pod's own MACs inside");
+
+        // An IPv6 pod's packet over the IPv4 underlay.
+        let (rc, out) = fx.run("worker_egress", &udp6(POD6, SERVER6, 5353, 53, b"q"))?;
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        let s6 = check(&outer_vxlan(&out, d.config.vni));
+        assert_eq!(
+            (s6.src, s6.dst),
+            (IpAddr::from(EIP6), IpAddr::from(SERVER6))
+        );
+        assert_eq!(fx.all_drops(), 0);
+        Ok(())
+    })
+}
+
+/// A CONFIG map pinned by an older object with another layout is replaced
+/// when the datapath loads (a reused one would not fit the programs).
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_config_pinned_with_another_layout_is_replaced_on_load() -> anyhow::Result<()> {
+    let pins = PinDir::new("cfgpin")?;
+    let path = pins.path().join("CONFIG");
+    let path_s = path.to_str().unwrap();
+    std::fs::create_dir_all(pins.path())?;
+    egress_tests::run(&[
+        "bpftool", "map", "create", path_s, "type", "array", "key", "4", "value", "56", "entries",
+        "1", "name", "CONFIG",
+    ])?;
+    let mut dp = Datapath::load(EBPF_OBJECT, pins.path())?;
+    apply(&mut dp, &desired())?;
+    let size = aya::maps::MapData::from_pin(&path)?.info()?.value_size();
+    assert_eq!(
+        size as usize,
+        std::mem::size_of::<egress_common::config::DatapathConfig>()
+    );
     Ok(())
 }
 

@@ -32,6 +32,8 @@ pub struct NodeFacts {
     pub l2_announce: bool,
     /// UDP port of the controller's probes, answered by the datapath (0: off).
     pub probe_port: u16,
+    /// UDP port of the VXLAN tunnel.
+    pub vxlan_port: u16,
 }
 
 /// A policy that selects pods on this node but cannot be applied here yet
@@ -325,6 +327,7 @@ pub fn desired_maps(
         port_block_size: block_size.unwrap_or(NodeConfig::default().port_block_size),
         node_tunnel_ip: facts.tunnel_ip,
         probe_port: facts.probe_port,
+        vxlan_port: facts.vxlan_port,
         ..NodeConfig::default()
     };
     let maps = DesiredMaps {
@@ -363,6 +366,7 @@ mod tests {
             tunnel_mtu: 1450,
             l2_announce: true,
             probe_port: 0,
+            vxlan_port: 4789,
         }
     }
 

@@ -185,6 +185,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         // The datapath answers the controller's probes itself, so an agent
         // restart is not a dead gateway.
         probe_port: s.probe.map_or(0, |(_, port)| port),
+        vxlan_port: s.vxlan.port,
     };
 
     let me = SelfDescription {

@@ -185,6 +185,8 @@ pub struct NodeConfig {
     pub timeouts: NatTimeouts,
     /// UDP port of the controller's probes the datapath answers (0: none).
     pub probe_port: u16,
+    /// UDP port of the VXLAN tunnel.
+    pub vxlan_port: u16,
 }
 
 impl Default for NodeConfig {
@@ -201,6 +203,7 @@ impl Default for NodeConfig {
             node_tunnel_ip: Ipv4Addr::UNSPECIFIED,
             timeouts: NatTimeouts::default(),
             probe_port: 0,
+            vxlan_port: 4789,
         }
     }
 }

@@ -63,23 +63,34 @@ fn errno_in(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
     None
 }
 
-/// A `DROPS` map pinned by an older object with fewer drop reasons would be
-/// reused as it is (pinned maps are reused by name) and the new reasons
-/// never counted: unpin it so that a map of the right size is created. Only
-/// counters are lost; nothing the programs decide on.
-fn replace_short_drop_counters(pin_dir: &Path) {
-    let path = pin_dir.join(egress_common::maps::DROPS);
-    let Ok(data) = aya::maps::MapData::from_pin(&path) else {
-        return;
-    };
-    let short = data
-        .info()
-        .map(|i| (i.max_entries() as usize) < egress_common::drops::DROP_REASONS)
-        .unwrap_or(false);
-    drop(data);
-    if short {
-        tracing::info!(path = %path.display(), "drop counters pinned by an older datapath hold fewer reasons; replacing them");
-        let _ = std::fs::remove_file(&path);
+/// A pinned map whose shape an older object defined differently would be
+/// reused as it is (pinned maps are reused by name): unpin it so that a
+/// map of the right shape is created. `DROPS` with fewer drop reasons (only
+/// counters are lost) and `CONFIG` of another size (the agent writes it
+/// whole on its first apply).
+/// Whether a pinned map's shape no longer fits the object.
+type Incompatible = fn(&aya::maps::MapInfo) -> bool;
+
+fn replace_incompatible_pins(pin_dir: &Path) {
+    let checks: [(&str, Incompatible); 2] = [
+        (egress_common::maps::DROPS, |i| {
+            (i.max_entries() as usize) < egress_common::drops::DROP_REASONS
+        }),
+        (egress_common::maps::CONFIG, |i| {
+            i.value_size() as usize != core::mem::size_of::<egress_common::config::DatapathConfig>()
+        }),
+    ];
+    for (name, incompatible) in checks {
+        let path = pin_dir.join(name);
+        let Ok(data) = aya::maps::MapData::from_pin(&path) else {
+            continue;
+        };
+        let replace = data.info().map(|i| incompatible(&i)).unwrap_or(false);
+        drop(data);
+        if replace {
+            tracing::info!(path = %path.display(), "map pinned by an older datapath has another shape; replacing it");
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }
 
@@ -101,7 +112,7 @@ impl Datapath {
             path: pin_dir.to_owned(),
             source,
         })?;
-        replace_short_drop_counters(pin_dir);
+        replace_incompatible_pins(pin_dir);
         let paths: Vec<(&str, PathBuf)> =
             PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         let mut loader = EbpfLoader::new();

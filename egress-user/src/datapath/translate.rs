@@ -103,6 +103,8 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         timeouts: c.timeouts,
         policy_epoch: 0,
         gateway_epoch: 0,
+        vxlan_port: c.vxlan_port,
+        _pad: [0; 6],
     };
 
     // Sources and destinations per slot; "no destSubnet" means everything.

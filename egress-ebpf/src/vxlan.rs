@@ -1,0 +1,265 @@
+//! VXLAN encapsulation written by the program itself: the outer Ethernet,
+//! IPv4, UDP and VXLAN headers go in front of the frame with
+//! `bpf_skb_adjust_room` (which also marks a GSO packet as UDP-tunnelled,
+//! so the kernel segments it right), and the packet leaves by the uplink
+//! directly. That skips the VXLAN device's transmit path, which routes
+//! every packet again (a tunnel key set by a program is never cached).
+//!
+//! The outer next hop (interface and next-hop address) of each remote
+//! tunnel endpoint comes from the FIB and is kept per CPU for
+//! `HOP_CACHE_NS`; the packet leaves with `bpf_redirect_neigh`, so the
+//! kernel's neighbour subsystem writes the link header and keeps the
+//! neighbour entry fresh (it resolves or re-probes it as its own traffic
+//! would). When the FIB has no route, or the packet is too large for the
+//! egress interface, the caller falls back to the VXLAN device.
+
+use aya_ebpf::{
+    bindings::{
+        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_F_ADJ_ROOM_ENCAP_L2_ETH,
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO,
+    },
+    btf_maps::PerCpuArray,
+    helpers::generated::{bpf_fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect_neigh},
+    macros::btf_map,
+    programs::TcContext,
+};
+use egress_common::config::DatapathConfig;
+
+use crate::{
+    ctx::{fold, ptr_at},
+    hdr::*,
+};
+
+/// How long a next hop is used before the FIB is asked again.
+pub const HOP_CACHE_NS: u64 = 200_000_000;
+
+/// Outer IPv4 + UDP + VXLAN, and the inner Ethernet header that follows.
+const OUTER_LEN: usize = 20 + 8 + 8;
+const GROW: usize = OUTER_LEN + ETH_LEN;
+const AF_INET: u8 = 2;
+const SLOTS: usize = 256;
+
+/// A remote tunnel endpoint's next hop.
+#[repr(C)]
+pub struct Hop {
+    pub expires_ns: u64,
+    /// The endpoint (IPv4, network order bytes).
+    pub remote: [u8; 4],
+    pub ifindex: u32,
+    /// The next-hop address (the endpoint itself when it is on-link).
+    pub via: u32,
+    pub _pad: u32,
+}
+
+#[btf_map]
+static TUNNEL_HOPS: PerCpuArray<Hop, SLOTS> = PerCpuArray::new();
+
+/// The outer headers, in wire order.
+#[repr(C)]
+struct Outer {
+    eth: EthHdr,
+    ip: Ipv4Hdr,
+    udp: UdpHdr,
+    vxlan_flags: [u8; 4],
+    vni: [u8; 4],
+    inner_eth: EthHdr,
+}
+
+/// The outer UDP source port's seed for a flow: the same for every packet
+/// of it, different across flows (so the underlay's ECMP spreads them).
+#[inline(always)]
+pub fn entropy(src: u32, dst: u32, ports: u32) -> u32 {
+    let h = (src ^ dst.rotate_left(16) ^ ports).wrapping_mul(0x9e37_79b1);
+    h ^ (h >> 16)
+}
+
+#[inline(always)]
+pub fn flow_entropy(f: &crate::flow::Flow) -> u32 {
+    let w = |a: &egress_common::addr::Addr| {
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]])
+            ^ u32::from_ne_bytes([a[4], a[5], a[6], a[7]])
+            ^ u32::from_ne_bytes([a[8], a[9], a[10], a[11]])
+            ^ u32::from_ne_bytes([a[12], a[13], a[14], a[15]])
+    };
+    entropy(
+        w(&f.src),
+        w(&f.dst),
+        u32::from(f.sport) << 16 | u32::from(f.dport),
+    )
+}
+
+/// This CPU's live next hop for `remote` (interface, next-hop address as
+/// the FIB writes it), asking the FIB on a miss.
+#[inline(always)]
+fn next_hop(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Option<(u32, u32)> {
+    let r = u32::from_ne_bytes(remote);
+    let idx = (r.wrapping_mul(0x9e37_79b1) >> 24) % SLOTS as u32;
+    let slot = TUNNEL_HOPS.get_ptr_mut(idx)?;
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: this CPU's slot; programs do not nest on one CPU.
+    unsafe {
+        if (*slot).remote == remote && now < (*slot).expires_ns {
+            return Some(((*slot).ifindex, (*slot).via));
+        }
+    }
+    if cfg.uplink_ifindex == 0 {
+        return None;
+    }
+    // SAFETY: a zeroed parameter block is valid.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = IPPROTO_UDP;
+    // As a packet arriving on the uplink would be routed (any egress
+    // interface; nodes forward, so the lookup is allowed).
+    p.ifindex = cfg.uplink_ifindex;
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(cfg.node_tunnel_ip);
+    p.__bindgen_anon_4.ipv4_dst = r;
+    // SAFETY: helper with a valid stack parameter block.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    } as u32;
+    // Without a neighbour entry the route is still known: the neighbour
+    // subsystem resolves it when the packet leaves.
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        return None;
+    }
+    // SAFETY: the IPv4 member is the one the lookup wrote.
+    let via = unsafe { p.__bindgen_anon_4.ipv4_dst };
+    // SAFETY: as above.
+    unsafe {
+        (*slot).remote = remote;
+        (*slot).ifindex = p.ifindex;
+        (*slot).via = via;
+        (*slot).expires_ns = now + HOP_CACHE_NS;
+    }
+    Some((p.ifindex, via))
+}
+
+/// Encapsulates the frame toward `remote` and redirects it out of the
+/// uplink. `entropy` picks the outer UDP source port (flows spread over
+/// the underlay's ECMP paths). `None`: nothing was changed, use the device.
+#[inline(always)]
+pub fn encapsulate(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    remote: [u8; 4],
+    entropy: u32,
+) -> Option<i32> {
+    let v = encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy);
+    if v < 0 {
+        None
+    } else {
+        Some(v as i32)
+    }
+}
+
+/// Non-inlined (its FIB parameter block would push the callers past the
+/// 512-byte stack); the verdict travels as one i64, -1 for "not done".
+#[inline(never)]
+fn encapsulate_raw(ctx: &TcContext, cfg: &DatapathConfig, remote: u32, entropy: u32) -> i64 {
+    match encapsulate_inner(ctx, cfg, remote.to_ne_bytes(), entropy) {
+        Some(v) => i64::from(v),
+        None => -1,
+    }
+}
+
+#[inline(always)]
+fn encapsulate_inner(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    remote: [u8; 4],
+    entropy: u32,
+) -> Option<i32> {
+    let (ifindex, via) = next_hop(ctx, cfg, remote)?;
+    let inner_eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
+    // SAFETY: bounds checked by ptr_at; copied before the packet changes.
+    let inner = unsafe { core::ptr::read(inner_eth) };
+    let frame_len = ctx.len();
+    let flags = u64::from(
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+            | BPF_F_ADJ_ROOM_ENCAP_L4_UDP
+            | BPF_F_ADJ_ROOM_ENCAP_L2_ETH
+            // The pod's segments already fit the tunnel (MSS clamp).
+            | BPF_F_ADJ_ROOM_FIXED_GSO,
+    ) | ((ETH_LEN as u64) << 56);
+    ctx.adjust_room(GROW as i32, BPF_ADJ_ROOM_MAC, flags).ok()?;
+    let o: *mut Outer = match ptr_at(ctx, 0) {
+        Ok(p) => p,
+        // The room is there but the headers cannot be written: the
+        // packet is no longer what the device path expects either.
+        Err(_) => return Some(aya_ebpf::bindings::TC_ACT_SHOT as i32),
+    };
+    let ip_len = (OUTER_LEN as u32 + frame_len) as u16;
+    let udp_len = ip_len - 20;
+    let sport = 0xc000 | (entropy as u16 & 0x3fff);
+    // SAFETY: bounds checked by ptr_at; no helper call until the redirect.
+    unsafe {
+        // The neighbour subsystem writes the addresses.
+        (*o).eth = EthHdr {
+            dst: [0; 6],
+            src: [0; 6],
+            proto: ETH_P_IP.to_be_bytes(),
+        };
+        (*o).ip = Ipv4Hdr {
+            version_ihl: 0x45,
+            tos: 0,
+            tot_len: ip_len.to_be_bytes(),
+            id: [0, 0],
+            frag_off: [0x40, 0], // DF: the inner packets are sized to fit
+            ttl: 64,
+            proto: IPPROTO_UDP,
+            check: [0, 0],
+            saddr: cfg.node_tunnel_ip,
+            daddr: remote,
+        };
+        let s = cfg.node_tunnel_ip;
+        let words = [
+            0x4500u32,
+            u32::from(ip_len),
+            0x4000,
+            0x4000 | u32::from(IPPROTO_UDP),
+            u32::from(u16::from_be_bytes([s[0], s[1]])),
+            u32::from(u16::from_be_bytes([s[2], s[3]])),
+            u32::from(u16::from_be_bytes([remote[0], remote[1]])),
+            u32::from(u16::from_be_bytes([remote[2], remote[3]])),
+        ];
+        let mut sum = 0u32;
+        let mut i = 0;
+        while i < words.len() {
+            sum += words[i];
+            i += 1;
+        }
+        (*o).ip.check = fold(sum).to_be_bytes();
+        (*o).udp = UdpHdr {
+            source: sport.to_be_bytes(),
+            dest: cfg.vxlan_port.to_be_bytes(),
+            len: udp_len.to_be_bytes(),
+            // Zero: RFC 7348's advice for IPv4, as the kernel device does.
+            check: [0, 0],
+        };
+        (*o).vxlan_flags = [0x08, 0, 0, 0];
+        let v = cfg.vni.to_be_bytes();
+        (*o).vni = [v[1], v[2], v[3], 0];
+        (*o).inner_eth = inner;
+    }
+    // SAFETY: a zeroed block is valid; the IPv4 member matches the family.
+    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    nh.nh_family = u32::from(AF_INET);
+    nh.__bindgen_anon_1.ipv4_nh = via;
+    // SAFETY: helper with a valid stack parameter block.
+    Some(unsafe {
+        bpf_redirect_neigh(
+            ifindex,
+            &mut nh,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
+    } as i32)
+}
