@@ -177,11 +177,19 @@ fn encapsulate_inner(
     remote: [u8; 4],
     entropy: u32,
 ) -> Option<i32> {
+    let frame_len = ctx.len();
+    // SAFETY: skb pointer from the context.
+    let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
+    // An IPv4 packet without DF that does not fit the tunnel (the programs
+    // let it through, as a router would): the device fragments the outer
+    // packet, as the kernel's tunnels do; we send with DF.
+    if !gso && cfg.tunnel_mtu != 0 && frame_len > u32::from(cfg.tunnel_mtu) + ETH_LEN as u32 {
+        return None;
+    }
     let (ifindex, via) = next_hop(ctx, cfg, remote)?;
     let inner_eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     // SAFETY: bounds checked by ptr_at; copied before the packet changes.
     let inner = unsafe { core::ptr::read(inner_eth) };
-    let frame_len = ctx.len();
     let flags = u64::from(
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
             | BPF_F_ADJ_ROOM_ENCAP_L4_UDP

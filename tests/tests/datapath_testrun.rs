@@ -522,6 +522,17 @@ fn worker_encapsulates_itself_when_the_gateway_is_routable() -> anyhow::Result<(
         assert_eq!(check(&inner), plain, "the same translated packet inside");
         assert_eq!(&inner[..12], &pkt[..12], "the pod's own MACs inside");
 
+        // An IPv4 packet without DF that does not fit the tunnel: the device
+        // (which fragments the outer packet; ours carry DF).
+        let mut big = udp4(POD, SERVER, 5353, 53, &[0xab; 1500 - 20 - 8]);
+        big[14 + 6] &= !0x40;
+        let ip = etherparse::Ipv4HeaderSlice::from_slice(&big[14..])?.to_header();
+        big[14 + 10..14 + 12].copy_from_slice(&ip.calc_header_checksum().to_be_bytes());
+        let (rc, out) = fx.run("worker_egress", &big)?;
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(out.len(), big.len(), "no outer header: the device's way");
+        assert_eq!(check(&out).src, IpAddr::from(EIP));
+
         // An IPv6 pod's packet over the IPv4 underlay.
         let (rc, out) = fx.run("worker_egress", &udp6(POD6, SERVER6, 5353, 53, b"q"))?;
         assert_eq!(rc, TC_ACT_REDIRECT);
