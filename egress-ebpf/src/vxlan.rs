@@ -202,8 +202,15 @@ fn encapsulate_inner(
         Ok(p) => p,
         // The room is there but the headers cannot be written: the
         // packet is no longer what the device path expects either.
-        Err(_) => return Some(aya_ebpf::bindings::TC_ACT_SHOT as i32),
+        Err(_) => {
+            return Some(crate::ctx::drop_with(
+                ctx,
+                egress_common::drops::DROP_HELPER,
+            ));
+        }
     };
+    // For a GSO packet these lengths are placeholders (it may exceed 64 kB):
+    // segmentation writes each segment's own.
     let ip_len = (OUTER_LEN as u32 + frame_len) as u16;
     let udp_len = ip_len - 20;
     let sport = 0xc000 | (entropy as u16 & 0x3fff);
