@@ -221,6 +221,9 @@ struct Costs {
     reply: f64,
     /// `repeat` runs.
     fwd: f64,
+    /// The same forward as single runs: how the two methods compare on
+    /// one path.
+    fwd_single: f64,
     /// The empty program, `repeat` runs: what TestRun itself costs per run.
     floor: f64,
     /// The empty program, single runs.
@@ -388,6 +391,15 @@ fn program_costs(runs: u32) -> Result<Costs> {
         // Gateway, forward: a decapsulated packet from the EIP, out by the
         // FIB. The last output must be forwarded once (TTL 63, the
         // neighbour's MAC), which the restore makes true of every run.
+        let fwd_single = single_runs(
+            &mut dp,
+            "tunnel_ingress",
+            &fwd_pkt,
+            REDIRECT,
+            runs,
+            |_, _| {},
+        )?
+        .0;
         let (fwd, out) = run(&mut dp, "bench_gateway_forward", &fwd_pkt, REDIRECT)?;
         let fwd = fwd - restore;
         anyhow::ensure!(
@@ -414,6 +426,7 @@ fn program_costs(runs: u32) -> Result<Costs> {
             first,
             est,
             fwd,
+            fwd_single,
             reply,
             floor,
             single_floor,
@@ -710,6 +723,7 @@ fn bench_datapath() -> Result<()> {
         "worker_first_packet_ns": r2(c.first),
         "worker_established_ns": r2(c.est),
         "gateway_forward_ns": r2(c.fwd),
+        "gateway_forward_single_run_ns": r2(c.fwd_single),
         "gateway_reply_ns": r2(c.reply),
         "throughput_ebpf_gbps": r2(tcp_e),
         "throughput_iptables_gbps": r2(tcp_i),
@@ -767,13 +781,14 @@ fn bench_program_costs() -> Result<()> {
     let c = program_costs(runs)?;
     let l = c.least();
     eprintln!(
-        "ns/packet ({runs} runs): first {:.1}, established {:.1}, forward {:.1}, reply {:.1} \
+        "ns/packet ({runs} runs): first {:.1}, established {:.1}, forward {:.1} (single {:.1}), reply {:.1} \
          (floor {:.1}, single-run floor {:.1}, restore {:.1}; csum {:.1}, tunnel {:.1}, \
          grow {:.1}, fib {:.1}, redirect {:.1}; \
          least {:.1}/{:.1}/{:.1})",
         c.first,
         c.est,
         c.fwd,
+        c.fwd_single,
         c.reply,
         c.floor,
         c.single_floor,
