@@ -13,11 +13,9 @@
 //! beyond them.
 
 use aya_ebpf::{
-    bindings::{
-        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, bpf_tunnel_key, TC_ACT_OK,
-    },
+    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, TC_ACT_OK},
     btf_maps::Array,
-    helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_skb_set_tunnel_key},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -124,28 +122,11 @@ pub fn bench_l4_csum_replace(ctx: TcContext) -> i32 {
     }
 }
 
-/// `bpf_skb_set_tunnel_key` and `bpf_redirect`: handing a packet to VXLAN.
+/// `bpf_skb_set_tunnel_key` and `bpf_redirect`: handing a packet to the
+/// VXLAN device.
 #[classifier]
 pub fn bench_tunnel_redirect(ctx: TcContext) -> i32 {
-    // SAFETY: a zeroed key is valid.
-    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
-    key.tunnel_id = 7;
-    key.__bindgen_anon_1.remote_ipv4 = 0x0a64_000b;
-    key.tunnel_ttl = 64;
-    // SAFETY: skb from the context; key is a valid stack buffer.
-    let rc = unsafe {
-        bpf_skb_set_tunnel_key(
-            ctx.skb.skb,
-            &mut key,
-            core::mem::size_of::<bpf_tunnel_key>() as u32,
-            0,
-        )
-    };
-    if rc != 0 {
-        return -1;
-    }
-    // SAFETY: plain helper call.
-    unsafe { bpf_redirect(1, 0) as i32 }
+    crate::fwd::via_vxlan_device(&ctx, 7, [10, 100, 0, 11], 1).unwrap_or(-1)
 }
 
 /// `bpf_redirect` alone: all a forwarded packet needs when its FIB result

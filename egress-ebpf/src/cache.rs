@@ -53,7 +53,7 @@ pub static STEER_CACHE: PerCpuArray<SteerSlot, SLOTS> = PerCpuArray::new();
 /// Folds an address into one word (all four for IPv6; IPv4-mapped
 /// addresses differ only in the last).
 #[inline(always)]
-fn fold(a: &Addr) -> u32 {
+pub fn fold(a: &Addr) -> u32 {
     let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
     w(0) ^ w(4) ^ w(8) ^ w(12)
 }

@@ -22,12 +22,9 @@ use crate::{
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
-/// Sets the VXLAN metadata (remote endpoint, VNI) and redirects to the
-/// node's VXLAN device, which encapsulates. The outer UDP checksum is left
-/// zero, as RFC 7348 recommends for VXLAN over IPv4 and as a kernel VXLAN
-/// device does by default: the inner packet has its own checksums, and a
-/// GSO packet with an outer checksum must be segmented in software by
-/// devices that cannot compute one per segment.
+/// Sends the frame through the tunnel to `remote`: in VXLAN headers the
+/// program writes itself (see `vxlan`), or, when that cannot be done, by
+/// the node's VXLAN device.
 #[inline(always)]
 pub fn encap(
     ctx: &TcContext,
@@ -38,9 +35,25 @@ pub fn encap(
     if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy) {
         return Ok(v);
     }
+    via_vxlan_device(ctx, cfg.vni, remote, cfg.vxlan_ifindex)
+}
+
+/// Sets the VXLAN metadata (remote endpoint, VNI) and redirects to the
+/// VXLAN device `ifindex`, which encapsulates. The outer UDP checksum is
+/// left zero, as RFC 7348 recommends for VXLAN over IPv4 and as a kernel
+/// VXLAN device does by default: the inner packet has its own checksums,
+/// and a GSO packet with an outer checksum must be segmented in software
+/// by devices that cannot compute one per segment.
+#[inline(always)]
+pub fn via_vxlan_device(
+    ctx: &TcContext,
+    vni: u32,
+    remote: [u8; 4],
+    ifindex: u32,
+) -> Result<i32, u32> {
     // SAFETY: a zeroed bpf_tunnel_key is a valid value.
     let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
-    key.tunnel_id = cfg.vni;
+    key.tunnel_id = vni;
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(remote);
     key.tunnel_ttl = 64;
     // SAFETY: skb pointer from the context; key is a valid stack buffer.
@@ -56,7 +69,7 @@ pub fn encap(
         return Err(DROP_HELPER);
     }
     // SAFETY: plain helper call.
-    Ok(unsafe { bpf_redirect(cfg.vxlan_ifindex, 0) } as i32)
+    Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }
 
 /// Delivers to a pod's host-side veth; the kernel fills in the MACs from

@@ -76,15 +76,10 @@ pub fn entropy(src: u32, dst: u32, ports: u32) -> u32 {
 
 #[inline(always)]
 pub fn flow_entropy(f: &crate::flow::Flow) -> u32 {
-    let w = |a: &egress_common::addr::Addr| {
-        u32::from_ne_bytes([a[0], a[1], a[2], a[3]])
-            ^ u32::from_ne_bytes([a[4], a[5], a[6], a[7]])
-            ^ u32::from_ne_bytes([a[8], a[9], a[10], a[11]])
-            ^ u32::from_ne_bytes([a[12], a[13], a[14], a[15]])
-    };
+    use crate::cache::fold;
     entropy(
-        w(&f.src),
-        w(&f.dst),
+        fold(&f.src),
+        fold(&f.dst),
         u32::from(f.sport) << 16 | u32::from(f.dport),
     )
 }
