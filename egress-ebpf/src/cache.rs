@@ -71,6 +71,35 @@ pub fn fwd_slot(src: &Addr, dst: &Addr) -> Option<*mut FwdSlot> {
 }
 
 #[inline(always)]
-pub fn steer_slot(eip: &Addr, block: u16) -> Option<*mut SteerSlot> {
+fn steer_slot(eip: &Addr, block: u16) -> Option<*mut SteerSlot> {
     STEER_CACHE.get_ptr_mut(slot(fold(eip), u32::from(block)))
+}
+
+/// The steering (`STEER_*` flags, worker tunnel endpoint) this CPU cached
+/// for (EIP, block) under `epoch` (not 0).
+#[inline(always)]
+pub fn cached_steering(eip: &Addr, block: u16, epoch: u32) -> Option<(u32, [u8; 4])> {
+    let s = steer_slot(eip, block)?;
+    // SAFETY: this CPU's slot; programs do not nest on one CPU.
+    unsafe {
+        if (*s).epoch != epoch || (*s).block != block || (*s).eip != *eip {
+            return None;
+        }
+        Some(((*s).flags, (*s).worker_tunnel_ip))
+    }
+}
+
+/// Caches the steering of (EIP, block), found in the tables under `epoch`.
+#[inline(always)]
+pub fn remember_steering(eip: &Addr, block: u16, epoch: u32, flags: u32, worker: [u8; 4]) {
+    if let Some(s) = steer_slot(eip, block) {
+        // SAFETY: this CPU's slot; programs do not nest on one CPU.
+        unsafe {
+            (*s).eip = *eip;
+            (*s).block = block;
+            (*s).flags = flags;
+            (*s).epoch = epoch;
+            (*s).worker_tunnel_ip = worker;
+        }
+    }
 }

@@ -21,7 +21,7 @@ use egress_common::{
 };
 
 use crate::{
-    cache::steer_slot,
+    cache::{cached_steering, remember_steering},
     ctx::{drop_with, ptr_at},
     flow::Flow,
     flow::{parse, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
@@ -273,16 +273,8 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     let bs = cfg.port_block_size;
     if bs != 0 && cfg.gateway_epoch != 0 {
         // A cached steering was found for an owned EIP under this epoch.
-        if let Some(s) = steer_slot(&f.dst, port / bs) {
-            // SAFETY: this CPU's slot; programs do not nest on one CPU.
-            let hit = unsafe {
-                (*s).epoch == cfg.gateway_epoch && (*s).block == port / bs && (*s).eip == f.dst
-            };
-            if hit {
-                // SAFETY: as above.
-                let (flags, worker) = unsafe { ((*s).flags, (*s).worker_tunnel_ip) };
-                return steer(ctx, cfg, f, flags, worker);
-            }
+        if let Some((flags, worker)) = cached_steering(&f.dst, port / bs, cfg.gateway_epoch) {
+            return steer(ctx, cfg, f, flags, worker);
         }
     }
     let owned = match OWNED_EIPS.get_ptr(&f.dst) {
@@ -310,16 +302,13 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         }
     };
     if cfg.gateway_epoch != 0 {
-        if let Some(s) = steer_slot(&f.dst, key.block) {
-            // SAFETY: this CPU's slot; programs do not nest on one CPU.
-            unsafe {
-                (*s).eip = f.dst;
-                (*s).block = key.block;
-                (*s).flags = target.flags;
-                (*s).epoch = cfg.gateway_epoch;
-                (*s).worker_tunnel_ip = target.worker_tunnel_ip;
-            }
-        }
+        remember_steering(
+            &f.dst,
+            key.block,
+            cfg.gateway_epoch,
+            target.flags,
+            target.worker_tunnel_ip,
+        );
     }
     steer(ctx, cfg, f, target.flags, target.worker_tunnel_ip)
 }
@@ -364,18 +353,10 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         _ => return None,
     };
     let block = dport / bs;
-    let s = steer_slot(&dst, block)?;
-    // SAFETY: this CPU's slot; programs do not nest on one CPU.
-    let worker = unsafe {
-        if (*s).epoch != cfg.gateway_epoch
-            || (*s).block != block
-            || (*s).eip != dst
-            || (*s).flags & STEER_LOCAL != 0
-        {
-            return None;
-        }
-        (*s).worker_tunnel_ip
-    };
+    let (flags, worker) = cached_steering(&dst, block, cfg.gateway_epoch)?;
+    if flags & STEER_LOCAL != 0 {
+        return None;
+    }
     let entropy = crate::vxlan::entropy(
         u32::from_ne_bytes(saddr),
         u32::from_ne_bytes(daddr),
