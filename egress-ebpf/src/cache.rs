@@ -16,7 +16,8 @@ use egress_common::addr::Addr;
 /// used before the FIB is asked again.
 pub const FWD_CACHE_NS: u64 = 200_000_000;
 
-const SLOTS: usize = 1024;
+/// Slots of each per-CPU cache (direct-mapped).
+pub const SLOTS: usize = 1024;
 
 /// A decapsulated packet's (source EIP, destination) and how it leaves.
 #[repr(C)]
@@ -60,7 +61,7 @@ pub fn fold(a: &Addr) -> u32 {
 
 /// The slot of a key made of two words (multiplicative hashing).
 #[inline(always)]
-fn slot(a: u32, b: u32) -> u32 {
+pub fn slot(a: u32, b: u32) -> u32 {
     let h = (a ^ b.rotate_left(16)).wrapping_mul(0x9e37_79b1);
     h >> (32 - (SLOTS as u32).trailing_zeros())
 }

@@ -38,7 +38,6 @@ pub const HOP_CACHE_NS: u64 = 200_000_000;
 const OUTER_LEN: usize = 20 + 8 + 8;
 const GROW: usize = OUTER_LEN + ETH_LEN;
 const AF_INET: u8 = 2;
-const SLOTS: usize = 256;
 
 /// A remote tunnel endpoint's next hop.
 #[repr(C)]
@@ -53,7 +52,7 @@ pub struct Hop {
 }
 
 #[btf_map]
-static TUNNEL_HOPS: PerCpuArray<Hop, SLOTS> = PerCpuArray::new();
+static TUNNEL_HOPS: PerCpuArray<Hop, { crate::cache::SLOTS }> = PerCpuArray::new();
 
 /// The outer headers, in wire order.
 #[repr(C)]
@@ -89,8 +88,7 @@ pub fn flow_entropy(f: &crate::flow::Flow) -> u32 {
 #[inline(always)]
 fn next_hop(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Option<(u32, u32)> {
     let r = u32::from_ne_bytes(remote);
-    let idx = (r.wrapping_mul(0x9e37_79b1) >> 24) % SLOTS as u32;
-    let slot = TUNNEL_HOPS.get_ptr_mut(idx)?;
+    let slot = TUNNEL_HOPS.get_ptr_mut(crate::cache::slot(r, 0))?;
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: this CPU's slot; programs do not nest on one CPU.
