@@ -24,15 +24,16 @@ const AF_INET6: u8 = 10;
 
 /// Sends the frame through the tunnel to `remote`: in VXLAN headers the
 /// program writes itself (see `vxlan`), or, when that cannot be done, by
-/// the node's VXLAN device.
+/// the node's VXLAN device. `now`: the coarse clock the caller read.
 #[inline(always)]
 pub fn encap(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     remote: [u8; 4],
     entropy: u32,
+    now: u64,
 ) -> Result<i32, u32> {
-    if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy) {
+    if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy, now) {
         return Ok(v);
     }
     via_vxlan_device(ctx, cfg.vni, remote, cfg.vxlan_ifindex)

@@ -362,7 +362,13 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         u32::from_ne_bytes(daddr),
         u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(dport),
     );
-    encap(ctx, cfg, worker, entropy).ok()
+    encap(ctx, cfg, worker, entropy, coarse_now()).ok()
+}
+
+#[inline(always)]
+fn coarse_now() -> u64 {
+    // SAFETY: plain helper call.
+    unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() }
 }
 
 /// A reply to an owned EIP, to the worker that holds its port's block:
@@ -379,7 +385,13 @@ fn steer(
         let ifindex = reverse(ctx, f)?;
         return Ok(to_pod(ifindex));
     }
-    encap(ctx, cfg, worker, crate::vxlan::flow_entropy(f))
+    encap(
+        ctx,
+        cfg,
+        worker,
+        crate::vxlan::flow_entropy(f),
+        coarse_now(),
+    )
 }
 
 /// Non-inlined (keeps the caller's stack small); the result travels as one

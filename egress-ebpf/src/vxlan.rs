@@ -20,7 +20,7 @@ use aya_ebpf::{
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO,
     },
     btf_maps::PerCpuArray,
-    helpers::generated::{bpf_fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect_neigh},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect_neigh},
     macros::btf_map,
     programs::TcContext,
 };
@@ -86,11 +86,14 @@ pub fn flow_entropy(f: &crate::flow::Flow) -> u32 {
 /// This CPU's live next hop for `remote` (interface, next-hop address as
 /// the FIB writes it), asking the FIB on a miss.
 #[inline(always)]
-fn next_hop(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Option<(u32, u32)> {
+fn next_hop(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    remote: [u8; 4],
+    now: u64,
+) -> Option<(u32, u32)> {
     let r = u32::from_ne_bytes(remote);
     let slot = TUNNEL_HOPS.get_ptr_mut(crate::cache::slot(r, 0))?;
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: this CPU's slot; programs do not nest on one CPU.
     unsafe {
         if (*slot).remote == remote && now < (*slot).expires_ns {
@@ -144,8 +147,9 @@ pub fn encapsulate(
     cfg: &DatapathConfig,
     remote: [u8; 4],
     entropy: u32,
+    now: u64,
 ) -> Option<i32> {
-    let v = encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy);
+    let v = encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy, now);
     if v < 0 {
         None
     } else {
@@ -156,8 +160,14 @@ pub fn encapsulate(
 /// Non-inlined (its FIB parameter block would push the callers past the
 /// 512-byte stack); the verdict travels as one i64, -1 for "not done".
 #[inline(never)]
-fn encapsulate_raw(ctx: &TcContext, cfg: &DatapathConfig, remote: u32, entropy: u32) -> i64 {
-    match encapsulate_inner(ctx, cfg, remote.to_ne_bytes(), entropy) {
+fn encapsulate_raw(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    remote: u32,
+    entropy: u32,
+    now: u64,
+) -> i64 {
+    match encapsulate_inner(ctx, cfg, remote.to_ne_bytes(), entropy, now) {
         Some(v) => i64::from(v),
         None => -1,
     }
@@ -169,6 +179,7 @@ fn encapsulate_inner(
     cfg: &DatapathConfig,
     remote: [u8; 4],
     entropy: u32,
+    now: u64,
 ) -> Option<i32> {
     let frame_len = ctx.len();
     // SAFETY: skb pointer from the context.
@@ -179,7 +190,7 @@ fn encapsulate_inner(
     if !gso && cfg.tunnel_mtu != 0 && frame_len > u32::from(cfg.tunnel_mtu) + ETH_LEN as u32 {
         return None;
     }
-    let (ifindex, via) = next_hop(ctx, cfg, remote)?;
+    let (ifindex, via) = next_hop(ctx, cfg, remote, now)?;
     let inner_eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     // SAFETY: bounds checked by ptr_at; copied before the packet changes.
     let inner = unsafe { core::ptr::read(inner_eth) };

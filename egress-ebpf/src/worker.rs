@@ -180,7 +180,9 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         f.sport = port;
         return fib_forward(ctx, f, 0);
     }
-    encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f), now)
 }
 
 /// The tunnel endpoint a BGP-learned host route names for `eip` (see
@@ -215,7 +217,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         None => return FAST_NO_ENTRY,
     };
     // SAFETY: valid map value pointer; fields copied before the packet changes.
-    let (eip, port, gw, local, policy_id) = unsafe {
+    let (eip, port, gw, local, policy_id, now) = unsafe {
         if (*e).epoch != cfg.policy_epoch {
             return FAST_REVALIDATE;
         }
@@ -228,7 +230,8 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         {
             return FAST_REVALIDATE;
         }
-        (*e).last_seen_ns = bpf_ktime_get_coarse_ns();
+        let now = bpf_ktime_get_coarse_ns();
+        (*e).last_seen_ns = now;
         if f.proto == IPPROTO_TCP {
             (*e).state = crate::nat::next_tcp_state((*e).state, f.tcp_flags);
         }
@@ -238,6 +241,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
             (*e).ifindex.to_ne_bytes(),
             local,
             (*e).policy_id,
+            now,
         )
     };
     if rewrite(ctx, f, Side::Src, &eip, port).is_err() {
@@ -259,7 +263,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         f.sport = port;
         fib_forward(ctx, f, 0)
     } else {
-        encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
+        encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f), now)
     };
     match r {
         Ok(v) => i64::from(v),
