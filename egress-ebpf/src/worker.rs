@@ -18,14 +18,9 @@ use crate::{
 
 #[classifier]
 pub fn worker_egress(mut ctx: TcContext) -> i32 {
-    worker_egress_verdict(&mut ctx)
-}
-
-#[inline(always)]
-pub fn worker_egress_verdict(ctx: &mut TcContext) -> i32 {
-    match try_worker_egress(ctx) {
+    match try_worker_egress(&mut ctx) {
         Ok(v) => v,
-        Err(reason) => drop_with(ctx, reason),
+        Err(reason) => drop_with(&ctx, reason),
     }
 }
 
