@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::generated::bpf_csum_diff,
+    helpers::generated::{bpf_csum_diff, bpf_csum_update},
     programs::TcContext,
 };
 use egress_common::{addr::Addr, TrafficCounter};
@@ -42,6 +42,28 @@ pub fn count(ctx: &TcContext, reason: u32) {
             (*slot).bytes += u64::from(ctx.len());
         }
     }
+}
+
+/// Carries a change of the packet's bytes that no checksum field absorbs
+/// into `skb->csum`: `delta` is a ones'-complement sum of raw (memory
+/// order) 16-bit words, new minus old, as `bpf_csum_diff` returns.
+///
+/// Only a `CHECKSUM_COMPLETE` skb (from a NIC that sums every packet:
+/// mlx5, ice, ...) holds a running sum; the helper leaves other skbs
+/// alone. Without this, the receiving stack finds the sum wrong, logs
+/// "hw csum failure" and verifies every such packet again in software.
+#[inline(always)]
+pub fn csum_carry(ctx: &TcContext, delta: u32) {
+    if delta != 0 {
+        // SAFETY: skb pointer from the context; the helper only adds.
+        unsafe { bpf_csum_update(ctx.skb.skb, delta) };
+    }
+}
+
+/// `new - old` of one raw 16-bit word, as a partial sum for [`csum_carry`].
+#[inline(always)]
+pub fn word_delta(old: u16, new: u16) -> u32 {
+    u32::from(!old) + u32::from(new)
 }
 
 /// Raw (memory order) value of 2 bytes, as the checksum helpers take them.
@@ -102,6 +124,12 @@ pub fn replace_addr16(
             };
         ctx.l4_csum_replace(csum_off, 0, diff as u64, flags)
             .map_err(|_| ())?;
+        if pseudo {
+            // The helper takes the address change out of skb->csum as if
+            // an IPv4 header checksum had absorbed it; IPv6 has none, and
+            // the address and the L4 checksum changes already cancel.
+            csum_carry(ctx, diff as u32);
+        }
     }
     Ok(())
 }

@@ -6,7 +6,8 @@ use egress_common::addr::{v4_mapped, Addr};
 
 use crate::{
     ctx::{
-        csum_diff16, csum_replace4, csum_update16, l4_flags, ptr_at, raw16, raw32, replace_addr16,
+        csum_carry, csum_diff16, csum_replace4, csum_update16, l4_flags, ptr_at, raw16, raw32,
+        replace_addr16, word_delta,
     },
     hdr::*,
 };
@@ -271,6 +272,8 @@ pub fn rewrite(
         f.l4_off + 2
     };
     let nb = port.to_be_bytes();
+    // Changes no checksum field absorbs, for skb->csum (see `csum_carry`).
+    let mut uncovered = 0u32;
     // Everything written in place first; helper calls (which invalidate
     // packet pointers) come last.
     let (from, to, size) = if f.v6 {
@@ -283,7 +286,13 @@ pub fn rewrite(
                 (*ip).daddr = *addr;
             }
         }
-        (0, u64::from(csum_diff16(old_addr, addr)), 0)
+        let diff = csum_diff16(old_addr, addr);
+        // The pseudo-header update below takes `diff` out of skb->csum as
+        // for IPv4, where the header checksum absorbs the address; IPv6
+        // has no header checksum, so the address and the L4 checksum
+        // changes cancel and skb->csum must end where it started.
+        uncovered = diff;
+        (0, u64::from(diff), 0)
     } else {
         let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
         let old4 = [old_addr[12], old_addr[13], old_addr[14], old_addr[15]];
@@ -301,6 +310,15 @@ pub fn rewrite(
     };
     if old_port != port {
         let p: *mut [u8; 2] = ptr_at(ctx, port_off)?;
+        // A UDP datagram over IPv4 without a checksum: nothing absorbs the
+        // port change.
+        if f.proto == IPPROTO_UDP && !f.v6 {
+            let c: *const [u8; 2] = ptr_at(ctx, f.csum_off)?;
+            // SAFETY: bounds checked by ptr_at.
+            if unsafe { *c } == [0, 0] {
+                uncovered = word_delta(raw16(old_port.to_be_bytes()) as u16, raw16(nb) as u16);
+            }
+        }
         // SAFETY: bounds checked by ptr_at.
         unsafe { *p = nb };
     }
@@ -323,6 +341,7 @@ pub fn rewrite(
         )
         .map_err(|_| ())?;
     }
+    csum_carry(ctx, uncovered);
     Ok(())
 }
 

@@ -226,12 +226,23 @@ fn decrement_ttl(ctx: &mut TcContext, f: &Flow) -> Result<bool, u32> {
     if f.v6 {
         let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
         // SAFETY: bounds checked by ptr_at.
-        unsafe {
-            if (*ip).hop_limit <= 1 {
+        let (next, hops) = unsafe {
+            let hops = (*ip).hop_limit;
+            if hops <= 1 {
                 return Ok(false);
             }
-            (*ip).hop_limit -= 1;
-        }
+            (*ip).hop_limit = hops - 1;
+            ((*ip).nexthdr, hops)
+        };
+        // No header checksum absorbs it (the kernel's forwarding gives up
+        // CHECKSUM_COMPLETE instead; a redirect keeps it).
+        crate::ctx::csum_carry(
+            ctx,
+            crate::ctx::word_delta(
+                u16::from_ne_bytes([next, hops]),
+                u16::from_ne_bytes([next, hops - 1]),
+            ),
+        );
     } else {
         let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
         // SAFETY: bounds checked by ptr_at.

@@ -218,6 +218,7 @@ fn encapsulate_inner(
     let ip_len = (OUTER_LEN as u32 + frame_len) as u16;
     let udp_len = ip_len - 20;
     let sport = 0xc000 | (entropy as u16 & 0x3fff);
+    let v = cfg.vni.to_be_bytes();
     // SAFETY: bounds checked by ptr_at; no helper call until the redirect.
     unsafe {
         // The neighbour subsystem writes the addresses.
@@ -264,10 +265,23 @@ fn encapsulate_inner(
             check: [0, 0],
         };
         (*o).vxlan_flags = [0x08, 0, 0, 0];
-        let v = cfg.vni.to_be_bytes();
         (*o).vni = [v[1], v[2], v[3], 0];
         (*o).inner_eth = inner;
     }
+    // skb->csum (CHECKSUM_COMPLETE) sums from the outer IPv4 header on: the
+    // new bytes are that header (its sum is zero: it carries its checksum),
+    // the UDP and VXLAN headers and the inner Ethernet header, summed here
+    // from the packet (a copy on the stack would cost the callers' frames).
+    let mut added = 0u32;
+    let mut off = core::mem::offset_of!(Outer, udp);
+    while off < core::mem::size_of::<Outer>() {
+        // SAFETY: inside the `Outer` block that ptr_at bounds-checked.
+        added += u32::from(u16::from_ne_bytes(unsafe {
+            core::ptr::read((o as *const u8).add(off) as *const [u8; 2])
+        }));
+        off += 2;
+    }
+    crate::ctx::csum_carry(ctx, added);
     // SAFETY: a zeroed block is valid; the IPv4 member matches the family.
     let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
     nh.nh_family = u32::from(AF_INET);
