@@ -144,8 +144,9 @@ pub fn bench_fib_redirect(ctx: TcContext) -> i32 {
         Ok(p) => p,
         Err(_) => return -1,
     };
-    // SAFETY: a zeroed parameter block is valid; header bounds checked.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut p = core::mem::MaybeUninit::<FibParams>::uninit();
+    // SAFETY: a zeroed parameter block is valid (as the real code builds it).
+    let p = unsafe { crate::mem::zeroed_in(&mut p) };
     unsafe {
         p.ifindex = (*ctx.skb.skb).ifindex;
         p.family = 2;
@@ -157,7 +158,7 @@ pub fn bench_fib_redirect(ctx: TcContext) -> i32 {
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            p,
             core::mem::size_of::<FibParams>() as i32,
             0,
         )

@@ -96,7 +96,7 @@ pub fn remember_steering(eip: &Addr, block: u16, epoch: u32, flags: u32, worker:
     if let Some(s) = steer_slot(eip, block) {
         // SAFETY: this CPU's slot; programs do not nest on one CPU.
         unsafe {
-            (*s).eip = *eip;
+            crate::mem::copy_addr(&mut (*s).eip, eip);
             (*s).block = block;
             (*s).flags = flags;
             (*s).epoch = epoch;

@@ -2,7 +2,7 @@
 //! needs, and rewriting one side of it with correct checksums.
 
 use aya_ebpf::programs::TcContext;
-use egress_common::addr::{v4_mapped, Addr};
+use egress_common::addr::Addr;
 
 use crate::{
     ctx::{
@@ -10,6 +10,7 @@ use crate::{
         replace_addr16, word_delta,
     },
     hdr::*,
+    mem::{copy_addr, put_v4_mapped},
 };
 
 /// What kind of ICMP message the packet is (0 when not ICMP).
@@ -136,8 +137,8 @@ fn parse_quoted_inner(ctx: &TcContext, v6: bool, l3_off: usize, q: &mut Quoted) 
         // SAFETY: bounds checked by ptr_at.
         unsafe {
             q.proto = (*ip).nexthdr;
-            q.src = (*ip).saddr;
-            q.dst = (*ip).daddr;
+            copy_addr(&mut q.src, &(*ip).saddr);
+            copy_addr(&mut q.dst, &(*ip).daddr);
         }
         q.l4_off = l3_off + IPV6_LEN;
     } else {
@@ -145,8 +146,8 @@ fn parse_quoted_inner(ctx: &TcContext, v6: bool, l3_off: usize, q: &mut Quoted) 
         // SAFETY: bounds checked by ptr_at.
         let ihl = unsafe {
             q.proto = (*ip).proto;
-            q.src = v4_mapped((*ip).saddr);
-            q.dst = v4_mapped((*ip).daddr);
+            put_v4_mapped(&mut q.src, &(*ip).saddr);
+            put_v4_mapped(&mut q.dst, &(*ip).daddr);
             ((*ip).version_ihl & 0x0f) as usize
         };
         if ihl < 5 {
@@ -208,8 +209,8 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             }
             f.l4_off = ETH_LEN + ihl * 4;
             f.proto = (*ip).proto;
-            f.src = v4_mapped((*ip).saddr);
-            f.dst = v4_mapped((*ip).daddr);
+            put_v4_mapped(&mut f.src, &(*ip).saddr);
+            put_v4_mapped(&mut f.dst, &(*ip).daddr);
             f.l3_len = u32::from(u16::from_be_bytes((*ip).tot_len));
         }
         if f.proto == IPPROTO_ICMPV6 {
@@ -221,8 +222,8 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
         // SAFETY: bounds checked by ptr_at.
         unsafe {
             f.proto = (*ip).nexthdr;
-            f.src = (*ip).saddr;
-            f.dst = (*ip).daddr;
+            copy_addr(&mut f.src, &(*ip).saddr);
+            copy_addr(&mut f.dst, &(*ip).daddr);
             f.l3_len = u32::from(u16::from_be_bytes((*ip).payload_len)) + IPV6_LEN as u32;
         }
         f.l4_off = ETH_LEN + IPV6_LEN;

@@ -52,8 +52,9 @@ pub fn via_vxlan_device(
     remote: [u8; 4],
     ifindex: u32,
 ) -> Result<i32, u32> {
-    // SAFETY: a zeroed bpf_tunnel_key is a valid value.
-    let mut key: bpf_tunnel_key = unsafe { core::mem::zeroed() };
+    let mut key = core::mem::MaybeUninit::<bpf_tunnel_key>::uninit();
+    // SAFETY: a zeroed bpf_tunnel_key is a valid value, 4-byte aligned.
+    let key = unsafe { crate::mem::zeroed_in(&mut key) };
     key.tunnel_id = vni;
     key.__bindgen_anon_1.remote_ipv4 = u32::from_be_bytes(remote);
     key.tunnel_ttl = 64;
@@ -61,7 +62,7 @@ pub fn via_vxlan_device(
     let rc = unsafe {
         bpf_skb_set_tunnel_key(
             ctx.skb.skb,
-            &mut key,
+            key,
             core::mem::size_of::<bpf_tunnel_key>() as u32,
             u64::from(BPF_F_ZERO_CSUM_TX),
         )
@@ -97,8 +98,9 @@ pub fn to_stack(ctx: &TcContext) -> i32 {
 /// successful result is kept in this CPU's forward cache (see `cache`).
 #[inline(always)]
 pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32, u32> {
-    // SAFETY: a zeroed parameter block is valid.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut p = core::mem::MaybeUninit::<FibParams>::uninit();
+    // SAFETY: a zeroed parameter block is valid; it is made of 32-bit words.
+    let p = unsafe { crate::mem::zeroed_in(&mut p) };
     // SAFETY: skb pointer from the context.
     p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
     p.l4_protocol = f.proto;
@@ -141,7 +143,7 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Res
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            p,
             core::mem::size_of::<FibParams>() as i32,
             0,
         )
@@ -156,8 +158,10 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Res
     if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
         // The lookup left the next hop in the destination field: hand it to
         // the kernel so that it resolves the neighbour without routing again.
-        // SAFETY: a zeroed block is valid; the union member matches the family.
-        let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+        let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
+        // SAFETY: a zeroed block is valid, made of 32-bit words; the union
+        // member matches the family.
+        let nh = unsafe { crate::mem::zeroed_in(&mut nh) };
         if p.family == AF_INET6 {
             nh.nh_family = u32::from(AF_INET6);
             // SAFETY: the lookup wrote an IPv6 next hop when it set AF_INET6.
@@ -171,7 +175,7 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Res
         return Ok(unsafe {
             bpf_redirect_neigh(
                 p.ifindex,
-                &mut nh,
+                nh,
                 core::mem::size_of::<bpf_redir_neigh>() as i32,
                 0,
             )
@@ -187,8 +191,8 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Res
                 (*s).epoch = cache_epoch;
                 (*s).ifindex = p.ifindex;
                 (*s).mtu = u32::from(p.__bindgen_anon_1.mtu_result);
-                (*s).smac = p.smac;
-                (*s).dmac = p.dmac;
+                crate::mem::copy_bytes(&mut (*s).smac, &p.smac);
+                crate::mem::copy_bytes(&mut (*s).dmac, &p.dmac);
             }
         }
     }

@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use egress_common::{
-    addr::{v4_mapped, Addr},
+    addr::Addr,
     config::{DatapathConfig, CFG_GATEWAY},
     drops::*,
     steering::*,
@@ -132,7 +132,7 @@ fn arp_reply_inner(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
         }
         let tpa = (*arp).tpa;
         let spa = (*arp).spa;
-        if tpa == spa || !owned_answering(&v4_mapped(tpa)) {
+        if tpa == spa || !owned_answering(&crate::mem::v4_mapped(&tpa)) {
             return Ok(TC_ACT_OK as i32);
         }
         let sha = (*arp).sha;
@@ -280,11 +280,7 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     if bs == 0 {
         return Err(DROP_NO_CONFIG);
     }
-    let key = SteerKey {
-        eip: f.dst,
-        block: port / bs,
-        _pad: [0; 2],
-    };
+    let key = steer_key(&f.dst, port / bs);
     let target = match REPLY_STEERING.get_ptr(&key) {
         // SAFETY: valid map value pointer.
         Some(s) => unsafe { *s },
@@ -312,6 +308,29 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
 /// fragment) whose (EIP, block) this CPU has steered to another node
 /// before: into the tunnel from the headers alone, without the full parse
 /// (a third of the path's cost). Anything else: `None`, the full path.
+/// A steering key. The block and the zero padding after it are written as
+/// one 32-bit word (a `[0; 2]` literal is a `memset` call in BPF; see `mem`).
+#[inline(always)]
+fn steer_key(eip: &Addr, block: u16) -> SteerKey {
+    let mut k = core::mem::MaybeUninit::<SteerKey>::uninit();
+    let p = k.as_mut_ptr();
+    // SAFETY: every byte is written before assume_init; `block` and `_pad`
+    // are the key's last 4 bytes (little-endian: block first).
+    unsafe {
+        core::ptr::addr_of_mut!((*p).eip).write(*eip);
+        core::ptr::write_unaligned(
+            core::ptr::addr_of_mut!((*p).block) as *mut u32,
+            u32::from(block).to_le(),
+        );
+        k.assume_init()
+    }
+}
+
+const _: () = assert!(
+    core::mem::offset_of!(SteerKey, _pad) == core::mem::offset_of!(SteerKey, block) + 2
+        && core::mem::size_of::<SteerKey>() == core::mem::offset_of!(SteerKey, block) + 4
+);
+
 #[inline(always)]
 fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
     let bs = cfg.port_block_size;
@@ -321,6 +340,7 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
     let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok()?;
     // SAFETY: both bounds-checked by ptr_at.
+    // SAFETY: both bounds-checked by ptr_at.
     let (proto, dst) = unsafe {
         if (*eth).proto != ETH_P_IP.to_be_bytes()
             || (*ip).version_ihl != 0x45
@@ -328,7 +348,7 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         {
             return None;
         }
-        ((*ip).proto, v4_mapped((*ip).daddr))
+        ((*ip).proto, crate::mem::v4_mapped(&(*ip).daddr))
     };
     // SAFETY: bounds checked by ptr_at above.
     let (saddr, daddr) = unsafe { ((*ip).saddr, (*ip).daddr) };

@@ -17,6 +17,7 @@ mod gateway;
 mod hdr;
 mod icmp_err;
 mod maps;
+mod mem;
 mod nat;
 mod probe;
 mod vxlan;

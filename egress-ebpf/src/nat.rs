@@ -7,6 +7,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use egress_common::{
+    addr::Addr,
     config::DatapathConfig,
     drops::*,
     nat::*,
@@ -56,15 +57,34 @@ pub fn next_tcp_state(old: u8, flags: u8) -> u8 {
 /// Forward translation key of the flow as the pod sends it.
 #[inline(always)]
 pub fn fwd_key(f: &Flow) -> NatKey {
-    NatKey {
-        src: f.src,
-        dst: f.dst,
-        sport: f.sport,
-        dport: f.dport,
-        proto: f.proto,
-        _pad: [0; 3],
+    nat_key(&f.src, &f.dst, f.sport, f.dport, f.proto)
+}
+
+/// A NAT key. The protocol and the zero padding after it are written as
+/// one 32-bit word: a `[0; 3]` literal is a `memset` call in BPF (see `mem`).
+#[inline(always)]
+pub fn nat_key(src: &Addr, dst: &Addr, sport: u16, dport: u16, proto: u8) -> NatKey {
+    let mut k = core::mem::MaybeUninit::<NatKey>::uninit();
+    let p = k.as_mut_ptr();
+    // SAFETY: every byte is written before assume_init; `proto` and `_pad`
+    // are the key's last 4 bytes (little-endian: proto first).
+    unsafe {
+        core::ptr::addr_of_mut!((*p).src).write(*src);
+        core::ptr::addr_of_mut!((*p).dst).write(*dst);
+        core::ptr::addr_of_mut!((*p).sport).write(sport);
+        core::ptr::addr_of_mut!((*p).dport).write(dport);
+        core::ptr::write_unaligned(
+            core::ptr::addr_of_mut!((*p).proto) as *mut u32,
+            u32::from(proto).to_le(),
+        );
+        k.assume_init()
     }
 }
+
+const _: () = assert!(
+    core::mem::offset_of!(NatKey, _pad) == core::mem::offset_of!(NatKey, proto) + 1
+        && core::mem::size_of::<NatKey>() == core::mem::offset_of!(NatKey, proto) + 4
+);
 
 /// Finds or creates the translation of `f` to `eip` and returns the EIP port.
 /// `absent`: the caller just looked the forward key up and found nothing,
@@ -160,14 +180,7 @@ pub fn forward_port_inner(
             continue;
         }
         let port = port as u16;
-        let rev = NatKey {
-            src: f.dst,
-            dst: *eip,
-            sport: f.dport,
-            dport: port,
-            proto: f.proto,
-            _pad: [0; 3],
-        };
+        let rev = nat_key(&f.dst, eip, f.dport, port, f.proto);
         let mut take = NAT_REV
             .insert(&rev, &rev_val, u64::from(BPF_NOEXIST))
             .is_ok();
@@ -175,14 +188,7 @@ pub fn forward_port_inner(
             if let Some(old) = NAT_REV.get_ptr(&rev) {
                 // SAFETY: valid map value pointer.
                 let old = unsafe { &*old };
-                let old_fwd = NatKey {
-                    src: old.addr,
-                    dst: f.dst,
-                    sport: old.port,
-                    dport: f.dport,
-                    proto: f.proto,
-                    _pad: [0; 3],
-                };
+                let old_fwd = nat_key(&old.addr, &f.dst, old.port, f.dport, f.proto);
                 let (fwd_seen, fwd_state) = match NAT_FWD.get_ptr(&old_fwd) {
                     // SAFETY: valid map value pointer.
                     Some(e) => unsafe { ((*e).last_seen_ns, (*e).state) },
@@ -228,23 +234,15 @@ fn rev_key(f: &Flow) -> NatKey {
         // The quoted packet is ours as sent: src = EIP:port, dst = remote.
         let proto = q.proto;
         let is_icmp = proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6;
-        NatKey {
-            src: q.dst,
-            dst: q.src,
-            sport: if is_icmp { 0 } else { q.dport },
-            dport: q.sport,
+        nat_key(
+            &q.dst,
+            &q.src,
+            if is_icmp { 0 } else { q.dport },
+            q.sport,
             proto,
-            _pad: [0; 3],
-        }
+        )
     } else {
-        NatKey {
-            src: f.src,
-            dst: f.dst,
-            sport: f.sport,
-            dport: f.dport,
-            proto: f.proto,
-            _pad: [0; 3],
-        }
+        nat_key(&f.src, &f.dst, f.sport, f.dport, f.proto)
     }
 }
 

@@ -103,8 +103,9 @@ fn next_hop(
     if cfg.uplink_ifindex == 0 {
         return None;
     }
-    // SAFETY: a zeroed parameter block is valid.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut p = core::mem::MaybeUninit::<FibParams>::uninit();
+    // SAFETY: a zeroed parameter block is valid; it is made of 32-bit words.
+    let p = unsafe { crate::mem::zeroed_in(&mut p) };
     p.family = AF_INET;
     p.l4_protocol = IPPROTO_UDP;
     // As a packet arriving on the uplink would be routed (any egress
@@ -116,7 +117,7 @@ fn next_hop(
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            p,
             core::mem::size_of::<FibParams>() as i32,
             0,
         )
@@ -222,11 +223,9 @@ fn encapsulate_inner(
     // SAFETY: bounds checked by ptr_at; no helper call until the redirect.
     unsafe {
         // The neighbour subsystem writes the addresses.
-        (*o).eth = EthHdr {
-            dst: [0; 6],
-            src: [0; 6],
-            proto: ETH_P_IP.to_be_bytes(),
-        };
+        // The neighbour subsystem writes both addresses when the packet
+        // leaves (bpf_redirect_neigh); until then they are the pod's.
+        (*o).eth.proto = ETH_P_IP.to_be_bytes();
         (*o).ip = Ipv4Hdr {
             version_ihl: 0x45,
             tos: 0,
@@ -282,15 +281,17 @@ fn encapsulate_inner(
         off += 2;
     }
     crate::ctx::csum_carry(ctx, added);
-    // SAFETY: a zeroed block is valid; the IPv4 member matches the family.
-    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
+    // SAFETY: a zeroed block is valid, made of 32-bit words; the IPv4
+    // member matches the family.
+    let nh = unsafe { crate::mem::zeroed_in(&mut nh) };
     nh.nh_family = u32::from(AF_INET);
     nh.__bindgen_anon_1.ipv4_nh = via;
     // SAFETY: helper with a valid stack parameter block.
     Some(unsafe {
         bpf_redirect_neigh(
             ifindex,
-            &mut nh,
+            nh,
             core::mem::size_of::<bpf_redir_neigh>() as i32,
             0,
         )

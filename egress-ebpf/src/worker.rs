@@ -171,7 +171,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         }
     }
     if local {
-        f.src = *eip;
+        crate::mem::copy_addr(&mut f.src, eip);
         f.sport = port;
         return fib_forward(ctx, f, 0);
     }
@@ -254,7 +254,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         }
     }
     let r = if local {
-        f.src = eip;
+        crate::mem::copy_addr(&mut f.src, &eip);
         f.sport = port;
         fib_forward(ctx, f, 0)
     } else {
