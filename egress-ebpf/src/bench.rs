@@ -2,26 +2,28 @@
 //! `egress-bench.bpf.o`; never loaded by the agent).
 //!
 //! BPF_PROG_TEST_RUN with `repeat` runs a program again and again on the
-//! same buffer, and the gateway's forward rewrites it; so
-//! `bench_gateway_forward` first writes the template packet
-//! (`BENCH_PACKET`) back over the buffer (`bench_restore` alone measures
-//! that), then runs the real program's code unchanged. (The paths that
-//! encapsulate cannot be repeated on one buffer at all, the kernel refuses
-//! to encapsulate an skb twice; the benchmark times them as single runs of
-//! the agent's programs.) The helper programs time the helper calls the
-//! paths cannot do without, so the benchmark can say what a path costs
-//! beyond them.
+//! same buffer, and every measured path rewrites it; so each `bench_*`
+//! path program first puts the template packet (`BENCH_PACKET`) back
+//! (`bench_restore` alone measures that), then runs the real program's
+//! code. The kernel refuses to encapsulate an skb twice (it stays marked
+//! as encapsulated), so on these runs the room for the VXLAN headers is
+//! grown without the encapsulation flags (`PLAIN_ROOM`, see
+//! `vxlan::room_flags`); the flags only record the inner headers' offsets
+//! for segmentation, and the benchmark also times the agent's own programs
+//! as single runs. The helper programs time the helper calls the paths
+//! cannot do without, so the benchmark can say what a path costs beyond
+//! them.
 
 use aya_ebpf::{
     bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, TC_ACT_OK},
-    btf_maps::Array,
+    btf_maps::{Array, PerCpuArray},
     helpers::generated::{bpf_fib_lookup, bpf_redirect},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
 
 use crate::{
-    ctx::ptr_at,
+    ctx::{csum_replace4, csum_update16, ptr_at},
     hdr::{Ipv4Hdr, ETH_LEN, UDP_CHECK},
 };
 
@@ -96,6 +98,111 @@ pub fn bench_grow_shrink(ctx: TcContext) -> i32 {
         Ok(()) => TC_ACT_OK as i32,
         Err(_) => -1,
     }
+}
+
+/// `cb[0]` of a run whose encapsulation grows plain room (see the module).
+pub const PLAIN_ROOM: u32 = 0x6265_6e63;
+
+#[inline(always)]
+fn plain_room(ctx: &mut TcContext) {
+    // SAFETY: skb pointer from the context; cb is the program's scratch.
+    unsafe { (*ctx.skb.skb).cb[0] = PLAIN_ROOM };
+}
+
+/// Runs so far on this CPU: each `bench_worker_first` run is a new flow.
+#[btf_map]
+static BENCH_SEQ: PerCpuArray<u32, 1> = PerCpuArray::new();
+
+/// Makes the template a flow not seen before: destination 100.64.0.0/10
+/// plus the run's number, source port from it too (as the single runs
+/// do), checksums updated.
+#[inline(always)]
+fn new_flow(ctx: &TcContext) -> bool {
+    let seq = match BENCH_SEQ.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot.
+        Some(s) => unsafe {
+            *s = (*s).wrapping_add(1);
+            *s
+        },
+        None => return false,
+    };
+    let ip: *mut Ipv4Hdr = match ptr_at(ctx, ETH_LEN) {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    let l4: *mut [u8; 8] = match ptr_at(ctx, ETH_LEN + IPV4_LEN) {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    let dst = (0x6440_0000 | (seq & 0x003f_ffff)).to_be_bytes();
+    let sport = ((seq % 50_000) as u16 + 1024).to_be_bytes();
+    // SAFETY: both bounds-checked by ptr_at.
+    unsafe {
+        let old_dst = (*ip).daddr;
+        (*ip).daddr = dst;
+        (*ip).check = csum_replace4((*ip).check, old_dst, dst);
+        let u = &mut *l4;
+        let mut check = u16::from_be_bytes([u[6], u[7]]);
+        check = csum_update16(
+            check,
+            u16::from_be_bytes([old_dst[0], old_dst[1]]),
+            u16::from_be_bytes([dst[0], dst[1]]),
+        );
+        check = csum_update16(
+            check,
+            u16::from_be_bytes([old_dst[2], old_dst[3]]),
+            u16::from_be_bytes([dst[2], dst[3]]),
+        );
+        check = csum_update16(
+            check,
+            u16::from_be_bytes([u[0], u[1]]),
+            u16::from_be_bytes(sport),
+        );
+        u[0] = sport[0];
+        u[1] = sport[1];
+        u[6..8].copy_from_slice(&check.to_be_bytes());
+    }
+    true
+}
+
+/// The restore and the new flow's writes alone (taken off `bench_worker_first`).
+#[classifier]
+pub fn bench_new_flow(ctx: TcContext) -> i32 {
+    if restore(&ctx) && new_flow(&ctx) {
+        TC_ACT_OK as i32
+    } else {
+        -1
+    }
+}
+
+/// The worker's first packet of a flow, every run a new flow.
+#[classifier]
+pub fn bench_worker_first(mut ctx: TcContext) -> i32 {
+    if !restore(&ctx) || !new_flow(&ctx) {
+        return -1;
+    }
+    plain_room(&mut ctx);
+    crate::worker::worker_egress_verdict(&mut ctx)
+}
+
+/// The worker's packet of an established flow.
+#[classifier]
+pub fn bench_worker_established(mut ctx: TcContext) -> i32 {
+    if !restore(&ctx) {
+        return -1;
+    }
+    plain_room(&mut ctx);
+    crate::worker::worker_egress_verdict(&mut ctx)
+}
+
+/// The gateway's reply, steered into the tunnel.
+#[classifier]
+pub fn bench_gateway_reply(mut ctx: TcContext) -> i32 {
+    if !restore(&ctx) {
+        return -1;
+    }
+    plain_room(&mut ctx);
+    crate::gateway::uplink_ingress_verdict(&mut ctx)
 }
 
 #[classifier]

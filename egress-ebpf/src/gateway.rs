@@ -81,9 +81,15 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
 
 #[classifier]
 pub fn uplink_ingress(mut ctx: TcContext) -> i32 {
-    match try_uplink_ingress(&mut ctx) {
+    uplink_ingress_verdict(&mut ctx)
+}
+
+/// The program's verdict (also run by the benchmark's `bench_gateway_reply`).
+#[inline(always)]
+pub fn uplink_ingress_verdict(ctx: &mut TcContext) -> i32 {
+    match try_uplink_ingress(ctx) {
         Ok(v) => v,
-        Err(reason) => drop_with(&ctx, reason),
+        Err(reason) => drop_with(ctx, reason),
     }
 }
 
