@@ -55,8 +55,9 @@ fn restore(ctx: &TcContext) -> bool {
         Ok(p) => p,
         Err(_) => return false,
     };
-    // SAFETY: bounds checked by ptr_at.
-    unsafe { *p = *tpl };
+    // SAFETY: bounds checked by ptr_at; a map value and the packet never
+    // overlap (a plain assignment would be a byte-loop `memmove` call).
+    unsafe { core::ptr::copy_nonoverlapping(tpl, p, 1) };
     true
 }
 
