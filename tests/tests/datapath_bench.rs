@@ -29,7 +29,7 @@
 //!    does it (mangle MARK from an ipset, `ip rule fwmark` into a kernel
 //!    VXLAN device, iptables SNAT on the gateway), (c) plain routing through
 //!    the gateway with SNAT: iperf3 TCP, and 64-byte UDP packets that
-//!    arrive; three rounds in which the modes take turns, medians.
+//!    arrive; five rounds in which the modes take turns, medians.
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
@@ -664,7 +664,7 @@ fn testbed(mode: Mode) -> Result<Bed> {
 /// Rounds of the throughput runs; the modes take turns within a round, so
 /// that a change of the machine's speed during the benchmark hits all three
 /// alike, and each figure is the median of its rounds.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const SECONDS: &str = "4";
 
 fn iperf3(bed: &Bed, extra: &[&str]) -> Result<serde_json::Value> {
