@@ -114,9 +114,8 @@ fn plain_room(ctx: &mut TcContext) {
 #[btf_map]
 static BENCH_SEQ: PerCpuArray<u32, 1> = PerCpuArray::new();
 
-/// Makes the template a flow not seen before: destination 100.64.0.0/10
-/// plus the run's number, source port from it too (as the single runs
-/// do), checksums updated.
+/// Makes the template a flow not seen before: destination and source port
+/// from the run's number (as the single runs do), checksums updated.
 #[inline(always)]
 fn new_flow(ctx: &TcContext) -> bool {
     let seq = match BENCH_SEQ.get_ptr_mut(0) {
@@ -135,7 +134,8 @@ fn new_flow(ctx: &TcContext) -> bool {
         Ok(p) => p,
         Err(_) => return false,
     };
-    let dst = (0x6440_0000 | (seq & 0x003f_ffff)).to_be_bytes();
+    // 100.96.0.0/11: not a destination the single runs (100.64.0.0/11) use.
+    let dst = (0x6460_0000 | (seq & 0x001f_ffff)).to_be_bytes();
     let sport = ((seq % 50_000) as u16 + 1024).to_be_bytes();
     // SAFETY: both bounds-checked by ptr_at.
     unsafe {
@@ -143,19 +143,10 @@ fn new_flow(ctx: &TcContext) -> bool {
         (*ip).daddr = dst;
         (*ip).check = csum_replace4((*ip).check, old_dst, dst);
         let u = &mut *l4;
-        let mut check = u16::from_be_bytes([u[6], u[7]]);
-        check = csum_update16(
-            check,
-            u16::from_be_bytes([old_dst[0], old_dst[1]]),
-            u16::from_be_bytes([dst[0], dst[1]]),
-        );
-        check = csum_update16(
-            check,
-            u16::from_be_bytes([old_dst[2], old_dst[3]]),
-            u16::from_be_bytes([dst[2], dst[3]]),
-        );
-        check = csum_update16(
-            check,
+        // The UDP checksum covers the destination (pseudo-header) and the port.
+        let check = csum_replace4([u[6], u[7]], old_dst, dst);
+        let check = csum_update16(
+            u16::from_be_bytes(check),
             u16::from_be_bytes([u[0], u[1]]),
             u16::from_be_bytes(sport),
         );
@@ -176,42 +167,39 @@ pub fn bench_new_flow(ctx: TcContext) -> i32 {
     }
 }
 
+/// Puts the template back (and, for `fresh_flow`, makes it a new flow),
+/// marks the run for plain room, then runs the real program's `path`.
+#[inline(always)]
+fn rerun(ctx: &mut TcContext, fresh_flow: bool, path: impl FnOnce(&mut TcContext) -> i32) -> i32 {
+    if !restore(ctx) || (fresh_flow && !new_flow(ctx)) {
+        return -1;
+    }
+    plain_room(ctx);
+    path(ctx)
+}
+
 /// The worker's first packet of a flow, every run a new flow.
 #[classifier]
 pub fn bench_worker_first(mut ctx: TcContext) -> i32 {
-    if !restore(&ctx) || !new_flow(&ctx) {
-        return -1;
-    }
-    plain_room(&mut ctx);
-    crate::worker::worker_egress_verdict(&mut ctx)
+    rerun(&mut ctx, true, crate::worker::worker_egress_verdict)
 }
 
 /// The worker's packet of an established flow.
 #[classifier]
 pub fn bench_worker_established(mut ctx: TcContext) -> i32 {
-    if !restore(&ctx) {
-        return -1;
-    }
-    plain_room(&mut ctx);
-    crate::worker::worker_egress_verdict(&mut ctx)
+    rerun(&mut ctx, false, crate::worker::worker_egress_verdict)
 }
 
 /// The gateway's reply, steered into the tunnel.
 #[classifier]
 pub fn bench_gateway_reply(mut ctx: TcContext) -> i32 {
-    if !restore(&ctx) {
-        return -1;
-    }
-    plain_room(&mut ctx);
-    crate::gateway::uplink_ingress_verdict(&mut ctx)
+    rerun(&mut ctx, false, crate::gateway::uplink_ingress_verdict)
 }
 
+/// The gateway's forward of a decapsulated packet.
 #[classifier]
 pub fn bench_gateway_forward(mut ctx: TcContext) -> i32 {
-    if !restore(&ctx) {
-        return -1;
-    }
-    crate::gateway::tunnel_ingress_verdict(&mut ctx)
+    rerun(&mut ctx, false, crate::gateway::tunnel_ingress_verdict)
 }
 
 /// The trivial program: what TestRun itself costs per run.

@@ -360,7 +360,7 @@ fn program_costs(runs: u32) -> Result<Costs> {
             REDIRECT,
             runs,
             |i, b| {
-                let d = (0x6440_0000u32 + i + 1).to_be_bytes(); // 100.64.0.0/10
+                let d = (0x6440_0000u32 + i + 1).to_be_bytes(); // 100.64.0.0/11 (the repeat runs use 100.96.0.0/11)
                 b[14 + 16..14 + 20].copy_from_slice(&d);
                 b[14 + 20..14 + 22].copy_from_slice(&((i % 50000) as u16 + 1024).to_be_bytes());
             },
