@@ -21,8 +21,12 @@ pub const DROP_HELPER: u32 = 8;
 /// yet (no EIP assigned, or its gateway has no tunnel endpoint). Fail
 /// closed: it is dropped rather than sent out with the pod's own address.
 pub const DROP_NO_GATEWAY: u32 = 9;
+/// An IPv4 fragment after the first (no ports) of a datagram that needs
+/// translation, whose first fragment this node has not seen (lost, or
+/// overtaken): there is nothing to translate it with.
+pub const DROP_FRAGMENT: u32 = 10;
 
-pub const DROP_REASONS: usize = 10;
+pub const DROP_REASONS: usize = 11;
 
 /// Names in index order, for tools.
 pub const DROP_NAMES: [&str; DROP_REASONS] = [
@@ -36,4 +40,5 @@ pub const DROP_NAMES: [&str; DROP_REASONS] = [
     "nat_insert",
     "helper",
     "no_gateway",
+    "fragment",
 ];

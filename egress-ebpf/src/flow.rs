@@ -19,6 +19,13 @@ pub const ICMP_KIND_ECHO_REQ: u8 = 1;
 pub const ICMP_KIND_ECHO_REPLY: u8 = 2;
 pub const ICMP_KIND_ERROR: u8 = 3;
 
+/// Where an IPv4 packet sits in its datagram (see `frag`).
+pub const FRAG_NONE: u8 = 0;
+/// Offset 0, more fragments follow: carries the transport header.
+pub const FRAG_FIRST: u8 = 1;
+/// A later fragment: no transport header (ports 0, nothing parsed past IP).
+pub const FRAG_LATER: u8 = 2;
+
 /// The quoted packet inside an ICMP error (the packet we sent, as the far end saw it).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -60,6 +67,9 @@ pub struct Flow {
     /// Set by the worker before a new translation: the tunnel endpoint the
     /// flow goes to (a BGP route's, or the policy slot's gateway).
     pub gw: [u8; 4],
+    /// `FRAG_*`, and the IPv4 identification (fragments only).
+    pub frag: u8,
+    pub ip_id: u16,
 }
 
 /// Parses the transport part at `l4_off`. Returns None for what we do not translate.
@@ -193,15 +203,18 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
     f.df = false;
     f.icmp_kind = ICMP_NONE;
     f.has_quoted = false;
+    f.frag = FRAG_NONE;
     if proto == ETH_P_IP {
         let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok()?;
         // SAFETY: bounds checked by ptr_at.
         unsafe {
             let frag = u16::from_be_bytes((*ip).frag_off);
-            // More-fragments or a fragment offset: not translatable by ports.
-            if frag & 0x3fff != 0 {
-                return None;
+            if frag & 0x1fff != 0 {
+                f.frag = FRAG_LATER;
+            } else if frag & 0x2000 != 0 {
+                f.frag = FRAG_FIRST;
             }
+            f.ip_id = u16::from_be_bytes((*ip).id);
             f.df = frag & 0x4000 != 0;
             let ihl = ((*ip).version_ihl & 0x0f) as usize;
             if ihl < 5 {
@@ -215,6 +228,14 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
         }
         if f.proto == IPPROTO_ICMPV6 {
             return None;
+        }
+        // A later fragment has no transport header: the callers look its
+        // datagram up (see `frag`).
+        if f.frag == FRAG_LATER {
+            return match f.proto {
+                IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP => Some(()),
+                _ => None,
+            };
         }
     } else if proto == ETH_P_IPV6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN).ok()?;

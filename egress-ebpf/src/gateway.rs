@@ -24,7 +24,8 @@ use crate::{
     cache::{cached_steering, remember_steering},
     ctx::{drop_with, ptr_at},
     flow::Flow,
-    flow::{parse, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
+    flow::{parse, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
+    frag::{KIND_REPLY, KIND_STEER},
     fwd::{encap, fib_forward, forward_from_cache, to_pod},
     hdr::*,
     maps::{ANNOUNCE_UNTIL, CONFIG, OWNED_EIPS, REPLY_STEERING},
@@ -68,6 +69,9 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         if OWNED_EIPS.get_ptr(&f.src).is_some() {
             return fib_forward(ctx, f, cfg.gateway_epoch);
         }
+    }
+    if f.frag == FRAG_LATER {
+        return reply_fragment_to_pod(ctx, f);
     }
     let ifindex = reverse(ctx, f)?;
     // A SYN-ACK through the tunnel: clamp the MSS the pod will use, so its
@@ -260,6 +264,9 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     if !parse(ctx, f) {
         return Ok(TC_ACT_OK as i32);
     }
+    if f.frag == FRAG_LATER {
+        return steer_later_fragment(ctx, cfg, f);
+    }
     let port = if f.icmp_kind == ICMP_KIND_ERROR {
         f.quoted.sport
     } else if f.icmp_kind == ICMP_KIND_ECHO_REPLY
@@ -402,17 +409,56 @@ fn steer(
     flags: u32,
     worker: [u8; 4],
 ) -> Result<i32, u32> {
+    let entropy = crate::vxlan::flow_entropy(f);
+    if f.frag == FRAG_FIRST {
+        if let Some(e) = crate::frag::next_entry() {
+            e.tunnel = worker;
+            e.entropy = entropy;
+            e.flags = flags;
+            crate::frag::remember(KIND_STEER, f);
+        }
+    }
     if flags & STEER_LOCAL != 0 {
         let ifindex = reverse(ctx, f)?;
         return Ok(to_pod(ifindex));
     }
-    encap(
-        ctx,
-        cfg,
-        worker,
-        crate::vxlan::flow_entropy(f),
-        coarse_now(),
-    )
+    encap(ctx, cfg, worker, entropy, coarse_now())
+}
+
+/// A later IPv4 fragment to an owned EIP goes where its first fragment was
+/// steered (see `frag`); without one it is dropped, unless the EIP is the
+/// node's own address (then it may be the node's own traffic).
+#[inline(never)]
+fn steer_later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &Flow) -> Result<i32, u32> {
+    let owned = match OWNED_EIPS.get_ptr(&f.dst) {
+        // SAFETY: valid map value pointer.
+        Some(o) => unsafe { *o },
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let e = match crate::frag::recall(KIND_STEER, f) {
+        Some(e) => e,
+        None if owned.flags & OWNED_NODE_IP != 0 => return Ok(TC_ACT_OK as i32),
+        None => return Err(DROP_FRAGMENT),
+    };
+    if e.flags & STEER_LOCAL != 0 {
+        return reply_fragment_to_pod(ctx, f);
+    }
+    encap(ctx, cfg, e.tunnel, e.entropy, coarse_now())
+}
+
+/// A later IPv4 fragment of a reply, to the pod its first fragment went to.
+#[inline(never)]
+fn reply_fragment_to_pod(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
+    let e = crate::frag::recall(KIND_REPLY, f).ok_or(DROP_FRAGMENT)?;
+    crate::frag::rewrite_addr(ctx, false, &e.addr).map_err(|_| DROP_MALFORMED)?;
+    if let Some(s) = crate::maps::POLICY_STATS.get_ptr_mut(&e.policy_id) {
+        // SAFETY: per-CPU value of this CPU.
+        unsafe {
+            (*s).reply_packets += 1;
+            (*s).reply_bytes += u64::from(ctx.len());
+        }
+    }
+    Ok(to_pod(e.ifindex))
 }
 
 /// Non-inlined (keeps the caller's stack small); the result travels as one

@@ -12,6 +12,7 @@ mod cache;
 mod count;
 mod ctx;
 mod flow;
+mod frag;
 mod fwd;
 mod gateway;
 mod hdr;

@@ -272,6 +272,14 @@ pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
         rewrite(ctx, f, Side::Dst, &entry.addr, entry.port)
     }
     .map_err(|_| DROP_HELPER)?;
+    if f.frag == crate::flow::FRAG_FIRST {
+        if let Some(e) = crate::frag::next_entry() {
+            crate::mem::copy_addr(&mut e.addr, &entry.addr);
+            e.policy_id = entry.policy_id;
+            e.ifindex = entry.ifindex;
+            crate::frag::remember(crate::frag::KIND_REPLY, f);
+        }
+    }
     if let Some(s) = POLICY_STATS.get_ptr_mut(&entry.policy_id) {
         // SAFETY: per-CPU value of this CPU.
         unsafe {

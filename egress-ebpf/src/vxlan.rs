@@ -219,14 +219,6 @@ fn encapsulate_inner(
     let inner_eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     // SAFETY: bounds checked by ptr_at; copied before the packet changes.
     let inner = unsafe { core::ptr::read(inner_eth) };
-    let w = |a: u8, b: u8| u32::from(u16::from_ne_bytes([a, b]));
-    let inner_sum = w(inner.dst[0], inner.dst[1])
-        + w(inner.dst[2], inner.dst[3])
-        + w(inner.dst[4], inner.dst[5])
-        + w(inner.src[0], inner.src[1])
-        + w(inner.src[2], inner.src[3])
-        + w(inner.src[4], inner.src[5])
-        + w(inner.proto[0], inner.proto[1]);
     ctx.adjust_room(GROW as i32, BPF_ADJ_ROOM_MAC, room_flags(ctx))
         .ok()?;
     let o: *mut Outer = match ptr_at(ctx, 0) {
@@ -295,18 +287,17 @@ fn encapsulate_inner(
     }
     // skb->csum (CHECKSUM_COMPLETE) sums from the outer IPv4 header on: the
     // new bytes are that header (its sum is zero: it carries its checksum),
-    // the UDP and VXLAN headers, summed here as values (big-endian words,
-    // byte-swapped into memory order once folded: a ones'-complement sum
-    // commutes with the swap), and the inner Ethernet header.
-    let mut be = u32::from(sport)
-        + u32::from(cfg.vxlan_port)
-        + u32::from(udp_len)
-        + 0x0800
-        + ((cfg.vni >> 8) & 0xffff)
-        + ((cfg.vni & 0xff) << 8);
-    be = (be & 0xffff) + (be >> 16);
-    be = (be & 0xffff) + (be >> 16);
-    let added = inner_sum + u32::from((be as u16).swap_bytes());
+    // the UDP and VXLAN headers and the inner Ethernet header, summed here
+    // from the packet (a copy on the stack would cost the callers' frames).
+    let mut added = 0u32;
+    let mut off = core::mem::offset_of!(Outer, udp);
+    while off < core::mem::size_of::<Outer>() {
+        // SAFETY: inside the `Outer` block that ptr_at bounds-checked.
+        added += u32::from(u16::from_ne_bytes(unsafe {
+            core::ptr::read((o as *const u8).add(off) as *const [u8; 2])
+        }));
+        off += 2;
+    }
     crate::ctx::csum_carry(ctx, added);
     let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
     // SAFETY: a zeroed block is valid, made of 32-bit words; the IPv4

@@ -9,7 +9,10 @@ use egress_common::{
 
 use crate::{
     ctx::drop_with,
-    flow::{parse, rewrite, Flow, Side, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
+    flow::{
+        parse, rewrite, Flow, Side, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR,
+    },
+    frag::KIND_EGRESS,
     fwd::{encap, fib_forward},
     hdr::*,
     maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS, ROUTES},
@@ -101,6 +104,9 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         Some(c) => c,
         None => return Err(DROP_NO_CONFIG),
     };
+    if f.frag == FRAG_LATER {
+        return later_fragment(ctx, cfg, f);
+    }
     // Established flow validated under the current policy tables: no lookups.
     let v = fast_path(ctx, cfg, f);
     if v >= 0 {
@@ -110,19 +116,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         return Err((-(v - FAST_REVALIDATE + 1)) as u32);
     }
     let absent = v == FAST_NO_ENTRY;
-    let src = match POLICY_SRC.get(&Key::new(128, f.src)) {
-        Some(s) => s.slots,
-        None => return Ok(TC_ACT_OK as i32),
-    };
-    let dst = match POLICY_DST.get(&Key::new(128, f.dst)) {
-        Some(d) => *d,
-        None => return Ok(TC_ACT_OK as i32),
-    };
-    let slot = match pick_slot(src, &dst) {
-        Some(s) => s,
-        None => return Ok(TC_ACT_OK as i32),
-    };
-    let target = match POLICY_TARGETS.get(slot) {
+    let target = match policy_target(f) {
         Some(t) => t,
         None => return Ok(TC_ACT_OK as i32),
     };
@@ -164,6 +158,9 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     };
     f.gw = gw;
     let port = forward_port(ctx, cfg, f, target, absent)?;
+    if f.frag == FRAG_FIRST {
+        remember_egress(f, eip, gw, target.policy_id, local);
+    }
     rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;
     if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
         let hdrs = if f.v6 { 60 } else { 40 };
@@ -184,6 +181,58 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f), now)
+}
+
+/// The policy slot's target that selects `f` (source pod, destination), if any.
+#[inline(always)]
+fn policy_target(f: &Flow) -> Option<&'static EgressTarget> {
+    let src = POLICY_SRC.get(&Key::new(128, f.src))?.slots;
+    let dst = *POLICY_DST.get(&Key::new(128, f.dst))?;
+    POLICY_TARGETS.get(pick_slot(src, &dst)?)
+}
+
+/// Remembers the translation of a first fragment for the later ones (`frag`).
+#[inline(always)]
+fn remember_egress(f: &Flow, eip: &Addr, gw: [u8; 4], policy_id: u32, local: bool) {
+    if let Some(e) = crate::frag::next_entry() {
+        crate::mem::copy_addr(&mut e.addr, eip);
+        e.tunnel = gw;
+        e.policy_id = policy_id;
+        e.entropy = crate::vxlan::flow_entropy(f);
+        e.flags = if local {
+            u32::from(NAT_LOCAL_GATEWAY)
+        } else {
+            0
+        };
+        crate::frag::remember(KIND_EGRESS, f);
+    }
+}
+
+/// A later IPv4 fragment from the pod leaves as its first fragment did
+/// (see `frag`). One of a datagram a policy selects whose first fragment
+/// was not seen is dropped; other traffic's passes.
+#[inline(never)]
+fn later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> Result<i32, u32> {
+    let e = match crate::frag::recall(KIND_EGRESS, f) {
+        Some(e) => e,
+        None if policy_target(f).is_some() => return Err(DROP_FRAGMENT),
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    crate::frag::rewrite_addr(ctx, true, &e.addr).map_err(|_| DROP_MALFORMED)?;
+    if let Some(s) = POLICY_STATS.get_ptr_mut(&e.policy_id) {
+        // SAFETY: per-CPU value of this CPU.
+        unsafe {
+            (*s).egress_packets += 1;
+            (*s).egress_bytes += u64::from(ctx.len());
+        }
+    }
+    if e.flags & u32::from(NAT_LOCAL_GATEWAY) != 0 {
+        crate::mem::copy_addr(&mut f.src, &e.addr);
+        return fib_forward(ctx, f, 0);
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    encap(ctx, cfg, e.tunnel, e.entropy, now)
 }
 
 /// The tunnel endpoint a BGP-learned host route names for `eip` (see
@@ -245,6 +294,9 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
             now,
         )
     };
+    if f.frag == FRAG_FIRST {
+        remember_egress(f, &eip, gw, policy_id, local);
+    }
     if rewrite(ctx, f, Side::Src, &eip, port).is_err() {
         return FAST_REVALIDATE - 1 - i64::from(DROP_HELPER);
     }
