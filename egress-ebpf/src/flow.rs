@@ -67,9 +67,10 @@ pub struct Flow {
     /// Set by the worker before a new translation: the tunnel endpoint the
     /// flow goes to (a BGP route's, or the policy slot's gateway).
     pub gw: [u8; 4],
-    /// `FRAG_*`, and the IPv4 identification (fragments only).
+    /// `FRAG_*`, and the identification of the datagram (IPv4 header or
+    /// IPv6 Fragment header; fragments only).
     pub frag: u8,
-    pub ip_id: u16,
+    pub ip_id: u32,
 }
 
 /// Parses the transport part at `l4_off`. Returns None for what we do not translate.
@@ -214,7 +215,7 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             } else if frag & 0x2000 != 0 {
                 f.frag = FRAG_FIRST;
             }
-            f.ip_id = u16::from_be_bytes((*ip).id);
+            f.ip_id = u32::from(u16::from_be_bytes((*ip).id));
             f.df = frag & 0x4000 != 0;
             let ihl = ((*ip).version_ihl & 0x0f) as usize;
             if ihl < 5 {
@@ -229,14 +230,6 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
         if f.proto == IPPROTO_ICMPV6 {
             return None;
         }
-        // A later fragment has no transport header: the callers look its
-        // datagram up (see `frag`).
-        if f.frag == FRAG_LATER {
-            return match f.proto {
-                IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP => Some(()),
-                _ => None,
-            };
-        }
     } else if proto == ETH_P_IPV6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN).ok()?;
         f.v6 = true;
@@ -248,11 +241,35 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             f.l3_len = u32::from(u16::from_be_bytes((*ip).payload_len)) + IPV6_LEN as u32;
         }
         f.l4_off = ETH_LEN + IPV6_LEN;
+        if f.proto == IPPROTO_FRAGMENT {
+            // The Fragment header (RFC 8200 4.5): next header, offset and
+            // M flag, identification. Other extension headers: not parsed.
+            let h: *const [u8; 8] = ptr_at(ctx, f.l4_off).ok()?;
+            // SAFETY: bounds checked by ptr_at.
+            let h = unsafe { *h };
+            let offset_flags = u16::from_be_bytes([h[2], h[3]]);
+            if offset_flags >> 3 != 0 {
+                f.frag = FRAG_LATER;
+            } else if offset_flags & 1 != 0 {
+                f.frag = FRAG_FIRST;
+            }
+            f.ip_id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+            f.proto = h[0];
+            f.l4_off += 8;
+        }
         if f.proto == IPPROTO_ICMP {
             return None;
         }
     } else {
         return None;
+    }
+    // A later fragment has no transport header: the callers look its
+    // datagram up (see `frag`).
+    if f.frag == FRAG_LATER {
+        return match f.proto {
+            IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 => Some(()),
+            _ => None,
+        };
     }
     parse_l4(ctx, f)?;
     Some(())

@@ -1,4 +1,5 @@
-//! IPv4 fragments of translated datagrams.
+//! IP fragments of translated datagrams (IPv4, and IPv6 with a Fragment
+//! header right after the fixed header).
 //!
 //! Only the first fragment of a datagram carries the ports, so only it can
 //! be matched to a NAT entry or a port block. Each path that translates or
@@ -26,7 +27,7 @@ use egress_common::addr::Addr;
 use crate::{
     ctx::{csum_replace4, ptr_at},
     flow::Flow,
-    hdr::{Ipv4Hdr, ETH_LEN},
+    hdr::{Ipv4Hdr, Ipv6Hdr, ETH_LEN},
 };
 
 /// Which path remembered a datagram (a node that is worker and gateway
@@ -44,9 +45,10 @@ const FRAG_TIMEOUT_NS: u64 = 30_000_000_000;
 pub struct FragKey {
     pub src: Addr,
     pub dst: Addr,
-    pub id: u16,
+    pub id: u32,
     pub kind: u8,
     pub proto: u8,
+    pub _pad: u16,
 }
 
 /// What the first fragment got. `addr`: the new source (egress) or
@@ -87,6 +89,7 @@ fn key(kind: u8, f: &Flow) -> FragKey {
         id: f.ip_id,
         kind,
         proto: f.proto,
+        _pad: 0,
     }
 }
 
@@ -117,12 +120,28 @@ pub fn recall(kind: u8, f: &Flow) -> Option<FragEntry> {
     Some(e)
 }
 
-/// Rewrites the IPv4 source (`src`) or destination of a later fragment:
-/// the header and its checksum only (the transport header, and with it
-/// the transport checksum, is in the first fragment). The address and the
-/// header checksum changes cancel in `skb->csum`.
+/// Rewrites the source (`src`) or destination of a later fragment `f`:
+/// the IP header only (the transport header, and with it the transport
+/// checksum, is in the first fragment). IPv4: the header checksum too
+/// (address and checksum changes cancel in `skb->csum`); IPv6 has none, so
+/// the change is carried into `skb->csum`.
 #[inline(always)]
-pub fn rewrite_addr(ctx: &TcContext, src: bool, addr: &Addr) -> Result<(), ()> {
+pub fn rewrite_addr(ctx: &TcContext, f: &Flow, src: bool, addr: &Addr) -> Result<(), ()> {
+    if f.v6 {
+        let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN)?;
+        let old = if src { &f.src } else { &f.dst };
+        // SAFETY: bounds checked by ptr_at.
+        unsafe {
+            let a = if src {
+                &mut (*ip).saddr
+            } else {
+                &mut (*ip).daddr
+            };
+            crate::mem::copy_addr(a, addr);
+        }
+        crate::ctx::csum_carry(ctx, crate::ctx::csum_diff16(old, addr));
+        return Ok(());
+    }
     let ip: *mut Ipv4Hdr = ptr_at(ctx, ETH_LEN)?;
     let new = [addr[12], addr[13], addr[14], addr[15]];
     // SAFETY: bounds checked by ptr_at.

@@ -450,7 +450,7 @@ fn steer_later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &Flow) -> 
 #[inline(never)]
 fn reply_fragment_to_pod(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     let e = crate::frag::recall(KIND_REPLY, f).ok_or(DROP_FRAGMENT)?;
-    crate::frag::rewrite_addr(ctx, false, &e.addr).map_err(|_| DROP_MALFORMED)?;
+    crate::frag::rewrite_addr(ctx, f, false, &e.addr).map_err(|_| DROP_MALFORMED)?;
     if let Some(s) = crate::maps::POLICY_STATS.get_ptr_mut(&e.policy_id) {
         // SAFETY: per-CPU value of this CPU.
         unsafe {

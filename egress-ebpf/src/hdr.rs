@@ -11,6 +11,8 @@ pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
+/// IPv6 Fragment extension header.
+pub const IPPROTO_FRAGMENT: u8 = 44;
 
 /// Ethernet II header.
 #[repr(C)]

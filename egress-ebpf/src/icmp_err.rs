@@ -4,7 +4,9 @@
 //! error (quoting its start) and sent back out of the interface it came in on.
 
 use aya_ebpf::{
-    helpers::generated::{bpf_redirect, bpf_skb_change_tail},
+    btf_maps::PerCpuArray,
+    helpers::generated::{bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes},
+    macros::btf_map,
     programs::TcContext,
 };
 
@@ -13,10 +15,18 @@ use crate::{
     hdr::*,
 };
 
-/// Bytes of the offending packet quoted: its IP header and 8 bytes more (IPv4),
-/// or its IPv6 header and 8 bytes more.
+/// Bytes of the offending packet quoted: its IP header and 8 bytes more
+/// (IPv4), or its IPv6 header and 16 bytes more (a Fragment header and the
+/// ports after it: the pod's kernel applies the error only when it finds
+/// the socket).
 const QUOTE_V4: usize = IPV4_HDR + 8;
-const QUOTE_V6: usize = IPV6_LEN + 8;
+const QUOTE_V6: usize = IPV6_LEN + 16;
+const MSG_V6: usize = IPV6_LEN + 8 + QUOTE_V6;
+
+/// The IPv6 error is built here (per CPU), not on the stack, which the
+/// worker's own frame leaves too little of.
+#[btf_map]
+static TOO_BIG_V6: PerCpuArray<[u8; MSG_V6], 1> = PerCpuArray::new();
 const IPV4_HDR: usize = 20;
 
 /// Turns the packet into the ICMP error and returns the redirect verdict,
@@ -36,33 +46,49 @@ fn too_big_inner(ctx: &mut TcContext, v6: bool, mtu: u16) -> Option<i64> {
     eth[..6].copy_from_slice(&macs[6..12]);
     eth[6..].copy_from_slice(&macs[..6]);
     if v6 {
-        let q: [u8; QUOTE_V6] = ctx.load(ETH_LEN).ok()?;
-        let total = ETH_LEN + IPV6_LEN + 8 + QUOTE_V6;
+        // SAFETY: this CPU's slot; programs do not nest on one CPU.
+        let m = unsafe { &mut *TOO_BIG_V6.get_ptr_mut(0)? };
+        let quote = IPV6_LEN + 8;
+        // SAFETY: the helper writes QUOTE_V6 bytes into the slot's tail.
+        let rc = unsafe {
+            bpf_skb_load_bytes(
+                ctx.skb.skb as *const _,
+                ETH_LEN as u32,
+                m.as_mut_ptr().add(quote) as *mut _,
+                QUOTE_V6 as u32,
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        let total = ETH_LEN + MSG_V6;
         // SAFETY: skb pointer from the context.
         if unsafe { bpf_skb_change_tail(ctx.skb.skb, total as u32, 0) } != 0 {
             return None;
         }
         let plen = (8 + QUOTE_V6) as u16;
-        let mut ip = [0u8; IPV6_LEN];
-        ip[0] = 0x60;
-        ip[4..6].copy_from_slice(&plen.to_be_bytes());
-        ip[6] = IPPROTO_ICMPV6;
-        ip[7] = 255;
-        ip[8..24].copy_from_slice(&q[24..40]); // from the original destination
-        ip[24..40].copy_from_slice(&q[8..24]); // to the pod
-        let mut icmp = [0u8; 8];
-        icmp[0] = ICMP6_PKT_TOO_BIG;
-        icmp[4..8].copy_from_slice(&u32::from(mtu).to_be_bytes());
-        let mut sum = sum_words(&ip[8..40], 0);
+        m[0] = 0x60;
+        m[1] = 0;
+        m[2] = 0;
+        m[3] = 0;
+        m[4..6].copy_from_slice(&plen.to_be_bytes());
+        m[6] = IPPROTO_ICMPV6;
+        m[7] = 255;
+        let (head, q) = m.split_at_mut(quote);
+        head[8..24].copy_from_slice(&q[24..40]); // from the original destination
+        head[24..40].copy_from_slice(&q[8..24]); // to the pod
+        head[40] = ICMP6_PKT_TOO_BIG;
+        head[41] = 0;
+        head[42] = 0;
+        head[43] = 0;
+        head[44..48].copy_from_slice(&u32::from(mtu).to_be_bytes());
+        let mut sum = sum_words(&head[8..40], 0);
         sum += u32::from(plen) + u32::from(IPPROTO_ICMPV6);
-        sum = sum_words(&icmp, sum);
-        sum = sum_words(&q, sum);
-        let c = fold(sum);
-        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        sum = sum_words(&head[40..48], sum);
+        sum = sum_words(q, sum);
+        head[42..44].copy_from_slice(&fold(sum).to_be_bytes());
         ctx.store(0, &eth, 0).ok()?;
-        ctx.store(ETH_LEN, &ip, 0).ok()?;
-        ctx.store(ETH_LEN + IPV6_LEN, &icmp, 0).ok()?;
-        ctx.store(ETH_LEN + IPV6_LEN + 8, &q, 0).ok()?;
+        ctx.store(ETH_LEN, m, 0).ok()?;
     } else {
         let q: [u8; QUOTE_V4] = ctx.load(ETH_LEN).ok()?;
         if q[0] != 0x45 {

@@ -218,7 +218,7 @@ fn later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> Re
         None if policy_target(f).is_some() => return Err(DROP_FRAGMENT),
         None => return Ok(TC_ACT_OK as i32),
     };
-    crate::frag::rewrite_addr(ctx, true, &e.addr).map_err(|_| DROP_MALFORMED)?;
+    crate::frag::rewrite_addr(ctx, f, true, &e.addr).map_err(|_| DROP_MALFORMED)?;
     if let Some(s) = POLICY_STATS.get_ptr_mut(&e.policy_id) {
         // SAFETY: per-CPU value of this CPU.
         unsafe {

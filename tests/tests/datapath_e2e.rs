@@ -784,7 +784,8 @@ fn established_tcp_survives_gateway_failover() -> Result<()> {
     Ok(())
 }
 
-/// A UDP datagram larger than the pod's MTU leaves in IPv4 fragments, and
+/// A UDP datagram larger than the pod's MTU leaves in fragments (IPv4 and
+/// IPv6), and
 /// the server's echo comes back in fragments: all of them must take the
 /// EIP's way (only the first carries the ports), or neither side can
 /// reassemble its datagram.
@@ -794,18 +795,35 @@ fn fragmented_udp_goes_out_and_back_through_the_eip() -> Result<()> {
     let t = build()?;
     let mut server = t
         .srv
-        .spawn(&["python3", "-u", "-c", SERVER_PY, PORT, SRV])?;
+        .spawn(&["python3", "-u", "-c", SERVER_PY, PORT, SRV, SRV6])?;
     server.wait_for_line("ready", Duration::from_secs(10))?;
-    let out = t.pods[0].ns.exec(&[
-        "timeout", "20", "python3", "-c", CLIENT_PY, "udp", SRV, PORT, "3000",
-    ])?;
-    assert_eq!(out.trim(), "reply ok", "{}", diagnostics(&t));
-    let seen = server.wait_for_line("peer udp", Duration::from_secs(5))?;
-    assert!(seen.contains(EIP1), "the server saw {seen}");
-    for n in [&t.w1, &t.g1] {
-        let drops = stats::read_drops(n._pins.path())?;
-        let fragment = drops.iter().find(|(name, _)| *name == "fragment").unwrap();
-        assert_eq!(fragment.1.packets, 0, "no fragment dropped");
+    let fragment_drops = |t: &Topology| -> Result<u64> {
+        let mut n = 0;
+        for node in [&t.w1, &t.g1] {
+            let drops = stats::read_drops(node._pins.path())?;
+            n += drops
+                .iter()
+                .find(|(name, _)| *name == "fragment")
+                .unwrap()
+                .1
+                .packets;
+        }
+        Ok(n)
+    };
+    for (srv, eip) in [(SRV, EIP1), (SRV6, EIP1_6)] {
+        let out = t.pods[0].ns.exec(&[
+            "timeout", "20", "python3", "-c", CLIENT_PY, "udp", srv, PORT, "3000",
+        ])?;
+        assert_eq!(out.trim(), "reply ok", "to {srv}: {}", diagnostics(&t));
+        let seen = server.wait_for_line("peer udp", Duration::from_secs(5))?;
+        assert!(seen.contains(eip), "the server saw {seen}");
+        // IPv4: no fragment was lost. IPv6 is not fragmented on the way: the
+        // pod's first try meets "packet too big" from the worker (its
+        // fragments do not fit the tunnel) and the later fragments of that
+        // try are dropped as orphans; the client's next try fits.
+        if srv == SRV {
+            assert_eq!(fragment_drops(&t)?, 0, "no IPv4 fragment dropped");
+        }
     }
     Ok(())
 }
