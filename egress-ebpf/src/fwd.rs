@@ -33,8 +33,9 @@ pub fn encap(
     entropy: u32,
     now: u64,
 ) -> Result<i32, u32> {
-    if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy, now) {
-        return Ok(v);
+    let v = crate::vxlan::encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy, now);
+    if v >= 0 {
+        return Ok(v as i32);
     }
     via_vxlan_device(ctx, cfg.vni, remote, cfg.vxlan_ifindex)
 }

@@ -409,11 +409,10 @@ fn steer(
     flags: u32,
     worker: [u8; 4],
 ) -> Result<i32, u32> {
-    let entropy = crate::vxlan::flow_entropy(f);
     if f.frag == FRAG_FIRST {
         if let Some(e) = crate::frag::next_entry() {
             e.tunnel = worker;
-            e.entropy = entropy;
+            e.entropy = crate::vxlan::flow_entropy(f);
             e.flags = flags;
             crate::frag::remember(KIND_STEER, f);
         }
@@ -422,7 +421,13 @@ fn steer(
         let ifindex = reverse(ctx, f)?;
         return Ok(to_pod(ifindex));
     }
-    encap(ctx, cfg, worker, entropy, coarse_now())
+    encap(
+        ctx,
+        cfg,
+        worker,
+        crate::vxlan::flow_entropy(f),
+        coarse_now(),
+    )
 }
 
 /// A later IPv4 fragment to an owned EIP goes where its first fragment was

@@ -28,11 +28,25 @@ pub fn copy_bytes<const N: usize>(dst: &mut [u8; N], src: &[u8; N]) {
     }
 }
 
-/// `*dst = ::ffff:a.b.c.d`, the IPv4-mapped form of `v4`.
+/// `*dst = ::ffff:a.b.c.d`, the IPv4-mapped form of `v4`, one byte at a
+/// time (volatile: into map memory, where LLVM would merge the zeros into
+/// a `memset` call).
 #[inline(always)]
 pub fn put_v4_mapped(dst: &mut Addr, v4: &[u8; 4]) {
-    // SAFETY: a reference to 16 bytes.
-    unsafe { put_v4_mapped_raw(dst, v4) }
+    let d = dst.as_mut_ptr();
+    let mut i = 0;
+    while i < 16 {
+        let b = if i < 10 {
+            0
+        } else if i < 12 {
+            0xff
+        } else {
+            v4[i - 12]
+        };
+        // SAFETY: inside the 16-byte block.
+        unsafe { write_volatile(d.add(i), b) };
+        i += 1;
+    }
 }
 
 /// The IPv4-mapped form of `v4` as a value, for a local (`egress_common`'s
@@ -48,26 +62,6 @@ pub fn v4_mapped(v4: &[u8; 4]) -> Addr {
         core::ptr::write_unaligned(p.add(8) as *mut [u8; 4], [0, 0, 0xff, 0xff]);
         core::ptr::write_unaligned(p.add(12) as *mut [u8; 4], *v4);
         a.assume_init()
-    }
-}
-
-/// # Safety
-/// `dst` valid for 16 bytes of writes.
-#[inline(always)]
-unsafe fn put_v4_mapped_raw(dst: *mut Addr, v4: &[u8; 4]) {
-    let d = dst as *mut u8;
-    let mut i = 0;
-    while i < 16 {
-        let b = if i < 10 {
-            0
-        } else if i < 12 {
-            0xff
-        } else {
-            v4[i - 12]
-        };
-        // SAFETY: inside the 16-byte block.
-        unsafe { write_volatile(d.add(i), b) };
-        i += 1;
     }
 }
 

@@ -141,27 +141,11 @@ fn next_hop(
 
 /// Encapsulates the frame toward `remote` and redirects it out of the
 /// uplink. `entropy` picks the outer UDP source port (flows spread over
-/// the underlay's ECMP paths). `None`: nothing was changed, use the device.
-#[inline(always)]
-pub fn encapsulate(
-    ctx: &TcContext,
-    cfg: &DatapathConfig,
-    remote: [u8; 4],
-    entropy: u32,
-    now: u64,
-) -> Option<i32> {
-    let v = encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy, now);
-    if v < 0 {
-        None
-    } else {
-        Some(v as i32)
-    }
-}
-
-/// Non-inlined (its FIB parameter block would push the callers past the
-/// 512-byte stack); the verdict travels as one i64, -1 for "not done".
+/// the underlay's ECMP paths). Non-inlined (its FIB parameter block would
+/// push the callers past the 512-byte stack); the verdict travels as one
+/// i64, -1 for "nothing was changed, use the device".
 #[inline(never)]
-fn encapsulate_raw(
+pub fn encapsulate_raw(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     remote: u32,

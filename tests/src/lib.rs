@@ -35,6 +35,16 @@ pub fn run_classifier(
 /// packet must carry `skb->csum` along.
 pub const TEST_CHECKSUM_COMPLETE: u32 = 1 << 2;
 
+/// [`run_classifier`] on a CHECKSUM_COMPLETE skb ([`TEST_CHECKSUM_COMPLETE`]):
+/// fails unless the program leaves `skb->csum` right.
+pub fn run_classifier_complete(
+    ebpf: &mut aya::Ebpf,
+    prog: &str,
+    pkt: &[u8],
+) -> anyhow::Result<(u32, Vec<u8>)> {
+    run_classifier_with(ebpf, prog, pkt, TEST_CHECKSUM_COMPLETE)
+}
+
 /// Like [`run_classifier`], with BPF_PROG_TEST_RUN `flags` (aya does not
 /// pass them through, so this calls bpf(2) itself). An `EBADMSG` from
 /// [`TEST_CHECKSUM_COMPLETE`] comes back as an error saying so.

@@ -95,12 +95,7 @@ fn udp4(src: Ipv4Addr, dst: Ipv4Addr, dport: u16, ttl: u8, payload: usize) -> Ve
 }
 
 fn run(dp: &mut Datapath, prog: &str, pkt: &[u8]) -> anyhow::Result<(u32, Vec<u8>)> {
-    egress_tests::run_classifier_with(
-        &mut dp.ebpf,
-        prog,
-        pkt,
-        egress_tests::TEST_CHECKSUM_COMPLETE,
-    )
+    egress_tests::run_classifier_complete(&mut dp.ebpf, prog, pkt)
 }
 
 /// The destination MAC and TTL of a forwarded frame, its IPv4 header

@@ -197,12 +197,7 @@ impl Fixture {
 /// packet) and fails unless the program keeps `skb->csum` right: the
 /// receiving stack trusts it (see `csum_carry` in egress-ebpf).
 fn run_prog(dp: &mut Datapath, prog: &str, pkt: &[u8]) -> anyhow::Result<(u32, Vec<u8>)> {
-    egress_tests::run_classifier_with(
-        &mut dp.ebpf,
-        prog,
-        pkt,
-        egress_tests::TEST_CHECKSUM_COMPLETE,
-    )
+    egress_tests::run_classifier_complete(&mut dp.ebpf, prog, pkt)
 }
 
 // ---------- packet builders ----------
@@ -1555,23 +1550,28 @@ fn reassembled_udp(first: &[u8], later: &[u8]) -> (Ipv4Addr, Ipv4Addr, u16, u16)
         "both fragments alike"
     );
     assert_eq!(h1.identification, h2.identification);
-    let datagram = [p1, p2].concat();
-    let udp = etherparse::UdpHeaderSlice::from_slice(&datagram)
+    let (sport, dport) = checked_udp(&[p1, p2].concat(), |u, payload| {
+        u.calc_checksum_ipv4_raw(h1.source, h1.destination, payload)
+            .unwrap()
+    });
+    (h1.source.into(), h1.destination.into(), sport, dport)
+}
+
+/// The ports of a reassembled UDP datagram whose checksum (`sum` of its
+/// header and payload, with the caller's pseudo-header) is right.
+fn checked_udp(
+    datagram: &[u8],
+    sum: impl FnOnce(&etherparse::UdpHeader, &[u8]) -> u16,
+) -> (u16, u16) {
+    let udp = etherparse::UdpHeaderSlice::from_slice(datagram)
         .unwrap()
         .to_header();
-    let sum = udp
-        .calc_checksum_ipv4_raw(h1.source, h1.destination, &datagram[8..])
-        .unwrap();
     assert_eq!(
-        udp.checksum, sum,
+        udp.checksum,
+        sum(&udp, &datagram[8..]),
         "UDP checksum of the reassembled datagram"
     );
-    (
-        h1.source.into(),
-        h1.destination.into(),
-        udp.source_port,
-        udp.destination_port,
-    )
+    (udp.source_port, udp.destination_port)
 }
 
 #[test]
@@ -1676,23 +1676,11 @@ fn reassembled_udp6(first: &[u8], later: &[u8]) -> (Ipv6Addr, Ipv6Addr, u16, u16
         "both fragments alike"
     );
     assert_eq!(id1, id2);
-    let datagram = [p1, p2].concat();
-    let udp = etherparse::UdpHeaderSlice::from_slice(&datagram)
-        .unwrap()
-        .to_header();
-    let sum = udp
-        .calc_checksum_ipv6_raw(h1.source, h1.destination, &datagram[8..])
-        .unwrap();
-    assert_eq!(
-        udp.checksum, sum,
-        "UDP checksum of the reassembled datagram"
-    );
-    (
-        h1.source.into(),
-        h1.destination.into(),
-        udp.source_port,
-        udp.destination_port,
-    )
+    let (sport, dport) = checked_udp(&[p1, p2].concat(), |u, payload| {
+        u.calc_checksum_ipv6_raw(h1.source, h1.destination, payload)
+            .unwrap()
+    });
+    (h1.source.into(), h1.destination.into(), sport, dport)
 }
 
 #[test]
