@@ -146,12 +146,18 @@ fn parse_quoted_inner(ctx: &TcContext, v6: bool, l3_off: usize, q: &mut Quoted) 
     if v6 {
         let ip: *const Ipv6Hdr = ptr_at(ctx, l3_off).ok()?;
         // SAFETY: bounds checked by ptr_at.
-        unsafe {
-            q.proto = (*ip).nexthdr;
+        let nexthdr = unsafe {
             copy_addr(&mut q.src, &(*ip).saddr);
             copy_addr(&mut q.dst, &(*ip).daddr);
+            (*ip).nexthdr
+        };
+        let t = v6_transport(ctx, l3_off + IPV6_LEN, nexthdr)?;
+        // A quoted later fragment has no ports to find the flow by.
+        if t.frag == FRAG_LATER {
+            return None;
         }
-        q.l4_off = l3_off + IPV6_LEN;
+        q.proto = t.proto;
+        q.l4_off = t.off;
     } else {
         let ip: *const Ipv4Hdr = ptr_at(ctx, l3_off).ok()?;
         // SAFETY: bounds checked by ptr_at.
@@ -185,8 +191,71 @@ fn parse_quoted_inner(ctx: &TcContext, v6: bool, l3_off: usize, q: &mut Quoted) 
     Some(())
 }
 
+/// Where an IPv6 packet's transport header is, past its extension headers.
+struct V6Transport {
+    off: usize,
+    proto: u8,
+    /// `FRAG_*` and the identification, from a Fragment header.
+    frag: u8,
+    id: u32,
+}
+
+/// Extension headers stepped over at most: RFC 8200 4.1's order has
+/// Hop-by-Hop, Destination Options, Routing, Fragment, Destination Options.
+const MAX_V6_EXT: usize = 5;
+
+/// Steps over the extension headers from `off` (the first one, of kind
+/// `proto`) to the transport header. Hop-by-Hop and Destination Options
+/// are skipped, as is a Routing header with no segments left (the fixed
+/// header then holds the final destination, which the pseudo-header and
+/// the policy use); the Fragment header (RFC 8200 4.5) gives offset, M
+/// flag and identification. `None` for a Routing header with segments
+/// left (the destination is not the final one), for headers that lie past
+/// the first 256 bytes, and for more than `MAX_V6_EXT`; other kinds (AH,
+/// ESP, ...) end the walk as the transport, which is then not translated.
+#[inline(always)]
+fn v6_transport(ctx: &TcContext, off: usize, proto: u8) -> Option<V6Transport> {
+    let mut t = V6Transport {
+        off,
+        proto,
+        frag: FRAG_NONE,
+        id: 0,
+    };
+    let mut i = 0;
+    while i < MAX_V6_EXT {
+        // Next header, length or reserved, and (Routing) type, segments left.
+        let h: *const [u8; 8] = ptr_at(ctx, t.off).ok()?;
+        // SAFETY: bounds checked by ptr_at.
+        let h = unsafe { *h };
+        match t.proto {
+            IPPROTO_FRAGMENT => {
+                let offset_flags = u16::from_be_bytes([h[2], h[3]]);
+                if offset_flags >> 3 != 0 {
+                    t.frag = FRAG_LATER;
+                } else if offset_flags & 1 != 0 {
+                    t.frag = FRAG_FIRST;
+                }
+                t.id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+                t.off += 8;
+            }
+            IPPROTO_ROUTING if h[3] != 0 => return None,
+            IPPROTO_HOPOPTS | IPPROTO_DSTOPTS | IPPROTO_ROUTING => {
+                t.off += (usize::from(h[1]) + 1) * 8;
+            }
+            _ => return Some(t),
+        }
+        t.proto = h[0];
+        i += 1;
+    }
+    match t.proto {
+        IPPROTO_HOPOPTS | IPPROTO_DSTOPTS | IPPROTO_ROUTING | IPPROTO_FRAGMENT => None,
+        _ => Some(t),
+    }
+}
+
 /// Parses Ethernet + IP + transport. `None`: not something we translate
-/// (other ethertypes, fragments, IPv6 extension headers, other protocols).
+/// (other ethertypes, other protocols, IPv6 extension headers that
+/// `v6_transport` does not step over).
 #[inline(always)]
 pub fn parse(ctx: &TcContext, f: &mut Flow) -> bool {
     parse_inner(ctx, f).is_some()
@@ -234,29 +303,17 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
         let ip: *const Ipv6Hdr = ptr_at(ctx, ETH_LEN).ok()?;
         f.v6 = true;
         // SAFETY: bounds checked by ptr_at.
-        unsafe {
-            f.proto = (*ip).nexthdr;
+        let nexthdr = unsafe {
             copy_addr(&mut f.src, &(*ip).saddr);
             copy_addr(&mut f.dst, &(*ip).daddr);
             f.l3_len = u32::from(u16::from_be_bytes((*ip).payload_len)) + IPV6_LEN as u32;
-        }
-        f.l4_off = ETH_LEN + IPV6_LEN;
-        if f.proto == IPPROTO_FRAGMENT {
-            // The Fragment header (RFC 8200 4.5): next header, offset and
-            // M flag, identification. Other extension headers: not parsed.
-            let h: *const [u8; 8] = ptr_at(ctx, f.l4_off).ok()?;
-            // SAFETY: bounds checked by ptr_at.
-            let h = unsafe { *h };
-            let offset_flags = u16::from_be_bytes([h[2], h[3]]);
-            if offset_flags >> 3 != 0 {
-                f.frag = FRAG_LATER;
-            } else if offset_flags & 1 != 0 {
-                f.frag = FRAG_FIRST;
-            }
-            f.ip_id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
-            f.proto = h[0];
-            f.l4_off += 8;
-        }
+            (*ip).nexthdr
+        };
+        let t = v6_transport(ctx, ETH_LEN + IPV6_LEN, nexthdr)?;
+        f.proto = t.proto;
+        f.l4_off = t.off;
+        f.frag = t.frag;
+        f.ip_id = t.id;
         if f.proto == IPPROTO_ICMP {
             return None;
         }

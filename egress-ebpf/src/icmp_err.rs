@@ -16,11 +16,12 @@ use crate::{
 };
 
 /// Bytes of the offending packet quoted: its IP header and 8 bytes more
-/// (IPv4), or its IPv6 header and 16 bytes more (a Fragment header and the
-/// ports after it: the pod's kernel applies the error only when it finds
-/// the socket).
+/// (IPv4), or its IPv6 header and 64 bytes more: the pod's kernel applies
+/// the error only when it finds the socket, so the quote must reach the
+/// ports past any extension headers (a Fragment header, options). The
+/// packet is larger than the tunnel MTU, so it always has these bytes.
 const QUOTE_V4: usize = IPV4_HDR + 8;
-const QUOTE_V6: usize = IPV6_LEN + 16;
+const QUOTE_V6: usize = IPV6_LEN + 64;
 const MSG_V6: usize = IPV6_LEN + 8 + QUOTE_V6;
 
 /// The IPv6 error is built here (per CPU), not on the stack, which the
