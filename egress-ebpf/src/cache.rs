@@ -6,15 +6,27 @@
 //! A slot is used only when key and epoch match (a change of the owned
 //! EIPs or the steering changes the epoch, see `DatapathConfig`); the
 //! forward slots also expire, so that a route or neighbour change is seen
-//! within `FWD_CACHE_NS`. Only successful results are cached: anything the
-//! full path would drop, pass or hand to the kernel is decided by it again.
+//! within `DatapathConfig::cache_ticks` (200 ms). Only successful results
+//! are cached: anything the full path would drop, pass or hand to the
+//! kernel is decided by it again.
 
-use aya_ebpf::{btf_maps::PerCpuArray, macros::btf_map};
-use egress_common::addr::Addr;
+use aya_ebpf::{btf_maps::PerCpuArray, helpers::generated::bpf_jiffies64, macros::btf_map};
+use egress_common::{addr::Addr, config::DatapathConfig};
 
-/// How long a forward slot (a FIB result: egress interface, MACs, MTU) is
-/// used before the FIB is asked again.
-pub const FWD_CACHE_NS: u64 = 200_000_000;
+/// The kernel's tick counter (jiffies), the clock of every cache lifetime:
+/// the verifier turns this helper into one load, where reading even the
+/// coarse clock is a call that cost ~13 ns per packet on the reply path.
+#[inline(always)]
+pub fn ticks() -> u64 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_jiffies64() }
+}
+
+/// The tick until which a slot filled now is used (not included).
+#[inline(always)]
+pub fn expiry(cfg: &DatapathConfig) -> u64 {
+    ticks() + u64::from(cfg.cache_ticks)
+}
 
 /// Slots of each per-CPU cache (direct-mapped).
 pub const SLOTS: usize = 1024;
@@ -24,7 +36,8 @@ pub const SLOTS: usize = 1024;
 pub struct FwdSlot {
     pub src: Addr,
     pub dst: Addr,
-    pub expires_ns: u64,
+    /// `ticks()` from which the slot is no longer used.
+    pub expires_tick: u64,
     pub epoch: u32,
     pub ifindex: u32,
     /// The egress device's MTU (larger packets take the full path, which

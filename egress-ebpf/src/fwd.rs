@@ -6,8 +6,7 @@ use aya_ebpf::{
         BPF_FIB_LKUP_RET_SUCCESS, BPF_F_ZERO_CSUM_TX, TC_ACT_OK,
     },
     helpers::generated::{
-        bpf_fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect, bpf_redirect_neigh,
-        bpf_skb_set_tunnel_key,
+        bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_skb_set_tunnel_key,
     },
     programs::TcContext,
 };
@@ -24,16 +23,15 @@ const AF_INET6: u8 = 10;
 
 /// Sends the frame through the tunnel to `remote`: in VXLAN headers the
 /// program writes itself (see `vxlan`), or, when that cannot be done, by
-/// the node's VXLAN device. `now`: the coarse clock the caller read.
+/// the node's VXLAN device.
 #[inline(always)]
 pub fn encap(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     remote: [u8; 4],
     entropy: u32,
-    now: u64,
 ) -> Result<i32, u32> {
-    let v = crate::vxlan::encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy, now);
+    let v = crate::vxlan::encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy);
     if v >= 0 {
         return Ok(v as i32);
     }
@@ -183,12 +181,16 @@ pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Res
         } as i32);
     }
     if cache_epoch != 0 {
-        if let Some(s) = crate::cache::fwd_slot(&f.src, &f.dst) {
+        // The slow path: the config is read again rather than passed down.
+        if let (Some(s), Some(cfg)) = (
+            crate::cache::fwd_slot(&f.src, &f.dst),
+            crate::maps::CONFIG.get(0),
+        ) {
             // SAFETY: this CPU's slot; programs do not nest on one CPU.
             unsafe {
                 (*s).src = f.src;
                 (*s).dst = f.dst;
-                (*s).expires_ns = bpf_ktime_get_coarse_ns() + crate::cache::FWD_CACHE_NS;
+                (*s).expires_tick = crate::cache::expiry(cfg);
                 (*s).epoch = cache_epoch;
                 (*s).ifindex = p.ifindex;
                 (*s).mtu = u32::from(p.__bindgen_anon_1.mtu_result);
@@ -213,7 +215,7 @@ pub fn forward_from_cache(ctx: &mut TcContext, f: &Flow, epoch: u32) -> Option<i
             return None;
         }
         // The kernel's own bound (is_skb_forwardable): MTU + link header + VLAN tag.
-        if ctx.len() > (*s).mtu + 18 || bpf_ktime_get_coarse_ns() >= (*s).expires_ns {
+        if ctx.len() > (*s).mtu + 18 || crate::cache::ticks() >= (*s).expires_tick {
             return None;
         }
         ((*s).ifindex, (*s).smac, (*s).dmac)

@@ -390,13 +390,7 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
         u32::from_ne_bytes(daddr),
         u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(dport),
     );
-    encap(ctx, cfg, worker, entropy, coarse_now()).ok()
-}
-
-#[inline(always)]
-fn coarse_now() -> u64 {
-    // SAFETY: plain helper call.
-    unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() }
+    encap(ctx, cfg, worker, entropy).ok()
 }
 
 /// A reply to an owned EIP, to the worker that holds its port's block:
@@ -421,13 +415,7 @@ fn steer(
         let ifindex = reverse(ctx, f)?;
         return Ok(to_pod(ifindex));
     }
-    encap(
-        ctx,
-        cfg,
-        worker,
-        crate::vxlan::flow_entropy(f),
-        coarse_now(),
-    )
+    encap(ctx, cfg, worker, crate::vxlan::flow_entropy(f))
 }
 
 /// A later IPv4 fragment to an owned EIP goes where its first fragment was
@@ -448,7 +436,7 @@ fn steer_later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &Flow) -> 
     if e.flags & STEER_LOCAL != 0 {
         return reply_fragment_to_pod(ctx, f);
     }
-    encap(ctx, cfg, e.tunnel, e.entropy, coarse_now())
+    encap(ctx, cfg, e.tunnel, e.entropy)
 }
 
 /// A later IPv4 fragment of a reply, to the pod its first fragment went to.

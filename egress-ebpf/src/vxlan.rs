@@ -7,7 +7,7 @@
 //!
 //! The outer next hop (interface and next-hop address) of each remote
 //! tunnel endpoint comes from the FIB and is kept per CPU for
-//! `HOP_CACHE_NS`; the packet leaves with `bpf_redirect_neigh`, so the
+//! `DatapathConfig::cache_ticks` (200 ms); the packet leaves with `bpf_redirect_neigh`, so the
 //! kernel's neighbour subsystem writes the link header and keeps the
 //! neighbour entry fresh (it resolves or re-probes it as its own traffic
 //! would). When the FIB has no route, or the packet is too large for the
@@ -31,9 +31,6 @@ use crate::{
     hdr::*,
 };
 
-/// How long a next hop is used before the FIB is asked again.
-pub const HOP_CACHE_NS: u64 = 200_000_000;
-
 /// Outer IPv4 + UDP + VXLAN, and the inner Ethernet header that follows.
 const OUTER_LEN: usize = 20 + 8 + 8;
 const GROW: usize = OUTER_LEN + ETH_LEN;
@@ -42,7 +39,8 @@ const AF_INET: u8 = 2;
 /// A remote tunnel endpoint's next hop.
 #[repr(C)]
 pub struct Hop {
-    pub expires_ns: u64,
+    /// `cache::ticks()` from which the slot is no longer used.
+    pub expires_tick: u64,
     /// The endpoint (IPv4, network order bytes).
     pub remote: [u8; 4],
     pub ifindex: u32,
@@ -86,17 +84,12 @@ pub fn flow_entropy(f: &crate::flow::Flow) -> u32 {
 /// This CPU's live next hop for `remote` (interface, next-hop address as
 /// the FIB writes it), asking the FIB on a miss.
 #[inline(always)]
-fn next_hop(
-    ctx: &TcContext,
-    cfg: &DatapathConfig,
-    remote: [u8; 4],
-    now: u64,
-) -> Option<(u32, u32)> {
+fn next_hop(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Option<(u32, u32)> {
     let r = u32::from_ne_bytes(remote);
     let slot = TUNNEL_HOPS.get_ptr_mut(crate::cache::slot(r, 0))?;
     // SAFETY: this CPU's slot; programs do not nest on one CPU.
     unsafe {
-        if (*slot).remote == remote && now < (*slot).expires_ns {
+        if (*slot).remote == remote && crate::cache::ticks() < (*slot).expires_tick {
             return Some(((*slot).ifindex, (*slot).via));
         }
     }
@@ -134,7 +127,7 @@ fn next_hop(
         (*slot).remote = remote;
         (*slot).ifindex = p.ifindex;
         (*slot).via = via;
-        (*slot).expires_ns = now + HOP_CACHE_NS;
+        (*slot).expires_tick = crate::cache::expiry(cfg);
     }
     Some((p.ifindex, via))
 }
@@ -145,14 +138,8 @@ fn next_hop(
 /// push the callers past the 512-byte stack); the verdict travels as one
 /// i64, -1 for "nothing was changed, use the device".
 #[inline(never)]
-pub fn encapsulate_raw(
-    ctx: &TcContext,
-    cfg: &DatapathConfig,
-    remote: u32,
-    entropy: u32,
-    now: u64,
-) -> i64 {
-    match encapsulate_inner(ctx, cfg, remote.to_ne_bytes(), entropy, now) {
+pub fn encapsulate_raw(ctx: &TcContext, cfg: &DatapathConfig, remote: u32, entropy: u32) -> i64 {
+    match encapsulate_inner(ctx, cfg, remote.to_ne_bytes(), entropy) {
         Some(v) => i64::from(v),
         None => -1,
     }
@@ -188,7 +175,6 @@ fn encapsulate_inner(
     cfg: &DatapathConfig,
     remote: [u8; 4],
     entropy: u32,
-    now: u64,
 ) -> Option<i32> {
     let frame_len = ctx.len();
     // SAFETY: skb pointer from the context.
@@ -199,7 +185,7 @@ fn encapsulate_inner(
     if !gso && cfg.tunnel_mtu != 0 && frame_len > u32::from(cfg.tunnel_mtu) + ETH_LEN as u32 {
         return None;
     }
-    let (ifindex, via) = next_hop(ctx, cfg, remote, now)?;
+    let (ifindex, via) = next_hop(ctx, cfg, remote)?;
     let inner_eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     // SAFETY: bounds checked by ptr_at; copied before the packet changes.
     let inner = unsafe { core::ptr::read(inner_eth) };

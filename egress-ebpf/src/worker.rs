@@ -178,9 +178,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         f.sport = port;
         return fib_forward(ctx, f, 0);
     }
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f), now)
+    encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
 }
 
 /// The policy slot's target that selects `f` (source pod, destination), if any.
@@ -230,9 +228,7 @@ fn later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> Re
         crate::mem::copy_addr(&mut f.src, &e.addr);
         return fib_forward(ctx, f, 0);
     }
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    encap(ctx, cfg, e.tunnel, e.entropy, now)
+    encap(ctx, cfg, e.tunnel, e.entropy)
 }
 
 /// The tunnel endpoint a BGP-learned host route names for `eip` (see
@@ -267,7 +263,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         None => return FAST_NO_ENTRY,
     };
     // SAFETY: valid map value pointer; fields copied before the packet changes.
-    let (eip, port, gw, local, policy_id, now) = unsafe {
+    let (eip, port, gw, local, policy_id) = unsafe {
         if (*e).epoch != cfg.policy_epoch {
             return FAST_REVALIDATE;
         }
@@ -291,7 +287,6 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
             (*e).ifindex.to_ne_bytes(),
             local,
             (*e).policy_id,
-            now,
         )
     };
     if f.frag == FRAG_FIRST {
@@ -316,7 +311,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         f.sport = port;
         fib_forward(ctx, f, 0)
     } else {
-        encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f), now)
+        encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
     };
     match r {
         Ok(v) => i64::from(v),

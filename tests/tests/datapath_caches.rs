@@ -152,10 +152,23 @@ fn the_forward_cache_is_used_expires_and_follows_ownership() -> anyhow::Result<(
             anyhow::ensure!(st.success(), "ip neigh replace");
             Ok(())
         };
-        neigh(MAC_A)?;
         let mut dp = Datapath::load(EBPF_OBJECT, &pin_path)?;
-        apply(&mut dp, &gateway(true, true))?;
         let pkt = udp4(EIP, SERVER, 53, 64, 18);
+
+        // Without a lifetime (`cache_ticks` 0) no slot is ever used: each
+        // packet asks the FIB, which sees a neighbour change at once.
+        let mut no_lifetime = gateway(true, true);
+        no_lifetime.config.cache_ticks = 0;
+        apply(&mut dp, &no_lifetime)?;
+        for mac in [MAC_B, MAC_A] {
+            neigh(mac)?;
+            let (rc, out) = run(&mut dp, "tunnel_ingress", &pkt)?;
+            assert_eq!(rc, TC_ACT_REDIRECT);
+            assert_eq!(forwarded(&out), (mac.to_string(), 63), "not cached");
+        }
+
+        let normal = gateway(true, true);
+        apply(&mut dp, &normal)?;
 
         // The full path: forwarded by the FIB, and cached.
         let (rc, out) = run(&mut dp, "tunnel_ingress", &pkt)?;
@@ -186,8 +199,11 @@ fn the_forward_cache_is_used_expires_and_follows_ownership() -> anyhow::Result<(
             "1400 bytes over a 1280 MTU: the kernel's answer"
         );
 
-        // A slot lives 200 ms (FWD_CACHE_NS); after that the FIB is asked again.
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // A slot lives `cache_ticks` kernel ticks (200 ms); after that the
+        // FIB is asked again.
+        let lifetime = egress_user::datapath::kernel_tick() * u32::from(normal.config.cache_ticks);
+        assert!(lifetime <= std::time::Duration::from_millis(200));
+        std::thread::sleep(lifetime + std::time::Duration::from_millis(50));
         let (rc, out) = run(&mut dp, "tunnel_ingress", &pkt)?;
         assert_eq!(rc, TC_ACT_REDIRECT);
         assert_eq!(

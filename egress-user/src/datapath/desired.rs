@@ -187,6 +187,41 @@ pub struct NodeConfig {
     pub probe_port: u16,
     /// UDP port of the VXLAN tunnel.
     pub vxlan_port: u16,
+    /// Kernel ticks a slot of the programs' per-CPU caches is used
+    /// (`DatapathConfig::cache_ticks`); the default is 200 ms on this kernel.
+    pub cache_ticks: u16,
+}
+
+/// How long a slot of the programs' per-CPU caches (a FIB result, a tunnel
+/// next hop) is used before the FIB is asked again: a route or neighbour
+/// change is seen within it.
+pub const CACHE_LIFETIME: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `CACHE_LIFETIME` in kernel ticks of length `tick`, rounded down (never
+/// longer), at least one. An unknown tick (zero) is taken as 10 ms, the
+/// longest Linux has (HZ=100), so the lifetime is never longer either.
+pub fn cache_ticks(tick: std::time::Duration) -> u16 {
+    let tick = if tick.is_zero() {
+        std::time::Duration::from_millis(10)
+    } else {
+        tick
+    };
+    let n = CACHE_LIFETIME.as_nanos() / tick.as_nanos();
+    n.clamp(1, u128::from(u16::MAX)) as u16
+}
+
+/// The kernel's tick length (1/HZ): the resolution of the coarse clocks,
+/// which advance once per tick. Zero when it cannot be read.
+pub fn kernel_tick() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; the call only writes it.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 impl Default for NodeConfig {
@@ -204,6 +239,7 @@ impl Default for NodeConfig {
             timeouts: NatTimeouts::default(),
             probe_port: 0,
             vxlan_port: 4789,
+            cache_ticks: cache_ticks(kernel_tick()),
         }
     }
 }
@@ -240,5 +276,31 @@ mod tests {
         );
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("nonsense".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn cache_lifetime_in_ticks_is_never_longer_than_200_ms() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(cache_ticks(ms(10)), 20, "HZ=100");
+        assert_eq!(cache_ticks(ms(4)), 50, "HZ=250");
+        assert_eq!(cache_ticks(ms(1)), 200, "HZ=1000");
+        assert_eq!(
+            cache_ticks(std::time::Duration::from_nanos(3_333_333)),
+            60,
+            "HZ=300"
+        );
+        assert_eq!(
+            cache_ticks(std::time::Duration::ZERO),
+            20,
+            "unknown: as HZ=100"
+        );
+        assert_eq!(
+            cache_ticks(std::time::Duration::from_secs(1)),
+            1,
+            "at least one"
+        );
+        // This kernel's tick is one of Linux's (HZ 100..=1000).
+        let t = kernel_tick();
+        assert!(t >= ms(1) && t <= ms(10), "tick {t:?}");
     }
 }

@@ -19,6 +19,7 @@ pub mod translate;
 
 pub use apply::{apply, ApplyError, ApplyReport, MapSource, PinnedMaps};
 pub use desired::{
-    Cidr, DesiredMaps, EipRoute, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant, ReplySteering,
+    kernel_tick, Cidr, DesiredMaps, EipRoute, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant,
+    ReplySteering,
 };
 pub use loader::{Datapath, LoadError};

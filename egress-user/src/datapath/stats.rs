@@ -137,7 +137,7 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
                 "flags": c.flags, "tunnel_mtu": c.tunnel_mtu, "port_block_size": c.port_block_size,
                 "node_tunnel_ip": std::net::Ipv4Addr::from(c.node_tunnel_ip).to_string(),
                 "vxlan_port": c.vxlan_port, "policy_epoch": c.policy_epoch,
-                "gateway_epoch": c.gateway_epoch,
+                "gateway_epoch": c.gateway_epoch, "cache_ticks": c.cache_ticks,
             }),
         );
     }

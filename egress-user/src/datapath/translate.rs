@@ -104,7 +104,8 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
         policy_epoch: 0,
         gateway_epoch: 0,
         vxlan_port: c.vxlan_port,
-        _pad: [0; 6],
+        cache_ticks: c.cache_ticks,
+        _pad: [0; 4],
     };
 
     // Sources and destinations per slot; "no destSubnet" means everything.

@@ -68,6 +68,7 @@ pub fn desired() -> DesiredMaps {
             timeouts: NatTimeouts::default(),
             probe_port: PROBE_PORT,
             vxlan_port: 4789,
+            ..Default::default()
         },
         policies: vec![
             PolicyRule {
