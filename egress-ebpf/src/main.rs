@@ -5,6 +5,8 @@
 //! - `uplink_ingress`: gateway uplink ingress; ARP/NDP, reply steering.
 #![no_std]
 #![no_main]
+// Inline assembly for packet words of any alignment (see `pkt`).
+#![feature(asm_experimental_arch)]
 
 #[cfg(feature = "bench")]
 mod bench;
@@ -20,6 +22,7 @@ mod icmp_err;
 mod maps;
 mod mem;
 mod nat;
+mod pkt;
 mod probe;
 mod vxlan;
 mod worker;

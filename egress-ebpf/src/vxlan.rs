@@ -26,10 +26,9 @@ use aya_ebpf::{
 };
 use egress_common::config::DatapathConfig;
 
-use crate::{
-    ctx::{fold, ptr_at},
-    hdr::*,
-};
+use core::mem::{offset_of, size_of};
+
+use crate::{ctx::fold, hdr::*, pkt};
 
 /// Outer IPv4 + UDP + VXLAN, and the inner Ethernet header that follows.
 const OUTER_LEN: usize = 20 + 8 + 8;
@@ -186,89 +185,93 @@ fn encapsulate_inner(
         return None;
     }
     let (ifindex, via) = next_hop(ctx, cfg, remote)?;
-    let inner_eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
-    // SAFETY: bounds checked by ptr_at; copied before the packet changes.
-    let inner = unsafe { core::ptr::read(inner_eth) };
     ctx.adjust_room(GROW as i32, BPF_ADJ_ROOM_MAC, room_flags(ctx))
         .ok()?;
-    let o: *mut Outer = match ptr_at(ctx, 0) {
-        Ok(p) => p,
+    // The room lies between the frame's Ethernet header, still in front,
+    // and its IP header.
+    let d = ctx.data();
+    if d + size_of::<Outer>() > ctx.data_end() {
         // The room is there but the headers cannot be written: the
         // packet is no longer what the device path expects either.
-        Err(_) => {
-            return Some(crate::ctx::drop_with(
-                ctx,
-                egress_common::drops::DROP_HELPER,
-            ));
-        }
-    };
+        return Some(crate::ctx::drop_with(
+            ctx,
+            egress_common::drops::DROP_HELPER,
+        ));
+    }
     // For a GSO packet these lengths are placeholders (it may exceed 64 kB):
     // segmentation writes each segment's own.
-    let ip_len = (OUTER_LEN as u32 + frame_len) as u16;
-    let udp_len = ip_len - 20;
-    let sport = 0xc000 | (entropy as u16 & 0x3fff);
+    let ip_len = ((OUTER_LEN as u32 + frame_len) as u16).to_be_bytes();
+    let udp_len = (u16::from_be_bytes(ip_len) - 20).to_be_bytes();
+    let sport = (0xc000 | (entropy as u16 & 0x3fff)).to_be_bytes();
+    let dport = cfg.vxlan_port.to_be_bytes();
     let v = cfg.vni.to_be_bytes();
-    // SAFETY: bounds checked by ptr_at; no helper call until the redirect.
-    unsafe {
-        // The neighbour subsystem writes the addresses.
-        // The neighbour subsystem writes both addresses when the packet
-        // leaves (bpf_redirect_neigh); until then they are the pod's.
-        (*o).eth.proto = ETH_P_IP.to_be_bytes();
-        (*o).ip = Ipv4Hdr {
-            version_ihl: 0x45,
-            tos: 0,
-            tot_len: ip_len.to_be_bytes(),
-            id: [0, 0],
-            frag_off: [0x40, 0], // DF: the inner packets are sized to fit
-            ttl: 64,
-            proto: IPPROTO_UDP,
-            check: [0, 0],
-            saddr: cfg.node_tunnel_ip,
-            daddr: remote,
-        };
-        let s = cfg.node_tunnel_ip;
-        let words = [
-            0x4500u32,
-            u32::from(ip_len),
-            0x4000,
-            0x4000 | u32::from(IPPROTO_UDP),
-            u32::from(u16::from_be_bytes([s[0], s[1]])),
-            u32::from(u16::from_be_bytes([s[2], s[3]])),
-            u32::from(u16::from_be_bytes([remote[0], remote[1]])),
-            u32::from(u16::from_be_bytes([remote[2], remote[3]])),
-        ];
-        let mut sum = 0u32;
-        let mut i = 0;
-        while i < words.len() {
-            sum += words[i];
-            i += 1;
+    let (s, r) = (cfg.node_tunnel_ip, remote);
+    // The outer IPv4 header checksum, over its 16-bit words.
+    let words = [
+        0x4500u32,
+        u32::from(u16::from_be_bytes(ip_len)),
+        0x4000,
+        0x4000 | u32::from(IPPROTO_UDP),
+        u32::from(u16::from_be_bytes([s[0], s[1]])),
+        u32::from(u16::from_be_bytes([s[2], s[3]])),
+        u32::from(u16::from_be_bytes([r[0], r[1]])),
+        u32::from(u16::from_be_bytes([r[2], r[3]])),
+    ];
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i < words.len() {
+        sum += words[i];
+        i += 1;
+    }
+    let check = fold(sum).to_be_bytes();
+    let w = u32::from_ne_bytes;
+    let at = |field: usize| d + field;
+    // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above; no
+    // helper call until the redirect.
+    let added = unsafe {
+        // The inner Ethernet header is the frame's own, moved behind the
+        // outer headers; the outer one keeps its addresses, which the
+        // neighbour subsystem writes when the packet leaves
+        // (bpf_redirect_neigh), and gets the IPv4 type.
+        let inner = offset_of!(Outer, inner_eth);
+        pkt::store32(at(inner), pkt::load32(d));
+        pkt::store32(at(inner + 4), pkt::load32(d + 4));
+        pkt::store32(at(inner + 8), pkt::load32(d + 8));
+        pkt::store16(at(inner + 12), pkt::load16(d + 12));
+        pkt::store16(
+            at(offset_of!(EthHdr, proto)),
+            u16::from_ne_bytes(ETH_P_IP.to_be_bytes()),
+        );
+        let ip = offset_of!(Outer, ip);
+        // Version/IHL, TOS, length; no id, DF (the inner packets are
+        // sized to fit); TTL, protocol, checksum; addresses.
+        pkt::store32(at(ip), w([0x45, 0, ip_len[0], ip_len[1]]));
+        pkt::store32(at(ip + 4), w([0, 0, 0x40, 0]));
+        pkt::store32(at(ip + 8), w([64, IPPROTO_UDP, check[0], check[1]]));
+        pkt::store32(at(ip + 12), w(s));
+        pkt::store32(at(ip + 16), w(r));
+        // UDP: checksum zero, RFC 7348's advice for IPv4, as the kernel
+        // device does. VXLAN: the I flag and the VNI.
+        let udp = offset_of!(Outer, udp);
+        pkt::store32(at(udp), w([sport[0], sport[1], dport[0], dport[1]]));
+        pkt::store32(at(udp + 4), w([udp_len[0], udp_len[1], 0, 0]));
+        pkt::store32(at(offset_of!(Outer, vxlan_flags)), w([0x08, 0, 0, 0]));
+        pkt::store32(at(offset_of!(Outer, vni)), w([v[1], v[2], v[3], 0]));
+        // skb->csum (CHECKSUM_COMPLETE) sums from the outer IPv4 header
+        // on: the new bytes are that header (its sum is zero: it carries
+        // its checksum), the UDP and VXLAN headers and the inner Ethernet
+        // header, summed here from the packet as 32-bit words.
+        let mut added = 0u64;
+        let mut off = udp;
+        while off + 4 <= size_of::<Outer>() {
+            added += u64::from(pkt::load32(at(off)));
+            off += 4;
         }
-        (*o).ip.check = fold(sum).to_be_bytes();
-        (*o).udp = UdpHdr {
-            source: sport.to_be_bytes(),
-            dest: cfg.vxlan_port.to_be_bytes(),
-            len: udp_len.to_be_bytes(),
-            // Zero: RFC 7348's advice for IPv4, as the kernel device does.
-            check: [0, 0],
-        };
-        (*o).vxlan_flags = [0x08, 0, 0, 0];
-        (*o).vni = [v[1], v[2], v[3], 0];
-        (*o).inner_eth = inner;
-    }
-    // skb->csum (CHECKSUM_COMPLETE) sums from the outer IPv4 header on: the
-    // new bytes are that header (its sum is zero: it carries its checksum),
-    // the UDP and VXLAN headers and the inner Ethernet header, summed here
-    // from the packet (a copy on the stack would cost the callers' frames).
-    let mut added = 0u32;
-    let mut off = core::mem::offset_of!(Outer, udp);
-    while off < core::mem::size_of::<Outer>() {
-        // SAFETY: inside the `Outer` block that ptr_at bounds-checked.
-        added += u32::from(u16::from_ne_bytes(unsafe {
-            core::ptr::read((o as *const u8).add(off) as *const [u8; 2])
-        }));
-        off += 2;
-    }
-    crate::ctx::csum_carry(ctx, added);
+        added += u64::from(pkt::load16(at(off)));
+        added = (added & 0xffff_ffff) + (added >> 32);
+        (added & 0xffff_ffff) + (added >> 32)
+    };
+    crate::ctx::csum_carry(ctx, added as u32);
     let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
     // SAFETY: a zeroed block is valid, made of 32-bit words; the IPv4
     // member matches the family.
