@@ -103,6 +103,35 @@ pub fn cached_steering(eip: &Addr, block: u16, epoch: u32) -> Option<(u32, [u8; 
     }
 }
 
+/// The first three words of every IPv4-mapped address (`::ffff:0:0/96`),
+/// in memory order; `fold` of a mapped address is this ^ its IPv4 word.
+pub const V4_MAPPED_PREFIX: [u32; 3] = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])];
+
+/// `cached_steering` for the IPv4 EIP `v4` (a word in memory order),
+/// compared a word at a time without building the mapped address.
+#[inline(always)]
+pub fn cached_steering_v4(v4: u32, block: u16, epoch: u32) -> Option<(u32, [u8; 4])> {
+    let s = STEER_CACHE.get_ptr_mut(slot(V4_MAPPED_PREFIX[2] ^ v4, u32::from(block)))?;
+    // SAFETY: this CPU's slot; programs do not nest on one CPU. `eip` is
+    // the first field of a 4-byte aligned struct, so its words are aligned.
+    unsafe {
+        let w = core::ptr::addr_of!((*s).eip) as *const u32;
+        if (*s).epoch != epoch
+            || (*s).block != block
+            || *w.add(3) != v4
+            || *w.add(2) != V4_MAPPED_PREFIX[2]
+            || *w.add(1) != 0
+            || *w != 0
+        {
+            return None;
+        }
+        Some(((*s).flags, (*s).worker_tunnel_ip))
+    }
+}
+
+const _: () =
+    assert!(core::mem::offset_of!(SteerSlot, eip) == 0 && core::mem::align_of::<SteerSlot>() >= 4);
+
 /// Caches the steering of (EIP, block), found in the tables under `epoch`.
 #[inline(always)]
 pub fn remember_steering(eip: &Addr, block: u16, epoch: u32, flags: u32, worker: [u8; 4]) {

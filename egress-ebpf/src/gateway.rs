@@ -21,7 +21,7 @@ use egress_common::{
 };
 
 use crate::{
-    cache::{cached_steering, remember_steering},
+    cache::{cached_steering, cached_steering_v4, remember_steering},
     ctx::{drop_with, ptr_at},
     flow::Flow,
     flow::{parse, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
@@ -30,6 +30,7 @@ use crate::{
     hdr::*,
     maps::{ANNOUNCE_UNTIL, CONFIG, OWNED_EIPS, REPLY_STEERING},
     nat::reverse,
+    pkt,
 };
 
 #[classifier]
@@ -317,10 +318,6 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     steer(ctx, cfg, f, target.flags, target.worker_tunnel_ip)
 }
 
-/// The common reply, an IPv4 TCP or UDP packet (no options, not a
-/// fragment) whose (EIP, block) this CPU has steered to another node
-/// before: into the tunnel from the headers alone, without the full parse
-/// (a third of the path's cost). Anything else: `None`, the full path.
 /// A steering key. The block and the zero padding after it are written as
 /// one 32-bit word (a `[0; 2]` literal is a `memset` call in BPF; see `mem`).
 #[inline(always)]
@@ -344,51 +341,64 @@ const _: () = assert!(
         && core::mem::size_of::<SteerKey>() == core::mem::offset_of!(SteerKey, block) + 4
 );
 
+/// The common reply, an IPv4 TCP or UDP packet (no options, not a
+/// fragment) whose (EIP, block) this CPU has steered to another node
+/// before: into the tunnel from the headers alone, read as packet words,
+/// without the full parse (a third of the path's cost). Anything else:
+/// `None`, the full path.
 #[inline(always)]
 fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
     let bs = cfg.port_block_size;
     if bs == 0 || cfg.gateway_epoch == 0 {
         return None;
     }
-    let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
-    let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok()?;
-    // SAFETY: both bounds-checked by ptr_at.
-    // SAFETY: both bounds-checked by ptr_at.
-    let (proto, dst) = unsafe {
-        if (*eth).proto != ETH_P_IP.to_be_bytes()
-            || (*ip).version_ihl != 0x45
-            || u16::from_be_bytes((*ip).frag_off) & 0x3fff != 0
+    let l4 = ETH_LEN + core::mem::size_of::<Ipv4Hdr>();
+    // The full parse wants the whole transport header (TCP's 20 bytes,
+    // UDP's 8); so does this. The smaller bound is checked here.
+    let d = ctx.data();
+    if d + l4 + core::mem::size_of::<UdpHdr>() > ctx.data_end() {
+        return None;
+    }
+    let ip = d + ETH_LEN;
+    // SAFETY: every access below lies in `d .. d + l4 + 8`, checked above.
+    let (proto, saddr, daddr, ports) = unsafe {
+        if pkt::load16(d + core::mem::offset_of!(EthHdr, proto))
+            != u16::from_ne_bytes(ETH_P_IP.to_be_bytes())
         {
             return None;
         }
-        ((*ip).proto, crate::mem::v4_mapped(&(*ip).daddr))
+        // Version/IHL, TOS | ..., flags and fragment offset | TTL, protocol.
+        let w0 = pkt::load32(ip).to_ne_bytes();
+        let w1 = pkt::load32(ip + 4).to_ne_bytes();
+        let w2 = pkt::load32(ip + 8).to_ne_bytes();
+        if w0[0] != 0x45 || u16::from_be_bytes([w1[2], w1[3]]) & 0x3fff != 0 {
+            return None;
+        }
+        (
+            w2[1],
+            pkt::load32(ip + IPV4_SADDR),
+            pkt::load32(ip + IPV4_DADDR),
+            pkt::load32(d + l4).to_ne_bytes(),
+        )
     };
-    // SAFETY: bounds checked by ptr_at above.
-    let (saddr, daddr) = unsafe { ((*ip).saddr, (*ip).daddr) };
-    let l4 = ETH_LEN + core::mem::size_of::<Ipv4Hdr>();
-    // The full parse wants the whole transport header; so does this.
-    let (sport, dport) = match proto {
-        IPPROTO_TCP => {
-            let t: *const TcpHdr = ptr_at(ctx, l4).ok()?;
-            // SAFETY: bounds checked by ptr_at.
-            unsafe { ((*t).source, u16::from_be_bytes((*t).dest)) }
-        }
-        IPPROTO_UDP => {
-            let u: *const UdpHdr = ptr_at(ctx, l4).ok()?;
-            // SAFETY: bounds checked by ptr_at.
-            unsafe { ((*u).source, u16::from_be_bytes((*u).dest)) }
-        }
+    match proto {
+        IPPROTO_TCP if d + l4 + TCP_LEN > ctx.data_end() => return None,
+        IPPROTO_TCP | IPPROTO_UDP => {}
         _ => return None,
-    };
-    let block = dport / bs;
-    let (flags, worker) = cached_steering(&dst, block, cfg.gateway_epoch)?;
+    }
+    let sport = u16::from_be_bytes([ports[0], ports[1]]);
+    let dport = u16::from_be_bytes([ports[2], ports[3]]);
+    let (flags, worker) = cached_steering_v4(daddr, dport / bs, cfg.gateway_epoch)?;
     if flags & STEER_LOCAL != 0 {
         return None;
     }
+    // As `vxlan::flow_entropy` computes it from the parsed flow, so a flow
+    // keeps its outer source port whichever path its packets take.
+    let prefix = crate::cache::V4_MAPPED_PREFIX[2];
     let entropy = crate::vxlan::entropy(
-        u32::from_ne_bytes(saddr),
-        u32::from_ne_bytes(daddr),
-        u32::from(u16::from_ne_bytes(sport)) << 16 | u32::from(dport),
+        prefix ^ saddr,
+        prefix ^ daddr,
+        u32::from(sport) << 16 | u32::from(dport),
     );
     encap(ctx, cfg, worker, entropy).ok()
 }

@@ -7,6 +7,7 @@
 
 mod testrun;
 
+use egress_common::steering::{SteerKey, SteerTarget};
 use egress_tests::Netns;
 use etherparse::icmpv4::DestUnreachableHeader;
 use testrun::*;
@@ -58,7 +59,7 @@ fn worker_snat_tcp_v4_first_packet_and_established_flow() -> anyhow::Result<()> 
 /// gateway's tunnel addresses; UDP to the VXLAN port, zero checksum, a
 /// length that covers the rest; the VXLAN header with the VNI), and the
 /// inner frame. (The outer MACs are the neighbour subsystem's to write.)
-fn outer_vxlan(frame: &[u8], vni: u32) -> Vec<u8> {
+fn outer_vxlan(frame: &[u8], vni: u32, to: Ipv4Addr) -> Vec<u8> {
     let p = SlicedPacket::from_ethernet(frame).expect("outer frame parses");
     let Some(NetSlice::Ipv4(ip)) = &p.net else {
         panic!("outer not IPv4")
@@ -73,7 +74,7 @@ fn outer_vxlan(frame: &[u8], vni: u32) -> Vec<u8> {
     assert_eq!(h.time_to_live, 64);
     assert_eq!(
         (Ipv4Addr::from(h.source), Ipv4Addr::from(h.destination)),
-        (WORKER_TUNNEL, GW_TUNNEL)
+        (WORKER_TUNNEL, to)
     );
     assert_eq!(
         usize::from(h.total_len),
@@ -119,6 +120,9 @@ fn worker_encapsulates_itself_when_the_gateway_is_routable() -> anyhow::Result<(
     ns.enter(move || {
         let mut d = desired();
         d.config.uplink_ifindex = uplink_ifindex;
+        // Replies to the EIP go to another worker on this underlay.
+        let other_worker = Ipv4Addr::new(10, 100, 0, 31);
+        d.reply_steering[0].worker_tunnel_ip = other_worker;
         let mut fx = fixture_with(&d)?;
         let pkt = udp4(POD, SERVER, 5353, 53, b"q");
 
@@ -137,7 +141,7 @@ fn worker_encapsulates_itself_when_the_gateway_is_routable() -> anyhow::Result<(
         anyhow::ensure!(st.success(), "ip addr add");
         let (rc, out) = fx.run("worker_egress", &pkt)?;
         assert_eq!(rc, TC_ACT_REDIRECT);
-        let inner = outer_vxlan(&out, d.config.vni);
+        let inner = outer_vxlan(&out, d.config.vni, GW_TUNNEL);
         assert_eq!(check(&inner), plain, "the same translated packet inside");
         assert_eq!(&inner[..12], &pkt[..12], "the pod's own MACs inside");
 
@@ -155,11 +159,33 @@ fn worker_encapsulates_itself_when_the_gateway_is_routable() -> anyhow::Result<(
         // An IPv6 pod's packet over the IPv4 underlay.
         let (rc, out) = fx.run("worker_egress", &udp6(POD6, SERVER6, 5353, 53, b"q"))?;
         assert_eq!(rc, TC_ACT_REDIRECT);
-        let s6 = check(&outer_vxlan(&out, d.config.vni));
+        let s6 = check(&outer_vxlan(&out, d.config.vni, GW_TUNNEL));
         assert_eq!(
             (s6.src, s6.dst),
             (IpAddr::from(EIP6), IpAddr::from(SERVER6))
         );
+
+        // The server's replies at the gateway, steered to the other worker
+        // in our own headers: the first by the full path, which caches the
+        // steering; then, with the steering entry gone behind the cache's
+        // back, the next from its headers alone. The same bytes both times:
+        // one outer source port per flow, whichever path its packets take
+        // (the underlay's ECMP keeps the flow on one path, in order).
+        let reply = udp4(SERVER, EIP, 53, plain.sport, b"a");
+        let (rc, full) = fx.run("uplink_ingress", &reply)?;
+        assert_eq!(rc, TC_ACT_REDIRECT);
+        assert_eq!(outer_vxlan(&full, d.config.vni, other_worker), reply);
+        {
+            let mut m: aya::maps::HashMap<_, SteerKey, SteerTarget> =
+                aya::maps::HashMap::try_from(fx.dp.ebpf.map_mut("REPLY_STEERING").unwrap())?;
+            let keys: Vec<_> = m.keys().collect::<Result<_, _>>()?;
+            for k in keys {
+                m.remove(&k)?;
+            }
+        }
+        let (rc, cached) = fx.run("uplink_ingress", &reply)?;
+        assert_eq!(rc, TC_ACT_REDIRECT, "steered by the cache");
+        assert_eq!(cached, full, "the same outer headers from the cache");
         assert_eq!(fx.all_drops(), 0);
         Ok(())
     })
