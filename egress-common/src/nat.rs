@@ -8,7 +8,9 @@
 use crate::addr::Addr;
 
 /// Key of both NAT maps (addresses mapped, ports in host byte order).
-#[repr(C)]
+/// Aligned to 4 so that the programs build keys a word at a time (the
+/// layout, 40 bytes, is the same).
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NatKey {
     pub src: Addr,

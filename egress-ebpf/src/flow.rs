@@ -10,7 +10,8 @@ use crate::{
         replace_addr16, word_delta,
     },
     hdr::*,
-    mem::{copy_addr, put_v4_mapped},
+    mem::{copy_addr, put_v4_mapped, set_addr_words, v4_mapped_words},
+    pkt,
 };
 
 /// What kind of ICMP message the packet is (0 when not ICMP).
@@ -40,6 +41,23 @@ pub struct Quoted {
     /// Quoted source port (or echo identifier) and destination port.
     pub sport: u16,
     pub dport: u16,
+}
+
+/// A 16-byte address in the packet, as four words (memory order).
+///
+/// # Safety
+/// `p .. p + 16` lies in the packet, checked against `data_end`.
+#[inline(always)]
+unsafe fn packet_addr(p: usize) -> [u32; 4] {
+    // SAFETY: the caller's bounds check.
+    unsafe {
+        [
+            pkt::load32(p),
+            pkt::load32(p + 4),
+            pkt::load32(p + 8),
+            pkt::load32(p + 12),
+        ]
+    }
 }
 
 /// Kept in a per-CPU scratch slot (`SCRATCH`), not on the 512-byte stack.
@@ -72,6 +90,13 @@ pub struct Flow {
     pub frag: u8,
     pub ip_id: u32,
 }
+
+// The addresses are read and written as words (`mem::addr_words`).
+const _: () = assert!(
+    core::mem::align_of::<Flow>() >= 4
+        && core::mem::offset_of!(Flow, src) % 4 == 0
+        && core::mem::offset_of!(Flow, dst) % 4 == 0
+);
 
 /// Parses the transport part at `l4_off`. Returns None for what we do not translate.
 #[inline(always)]
@@ -292,9 +317,10 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             }
             f.l4_off = ETH_LEN + ihl * 4;
             f.proto = (*ip).proto;
-            put_v4_mapped(&mut f.src, &(*ip).saddr);
-            put_v4_mapped(&mut f.dst, &(*ip).daddr);
             f.l3_len = u32::from(u16::from_be_bytes((*ip).tot_len));
+            let ip = ip as usize;
+            set_addr_words(&mut f.src, v4_mapped_words(pkt::load32(ip + IPV4_SADDR)));
+            set_addr_words(&mut f.dst, v4_mapped_words(pkt::load32(ip + IPV4_DADDR)));
         }
         if f.proto == IPPROTO_ICMPV6 {
             return None;
@@ -304,8 +330,8 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
         f.v6 = true;
         // SAFETY: bounds checked by ptr_at.
         let nexthdr = unsafe {
-            copy_addr(&mut f.src, &(*ip).saddr);
-            copy_addr(&mut f.dst, &(*ip).daddr);
+            set_addr_words(&mut f.src, packet_addr(ip as usize + IPV6_SADDR));
+            set_addr_words(&mut f.dst, packet_addr(ip as usize + IPV6_DADDR));
             f.l3_len = u32::from(u16::from_be_bytes((*ip).payload_len)) + IPV6_LEN as u32;
             (*ip).nexthdr
         };

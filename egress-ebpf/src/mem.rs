@@ -65,6 +65,41 @@ pub fn v4_mapped(v4: &[u8; 4]) -> Addr {
     }
 }
 
+/// The four words of an address (memory order) stored where it is 4-byte
+/// aligned: a byte array's accesses are otherwise split into single bytes.
+///
+/// # Safety
+/// `a` must be 4-byte aligned: a field at a multiple of 4 in a struct
+/// aligned to 4 or more (the callers assert their layouts).
+#[inline(always)]
+pub unsafe fn addr_words(a: *const Addr) -> [u32; 4] {
+    let w = a as *const u32;
+    // SAFETY: aligned and inside the address, as the caller promised.
+    unsafe { [*w, *w.add(1), *w.add(2), *w.add(3)] }
+}
+
+/// Stores an address given as four words (memory order) where it is
+/// 4-byte aligned, one store per word.
+///
+/// # Safety
+/// As for [`addr_words`].
+#[inline(always)]
+pub unsafe fn set_addr_words(a: *mut Addr, w: [u32; 4]) {
+    let p = a as *mut u32;
+    let mut i = 0;
+    while i < 4 {
+        // SAFETY: aligned and inside the address, as the caller promised.
+        unsafe { write_volatile(p.add(i), w[i]) };
+        i += 1;
+    }
+}
+
+/// The words of `::ffff:a.b.c.d` for the IPv4 word `v4` (memory order).
+#[inline(always)]
+pub fn v4_mapped_words(v4: u32) -> [u32; 4] {
+    [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), v4]
+}
+
 /// Zeroes a `T` made of 32-bit words (a helper's parameter block), one
 /// word per store.
 ///

@@ -19,6 +19,7 @@ use crate::{
     flow::{rewrite, rewrite_icmp_error, Flow, Side, ICMP_KIND_ERROR},
     hdr::*,
     maps::{NAT_FWD, NAT_REV, POLICY_STATS, PORT_BLOCKS},
+    mem::{addr_words, set_addr_words},
 };
 
 /// How many ports a new flow tries before giving up.
@@ -54,11 +55,33 @@ pub fn next_tcp_state(old: u8, flags: u8) -> u8 {
     }
 }
 
-/// Forward translation key of the flow as the pod sends it.
+/// The key of the flow as parsed: the forward key of a pod's packet, the
+/// reverse key of a reply. Built a word at a time from the aligned
+/// addresses of `Flow` (see `flow`).
 #[inline(always)]
 pub fn fwd_key(f: &Flow) -> NatKey {
-    nat_key(&f.src, &f.dst, f.sport, f.dport, f.proto)
+    let mut k = core::mem::MaybeUninit::<NatKey>::uninit();
+    let p = k.as_mut_ptr();
+    // SAFETY: every byte is written before assume_init; NatKey is 4-byte
+    // aligned with its addresses first, and so are Flow's (asserted there).
+    unsafe {
+        set_addr_words(core::ptr::addr_of_mut!((*p).src), addr_words(&f.src));
+        set_addr_words(core::ptr::addr_of_mut!((*p).dst), addr_words(&f.dst));
+        core::ptr::addr_of_mut!((*p).sport).write(f.sport);
+        core::ptr::addr_of_mut!((*p).dport).write(f.dport);
+        core::ptr::write_unaligned(
+            core::ptr::addr_of_mut!((*p).proto) as *mut u32,
+            u32::from(f.proto).to_le(),
+        );
+        k.assume_init()
+    }
 }
+
+const _: () = assert!(
+    core::mem::align_of::<NatKey>() >= 4
+        && core::mem::offset_of!(NatKey, src) == 0
+        && core::mem::offset_of!(NatKey, dst) == 16
+);
 
 /// A NAT key. The protocol and the zero padding after it are written as
 /// one 32-bit word: a `[0; 3]` literal is a `memset` call in BPF (see `mem`).
@@ -242,7 +265,7 @@ fn rev_key(f: &Flow) -> NatKey {
             proto,
         )
     } else {
-        nat_key(&f.src, &f.dst, f.sport, f.dport, f.proto)
+        fwd_key(f)
     }
 }
 
