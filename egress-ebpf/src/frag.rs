@@ -18,7 +18,6 @@
 use aya_ebpf::{
     bindings::BPF_ANY,
     btf_maps::{LruHashMap, PerCpuArray},
-    helpers::generated::bpf_ktime_get_coarse_ns,
     macros::btf_map,
     programs::TcContext,
 };
@@ -101,8 +100,7 @@ pub fn remember(kind: u8, f: &Flow) {
     let Some(e) = next_entry() else {
         return;
     };
-    // SAFETY: plain helper call.
-    e.seen_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    e.seen_ns = crate::cache::coarse_ns();
     let _ = FRAGS.insert(&key(kind, f), e, u64::from(BPF_ANY));
 }
 
@@ -112,9 +110,8 @@ pub fn recall(kind: u8, f: &Flow) -> Option<FragEntry> {
     let e = FRAGS.get_ptr(&key(kind, f))?;
     // SAFETY: valid map value pointer; copied out.
     let e = unsafe { *e };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if now.wrapping_sub(e.seen_ns) > FRAG_TIMEOUT_NS {
+    let now = crate::cache::coarse_ns();
+    if now.saturating_sub(e.seen_ns) > FRAG_TIMEOUT_NS {
         return None;
     }
     Some(e)

@@ -3,7 +3,6 @@
 
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
-    helpers::generated::bpf_ktime_get_coarse_ns,
     programs::TcContext,
 };
 use egress_common::{
@@ -130,9 +129,10 @@ pub fn forward_port_inner(
     };
     // The coarse clock (one tick of resolution) is enough for timeouts in
     // seconds and cheaper to read; every NAT timestamp uses it. Idle means
-    // `now - seen >= timeout`, so a zero timeout expires within one tick too.
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // `now - seen >= timeout`, so a zero timeout expires within one tick too;
+    // saturating, since a CPU's reading may trail another's by one tick
+    // (`cache::coarse_ns`).
+    let now = crate::cache::coarse_ns();
     let key = fwd_key(f);
     let found = if absent {
         None
@@ -222,7 +222,7 @@ pub fn forward_port_inner(
                 } else {
                     old.last_seen_ns
                 };
-                if now.wrapping_sub(seen) >= idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
+                if now.saturating_sub(seen) >= idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
                     let _ = NAT_FWD.remove(&old_fwd);
                     take = NAT_REV.insert(&rev, &rev_val, u64::from(BPF_ANY)).is_ok();
                 }
@@ -276,7 +276,7 @@ pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
     let e = NAT_REV.get_ptr_mut(&key).ok_or(DROP_NO_NAT_ENTRY)?;
     // SAFETY: valid map value pointer; copied before the packet is touched.
     let entry = unsafe {
-        (*e).last_seen_ns = bpf_ktime_get_coarse_ns();
+        (*e).last_seen_ns = crate::cache::coarse_ns();
         if f.proto == IPPROTO_TCP {
             (*e).state = next_tcp_state(
                 if (*e).state == 0 {

@@ -1,6 +1,5 @@
 //! `worker_egress`: TC ingress on a pod's host-side veth (packets from the pod).
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use egress_common::{
@@ -276,7 +275,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         {
             return FAST_REVALIDATE;
         }
-        let now = bpf_ktime_get_coarse_ns();
+        let now = crate::cache::coarse_ns();
         (*e).last_seen_ns = now;
         if f.proto == IPPROTO_TCP {
             (*e).state = crate::nat::next_tcp_state((*e).state, f.tcp_flags);

@@ -474,6 +474,30 @@ fn an_idle_translation_past_its_protocol_timeout_frees_its_port() -> anyhow::Res
     Ok(())
 }
 
+/// The NAT's clock moves (the programs read the coarse clock once per tick
+/// and CPU, `cache::coarse_ns`): a UDP translation idle for its 1 s
+/// timeout gives its port up; before, the port is still taken.
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_translation_frees_its_port_once_idle_for_its_timeout() -> anyhow::Result<()> {
+    let mut d = desired();
+    d.config.port_block_size = 1;
+    d.port_blocks[0].blocks = vec![50000];
+    d.config.timeouts.udp = 1;
+    let mut fx = fixture_with(&d)?;
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
+    assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
+    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
+    assert_eq!(rc, TC_ACT_SHOT, "still in use");
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1);
+    // The timeout itself is what is tested: wait it out (plus a tick).
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "the idle flow's port is taken over");
+    assert_eq!(check(&out).sport, 50000);
+    Ok(())
+}
+
 // ---------- worker, replies ----------
 
 /// Sends a flow out and returns the EIP port it got.
