@@ -424,15 +424,21 @@ fn too_big_non_tcp_with_df_gets_icmp_back_to_the_pod() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[test]
-#[ignore = "needs root: loads BPF programs"]
-fn drop_ports_exhausted() -> anyhow::Result<()> {
-    // One port per block and one block: a second flow to the same server
-    // and port finds no free port.
+/// One port per block and one block (port 50000), UDP entries idle after
+/// `udp_timeout` seconds.
+fn one_port(udp_timeout: u32) -> anyhow::Result<Fixture> {
     let mut d = desired();
     d.config.port_block_size = 1;
     d.port_blocks[0].blocks = vec![50000];
-    let mut fx = fixture_with(&d)?;
+    d.config.timeouts.udp = udp_timeout;
+    fixture_with(&d)
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn drop_ports_exhausted() -> anyhow::Result<()> {
+    // A second flow to the same server and port finds no free port.
+    let mut fx = one_port(NatTimeouts::default().udp)?;
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(check(&out).sport, 50000);
@@ -449,12 +455,8 @@ fn drop_ports_exhausted() -> anyhow::Result<()> {
 #[test]
 #[ignore = "needs root: loads BPF programs"]
 fn an_idle_translation_past_its_protocol_timeout_frees_its_port() -> anyhow::Result<()> {
-    // Same one-port setup as drop_ports_exhausted, but UDP entries expire at once.
-    let mut d = desired();
-    d.config.port_block_size = 1;
-    d.port_blocks[0].blocks = vec![50000];
-    d.config.timeouts.udp = 0;
-    let mut fx = fixture_with(&d)?;
+    // UDP entries expire at once.
+    let mut fx = one_port(0)?;
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
     assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
@@ -480,11 +482,7 @@ fn an_idle_translation_past_its_protocol_timeout_frees_its_port() -> anyhow::Res
 #[test]
 #[ignore = "needs root: loads BPF programs"]
 fn a_translation_frees_its_port_once_idle_for_its_timeout() -> anyhow::Result<()> {
-    let mut d = desired();
-    d.config.port_block_size = 1;
-    d.port_blocks[0].blocks = vec![50000];
-    d.config.timeouts.udp = 1;
-    let mut fx = fixture_with(&d)?;
+    let mut fx = one_port(1)?;
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
     assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
     let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
