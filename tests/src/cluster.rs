@@ -85,6 +85,11 @@ pub struct ClusterSpec {
     /// With `bgp`: the reflector runs inside controller 0 (`egress controller
     /// --bgp=true`, as the chart runs it) instead of as `egress reflector`.
     pub reflector_in_controller: bool,
+    /// The agents' `--eip-eviction-timeout` when it must differ from the
+    /// controllers' (`timers.eviction`): a shorter one makes an agent fence
+    /// itself well before the controller would evict it, the window a
+    /// test of reconfirmation needs.
+    pub agent_eviction: Option<String>,
 }
 
 impl Default for ClusterSpec {
@@ -98,6 +103,7 @@ impl Default for ClusterSpec {
             bgp: false,
             upstream_frr: false,
             reflector_in_controller: false,
+            agent_eviction: None,
         }
     }
 }
@@ -312,7 +318,10 @@ impl Cluster {
             "--tunnel-monitor-period".into(),
             t.monitor.clone(),
             "--eip-eviction-timeout".into(),
-            t.eviction.clone(),
+            self.spec
+                .agent_eviction
+                .clone()
+                .unwrap_or_else(|| t.eviction.clone()),
             "--admin-addr".into(),
             AGENT_ADMIN.into(),
         ];

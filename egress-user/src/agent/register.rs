@@ -4,13 +4,14 @@
 //! tunnel's phase (Ready, HeartbeatTimeout, ...) from them and from the
 //! heartbeats.
 
-use std::net::Ipv4Addr;
+use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use anyhow::{Context, Result};
 use egress_control::{
-    api::NodeRecord,
+    api::{EipEpoch, NodeRecord},
     datastore::{typed, Datastore, DatastoreError, Kind, ObjectKey, StatusPatch},
 };
+use egress_failover::fence::Announcement;
 use serde_json::json;
 
 /// Field manager of the agent's writes.
@@ -74,6 +75,39 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
     Ok(())
 }
 
+/// Writes the EIPs the agent withholds after fencing itself
+/// (`status.awaitingReconfirmation` of its EgressTunnel: see
+/// [`Fence::awaiting_reconfirmation`](egress_failover::fence::Fence::awaiting_reconfirmation));
+/// the controller answers with newer epochs. An empty set clears it.
+pub async fn publish_awaiting_reconfirmation(
+    ds: &dyn Datastore,
+    node: &str,
+    asked: &BTreeSet<Announcement>,
+) -> Result<()> {
+    let asked: Vec<EipEpoch> = asked
+        .iter()
+        .map(|a| EipEpoch {
+            eip: a.eip.to_string(),
+            epoch: a.epoch,
+        })
+        .collect();
+    ds.write_status(
+        Kind::EgressTunnel,
+        &ObjectKey::cluster(node),
+        &StatusPatch {
+            manager: MANAGER.into(),
+            owned: vec![AWAITING_RECONFIRMATION.into()],
+            status: json!({ AWAITING_RECONFIRMATION: asked }),
+        },
+    )
+    .await
+    .context("writing the EIPs awaiting reconfirmation")?;
+    Ok(())
+}
+
+/// The status field of [`publish_awaiting_reconfirmation`].
+const AWAITING_RECONFIRMATION: &str = "awaitingReconfirmation";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +162,60 @@ mod tests {
             egress_control::api::TunnelPhase::HeartbeatTimeout,
             "the agent never writes the phase"
         );
+    }
+
+    #[tokio::test]
+    async fn the_eips_awaiting_reconfirmation_are_published_and_cleared() {
+        let ds = MemoryDatastore::new();
+        let me = SelfDescription {
+            node: NodeRecord {
+                name: "g1".into(),
+                ready: true,
+                ..Default::default()
+            },
+            tunnel_ip: "10.10.0.2".parse().unwrap(),
+            mac: [2, 0, 0, 0, 0, 2],
+            parent: "eth0".into(),
+        };
+        register(&ds, &me).await.unwrap();
+        let asked: BTreeSet<Announcement> = [
+            Announcement {
+                eip: "198.51.100.10".parse().unwrap(),
+                epoch: 7,
+            },
+            Announcement {
+                eip: "2001:db8::10".parse().unwrap(),
+                epoch: 7,
+            },
+        ]
+        .into();
+        publish_awaiting_reconfirmation(&ds, "g1", &asked)
+            .await
+            .unwrap();
+        let status = |view: &egress_control::controller::ClusterView| {
+            view.tunnel("g1").unwrap().status.clone().unwrap()
+        };
+        let st = status(&typed::load_view(&ds).await.unwrap());
+        assert_eq!(
+            st.awaiting_reconfirmation,
+            [
+                EipEpoch {
+                    eip: "198.51.100.10".into(),
+                    epoch: 7
+                },
+                EipEpoch {
+                    eip: "2001:db8::10".into(),
+                    epoch: 7
+                }
+            ]
+        );
+        assert_eq!(st.tunnel.ipv4, "10.10.0.2", "the tunnel facts stay");
+
+        publish_awaiting_reconfirmation(&ds, "g1", &BTreeSet::new())
+            .await
+            .unwrap();
+        let st = status(&typed::load_view(&ds).await.unwrap());
+        assert!(st.awaiting_reconfirmation.is_empty());
+        assert_eq!(st.tunnel.ipv4, "10.10.0.2");
     }
 }

@@ -20,7 +20,7 @@ use egress_control::{
     datastore::{typed::load_view, Datastore, Kind, WatchStream},
 };
 use egress_failover::{
-    fence::{Assignment, Fence},
+    fence::{Announcement, Assignment, Fence},
     timers::FailoverTimers,
 };
 use futures::{stream::SelectAll, StreamExt};
@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use super::{
     adapt::{desired_maps, NodeFacts},
-    register::{register, SelfDescription},
+    register::{publish_awaiting_reconfirmation, register, SelfDescription},
 };
 use crate::{
     admin::{self, Response},
@@ -250,6 +250,9 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     // without waiting for a datastore that may be unreachable.
     let mut fence_due = false;
     let mut was_fenced = false;
+    // What this run last wrote as `awaitingReconfirmation` (the view may
+    // not show it yet).
+    let mut asked_published = None;
 
     loop {
         // The fence closed (also while a call was pending): same as its deadline.
@@ -360,6 +363,29 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     }
                 }
                 announced = now_announced;
+                // Healthy again after fencing itself: ask for newer epochs
+                // of the EIPs it withholds (once per change of the set).
+                let asked = fence.awaiting_reconfirmation();
+                if !fence.is_fenced(now)
+                    && asked != stored_reconfirmation(&view, &s.node)
+                    && asked_published.as_ref() != Some(&asked)
+                {
+                    let write = publish_awaiting_reconfirmation(ds.as_ref(), &s.node, &asked);
+                    match ds_call(&fence, &s.timers, write).await {
+                        Ok(()) => {
+                            if !asked.is_empty() {
+                                tracing::info!(
+                                    ?asked,
+                                    "fenced EIPs: asked the controller to reconfirm them"
+                                );
+                            }
+                            asked_published = Some(asked);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "asking for reconfirmation failed; retrying");
+                        }
+                    }
+                }
             }
         }
 
@@ -429,6 +455,21 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())
+}
+
+/// The node's `awaitingReconfirmation` as the view holds it.
+fn stored_reconfirmation(view: &ClusterView, node: &str) -> BTreeSet<Announcement> {
+    view.tunnels
+        .iter()
+        .filter(|t| t.metadata.name.as_deref() == Some(node))
+        .flat_map(|t| t.status.iter().flat_map(|s| &s.awaiting_reconfirmation))
+        .filter_map(|r| {
+            Some(Announcement {
+                eip: r.eip.parse().ok()?,
+                epoch: r.epoch,
+            })
+        })
+        .collect()
 }
 
 /// After a restart the pinned announce lease still holds the previous run's

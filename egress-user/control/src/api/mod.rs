@@ -24,8 +24,8 @@ pub use policy::{
 };
 pub use records::{NamespaceRecord, NodeRecord, PodRecord};
 pub use tunnel::{
-    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, EipPortBlocks, Parent, TunnelInfo,
-    TunnelPhase,
+    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, EipEpoch, EipPortBlocks, Parent,
+    TunnelInfo, TunnelPhase,
 };
 
 /// The API group of every custom resource of this project.

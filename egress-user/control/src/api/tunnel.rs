@@ -2,9 +2,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// One per node: the node's tunnel endpoint, written by its agent
-/// (`tunnel`); its health and the port blocks it holds as a worker, written
-/// by the controller (`phase`, `lastHeartbeatTime`, `portBlocks`,
+/// One per node: the node's tunnel endpoint and the EIPs it asks to have
+/// reconfirmed, written by its agent (`tunnel`, `awaitingReconfirmation`);
+/// its health and the port blocks it holds as a worker, written by the
+/// controller (`phase`, `lastHeartbeatTime`, `portBlocks`,
 /// `portBlockSize`).
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -46,6 +47,26 @@ pub struct EgressTunnelStatus {
     /// granted any).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub port_block_size: u16,
+    /// EIPs assigned to this node that its agent withholds: it fenced
+    /// itself (its heartbeat renewals failed for `fence_after`) while
+    /// holding them at this epoch, and it announces them again only under
+    /// a newer one. Written by the agent once its renewals succeed again;
+    /// the controller answers with a new epoch (on this node while it is
+    /// Ready). Without it, a node silent for longer than its fence but
+    /// shorter than the eviction timeout would never be evicted and its
+    /// EIPs would stay dark.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_reconfirmation: Vec<EipEpoch>,
+}
+
+/// One EIP assignment as the agent holds it: the address and its epoch.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EipEpoch {
+    pub eip: String,
+    pub epoch: u64,
 }
 
 fn is_zero(v: &u16) -> bool {

@@ -146,6 +146,26 @@ impl Unit {
     }
 }
 
+/// Whether `node`'s agent asks to have `u` reconfirmed at `epoch`: one of
+/// its addresses is in the node's `awaitingReconfirmation` at that epoch.
+/// A request for an older epoch is already answered.
+fn asks_reconfirmation(view: &ClusterView, node: &str, u: &Unit, epoch: u64) -> bool {
+    let Some(asked) = view
+        .tunnel(node)
+        .and_then(|t| t.status.as_ref())
+        .map(|s| &s.awaiting_reconfirmation)
+    else {
+        return false;
+    };
+    let ours = [&u.v4, &u.v6]
+        .into_iter()
+        .filter_map(|a| a.parse::<IpAddr>().ok())
+        .collect::<Vec<_>>();
+    asked
+        .iter()
+        .any(|r| r.epoch == epoch && r.eip.parse::<IpAddr>().is_ok_and(|ip| ours.contains(&ip)))
+}
+
 fn policy_name(p: &PolicyRef) -> String {
     if p.namespace.is_empty() {
         p.name.clone()
@@ -541,7 +561,24 @@ fn reconcile_gateway(
         if let Some((node, ep)) = prev_place.get(u) {
             if ready.contains(node.as_str()) {
                 *load.get_mut(node.as_str()).unwrap() += 1;
-                placed.insert(u.clone(), (node.clone(), *ep));
+                // The node fenced itself holding it at this epoch and asks
+                // for a newer one (see EgressTunnelStatus): same node.
+                let ep = if asks_reconfirmation(view, node, u, *ep) {
+                    epoch += 1;
+                    plan.events.push(Event::normal(
+                        Kind::EgressGateway,
+                        gw_key.clone(),
+                        "EipReconfirmed",
+                        format!(
+                            "{} reconfirmed on node {node}, which had fenced itself at epoch {ep}: epoch {epoch}",
+                            u.label()
+                        ),
+                    ));
+                    epoch
+                } else {
+                    *ep
+                };
+                placed.insert(u.clone(), (node.clone(), ep));
             }
         }
     }

@@ -376,6 +376,99 @@ async fn eip_moves_only_with_cause_and_epoch_grows() {
     assert_eq!(gw_status(&ds, "g1").await.ip_usage.ipv4_free, 1);
 }
 
+/// The epoch of `eip` on `node` in the gateway's status.
+async fn epoch_of(ds: &MemoryDatastore, gateway: &str, node: &str, eip: &str) -> Option<u64> {
+    gw_status(ds, gateway)
+        .await
+        .node_list
+        .iter()
+        .filter(|n| n.name == node)
+        .flat_map(|n| &n.eips)
+        .find(|e| e.ipv4 == eip)
+        .map(|e| e.epoch)
+}
+
+/// What the agent writes when it withholds EIPs after fencing itself.
+async fn ask_reconfirmation(ds: &MemoryDatastore, node: &str, asked: &[(&str, u64)]) {
+    let asked: Vec<_> = asked
+        .iter()
+        .map(|(eip, epoch)| json!({"eip": eip, "epoch": epoch}))
+        .collect();
+    ds.write_status(
+        Kind::EgressTunnel,
+        &ObjectKey::cluster(node),
+        &StatusPatch::owning_all("egress-agent", json!({"awaitingReconfirmation": asked})),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_node_that_fenced_itself_gets_its_eips_reconfirmed_with_a_new_epoch() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+    add_node(&ds, &node("n2", "a"), TunnelPhase::Ready).await;
+    for (i, p) in ["p1", "p2"].iter().enumerate() {
+        ds.create(
+            Kind::EgressPolicy,
+            policy(p, i as u32, "g1", json!({"allocatorPolicy": "rr"}), p, None),
+        )
+        .await
+        .unwrap();
+    }
+    pass(&ds).await;
+    let p1 = policy_status(&ds, "p1").await;
+    let (eip, owner) = (p1.eip.ipv4.clone(), p1.node.clone());
+    let e0 = epoch_of(&ds, "g1", &owner, &eip).await.unwrap();
+    let other = policy_status(&ds, "p2").await;
+    let other_epoch = epoch_of(&ds, "g1", &other.node, &other.eip.ipv4).await;
+
+    // A request for another epoch (an older one, already answered) or
+    // another address: nothing changes.
+    ask_reconfirmation(&ds, &owner, &[(&eip, e0 - 1), ("10.0.0.9", e0)]).await;
+    let plan = pass(&ds).await;
+    assert!(plan.events.is_empty(), "{:?}", plan.events);
+    assert_eq!(epoch_of(&ds, "g1", &owner, &eip).await, Some(e0));
+
+    // The owner asks for its EIP at the epoch it holds: same node, a newer
+    // epoch; the other policy's EIP keeps its own.
+    ask_reconfirmation(&ds, &owner, &[(&eip, e0)]).await;
+    let plan = pass(&ds).await;
+    let e1 = epoch_of(&ds, "g1", &owner, &eip).await.unwrap();
+    assert!(e1 > e0, "{e1} after {e0}");
+    assert_eq!(policy_status(&ds, "p1").await.node, owner, "not moved");
+    assert!(plan.moves.is_empty());
+    assert_eq!(
+        plan.events
+            .iter()
+            .map(|e| e.reason.as_str())
+            .collect::<Vec<_>>(),
+        ["EipReconfirmed"]
+    );
+    assert_eq!(
+        epoch_of(&ds, "g1", &other.node, &other.eip.ipv4).await,
+        other_epoch
+    );
+
+    // The request stays until the agent clears it, but it names the old
+    // epoch now: answered once.
+    let plan = pass(&ds).await;
+    assert!(plan.events.is_empty(), "{:?}", plan.events);
+    assert_eq!(epoch_of(&ds, "g1", &owner, &eip).await, Some(e1));
+
+    // A node that is not Ready is not reconfirmed: its EIP moves.
+    ask_reconfirmation(&ds, &owner, &[(&eip, e1)]).await;
+    set_phase(&ds, &owner, TunnelPhase::HeartbeatTimeout).await;
+    pass(&ds).await;
+    assert_ne!(policy_status(&ds, "p1").await.node, owner);
+}
+
 #[tokio::test]
 async fn conflicting_explicit_pairs_precedence_by_priority_then_age() {
     // Two policies claim 10.0.0.1 with different IPv6 partners: the pair of
