@@ -296,8 +296,9 @@ async fn allocation_table() {
     }
 }
 
-#[tokio::test]
-async fn eip_moves_only_with_cause_and_epoch_grows() {
+/// Gateway `g1` (pool 10.0.0.1-4) on the Ready `nodes`, policies `p1` and
+/// `p2` using it, after one controller pass.
+async fn gateway_with_two_policies(nodes: &[&str]) -> MemoryDatastore {
     let ds = MemoryDatastore::new();
     ds.create(
         Kind::EgressGateway,
@@ -305,7 +306,9 @@ async fn eip_moves_only_with_cause_and_epoch_grows() {
     )
     .await
     .unwrap();
-    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
+    for n in nodes {
+        add_node(&ds, &node(n, "a"), TunnelPhase::Ready).await;
+    }
     for (i, p) in ["p1", "p2"].iter().enumerate() {
         ds.create(
             Kind::EgressPolicy,
@@ -315,6 +318,12 @@ async fn eip_moves_only_with_cause_and_epoch_grows() {
         .unwrap();
     }
     pass(&ds).await;
+    ds
+}
+
+#[tokio::test]
+async fn eip_moves_only_with_cause_and_epoch_grows() {
+    let ds = gateway_with_two_policies(&["n1"]).await;
     assert_eq!(policy_status(&ds, "p1").await.node, "n1");
     assert_eq!(policy_status(&ds, "p2").await.node, "n1");
     let e0 = gw_status(&ds, "g1").await.epoch;
@@ -405,24 +414,7 @@ async fn ask_reconfirmation(ds: &MemoryDatastore, node: &str, asked: &[(&str, u6
 
 #[tokio::test]
 async fn a_node_that_fenced_itself_gets_its_eips_reconfirmed_with_a_new_epoch() {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
-    add_node(&ds, &node("n2", "a"), TunnelPhase::Ready).await;
-    for (i, p) in ["p1", "p2"].iter().enumerate() {
-        ds.create(
-            Kind::EgressPolicy,
-            policy(p, i as u32, "g1", json!({"allocatorPolicy": "rr"}), p, None),
-        )
-        .await
-        .unwrap();
-    }
-    pass(&ds).await;
+    let ds = gateway_with_two_policies(&["n1", "n2"]).await;
     let p1 = policy_status(&ds, "p1").await;
     let (eip, owner) = (p1.eip.ipv4.clone(), p1.node.clone());
     let e0 = epoch_of(&ds, "g1", &owner, &eip).await.unwrap();
