@@ -100,7 +100,7 @@ pub fn remember(kind: u8, f: &Flow) {
     let Some(e) = next_entry() else {
         return;
     };
-    e.seen_ns = crate::cache::coarse_ns();
+    e.seen_ns = crate::clock::coarse_ns();
     let _ = FRAGS.insert(&key(kind, f), e, u64::from(BPF_ANY));
 }
 
@@ -110,7 +110,7 @@ pub fn recall(kind: u8, f: &Flow) -> Option<FragEntry> {
     let e = FRAGS.get_ptr(&key(kind, f))?;
     // SAFETY: valid map value pointer; copied out.
     let e = unsafe { *e };
-    let now = crate::cache::coarse_ns();
+    let now = crate::clock::coarse_ns();
     if now.saturating_sub(e.seen_ns) > FRAG_TIMEOUT_NS {
         return None;
     }

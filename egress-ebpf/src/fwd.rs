@@ -215,7 +215,7 @@ pub fn forward_from_cache(ctx: &mut TcContext, f: &Flow, epoch: u32) -> Option<i
             return None;
         }
         // The kernel's own bound (is_skb_forwardable): MTU + link header + VLAN tag.
-        if ctx.len() > (*s).mtu + 18 || crate::cache::ticks() >= (*s).expires_tick {
+        if ctx.len() > (*s).mtu + 18 || crate::clock::ticks() >= (*s).expires_tick {
             return None;
         }
         ((*s).ifindex, (*s).smac, (*s).dmac)

@@ -11,6 +11,7 @@
 #[cfg(feature = "bench")]
 mod bench;
 mod cache;
+mod clock;
 mod count;
 mod ctx;
 mod flow;

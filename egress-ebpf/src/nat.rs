@@ -131,8 +131,8 @@ pub fn forward_port_inner(
     // seconds and cheaper to read; every NAT timestamp uses it. Idle means
     // `now - seen >= timeout`, so a zero timeout expires within one tick too;
     // saturating, since a CPU's reading may trail another's by one tick
-    // (`cache::coarse_ns`).
-    let now = crate::cache::coarse_ns();
+    // (`clock::coarse_ns`).
+    let now = crate::clock::coarse_ns();
     let key = fwd_key(f);
     let found = if absent {
         None
@@ -276,7 +276,7 @@ pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
     let e = NAT_REV.get_ptr_mut(&key).ok_or(DROP_NO_NAT_ENTRY)?;
     // SAFETY: valid map value pointer; copied before the packet is touched.
     let entry = unsafe {
-        (*e).last_seen_ns = crate::cache::coarse_ns();
+        (*e).last_seen_ns = crate::clock::coarse_ns();
         if f.proto == IPPROTO_TCP {
             (*e).state = next_tcp_state(
                 if (*e).state == 0 {

@@ -38,7 +38,7 @@ const AF_INET: u8 = 2;
 /// A remote tunnel endpoint's next hop.
 #[repr(C)]
 pub struct Hop {
-    /// `cache::ticks()` from which the slot is no longer used.
+    /// `clock::ticks()` from which the slot is no longer used.
     pub expires_tick: u64,
     /// The endpoint (IPv4, network order bytes).
     pub remote: [u8; 4],
@@ -88,7 +88,7 @@ fn next_hop(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Option<(u
     let slot = TUNNEL_HOPS.get_ptr_mut(crate::cache::slot(r, 0))?;
     // SAFETY: this CPU's slot; programs do not nest on one CPU.
     unsafe {
-        if (*slot).remote == remote && crate::cache::ticks() < (*slot).expires_tick {
+        if (*slot).remote == remote && crate::clock::ticks() < (*slot).expires_tick {
             return Some(((*slot).ifindex, (*slot).via));
         }
     }

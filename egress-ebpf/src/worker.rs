@@ -275,7 +275,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         {
             return FAST_REVALIDATE;
         }
-        let now = crate::cache::coarse_ns();
+        let now = crate::clock::coarse_ns();
         (*e).last_seen_ns = now;
         if f.proto == IPPROTO_TCP {
             (*e).state = crate::nat::next_tcp_state((*e).state, f.tcp_flags);

@@ -477,7 +477,7 @@ fn an_idle_translation_past_its_protocol_timeout_frees_its_port() -> anyhow::Res
 }
 
 /// The NAT's clock moves (the programs read the coarse clock once per tick
-/// and CPU, `cache::coarse_ns`): a UDP translation idle for its 1 s
+/// and CPU, `clock::coarse_ns`): a UDP translation idle for its 1 s
 /// timeout gives its port up; before, the port is still taken.
 #[test]
 #[ignore = "needs root: loads BPF programs"]
