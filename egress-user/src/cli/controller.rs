@@ -77,6 +77,12 @@ pub struct ControllerArgs {
     /// Ports per port block.
     #[arg(long, default_value_t = 1024)]
     pub port_block_size: u16,
+    /// The ports (FIRST-LAST) handed out of a gateway node's own address
+    /// (useNodeIP policies), in whole port blocks. Keep the node's own
+    /// ports out of it: its `net.ipv4.ip_local_port_range` (Linux default
+    /// 32768-60999) and its listeners.
+    #[arg(long, default_value = "61000-65535", value_parser = parse_port_range)]
+    pub node_ip_port_range: (u16, u16),
     /// Port of the HTTP endpoint (on every address) with /metrics, /healthz,
     /// /readyz and /bgp/status (0: none).
     #[arg(long, default_value_t = 0)]
@@ -112,6 +118,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         "--port-block-size: {} must be a power of two from 64 to 16384",
         args.port_block_size
     );
+    let blocks = egress_control::controller::whole_blocks(
+        args.node_ip_port_range.0,
+        args.node_ip_port_range.1,
+        args.port_block_size,
+    );
+    anyhow::ensure!(
+        !blocks.is_empty(),
+        "--node-ip-port-range: {}-{} holds no whole block of {} ports (--port-block-size)",
+        args.node_ip_port_range.0,
+        args.node_ip_port_range.1,
+        args.port_block_size
+    );
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -131,6 +149,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         controller: ControllerConfig {
             port_block_size: args.port_block_size,
             first_port: 1024,
+            node_ip_ports: args.node_ip_port_range,
         },
         ..Default::default()
     };
@@ -267,5 +286,42 @@ mod tests {
         assert!(parse_duration("five").unwrap_err().contains("\"five\""));
         // What the chart's schema allows for the failover timers.
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+    }
+}
+
+/// "FIRST-LAST", two ports, FIRST <= LAST.
+fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?}: expected FIRST-LAST, e.g. 61000-65535"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .map_err(|e| format!("{s:?}: {p:?} is not a port: {e}"))
+    };
+    let (a, b) = (port(a)?, port(b)?);
+    if a > b {
+        return Err(format!("{s:?}: the first port is above the last"));
+    }
+    Ok((a, b))
+}
+
+#[cfg(test)]
+mod port_range_tests {
+    use super::parse_port_range;
+
+    #[test]
+    fn port_ranges_parse_and_bad_ones_say_why() {
+        assert_eq!(parse_port_range("61000-65535"), Ok((61000, 65535)));
+        assert_eq!(parse_port_range(" 49152 - 65535 "), Ok((49152, 65535)));
+        for (bad, why) in [
+            ("61000", "expected FIRST-LAST"),
+            ("61000-70000", "is not a port"),
+            ("x-65535", "is not a port"),
+            ("65000-61000", "first port is above the last"),
+        ] {
+            let e = parse_port_range(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 }

@@ -9,7 +9,10 @@ mod view;
 
 pub use cache::{sizes, Changed, Pending, ViewCache};
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
-pub use reconcile::{reconcile, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants};
+pub use reconcile::{
+    reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,
+    DEFAULT_NODE_IP_PORTS,
+};
 pub use run::{
     gateway_eligible, run_controller, run_controller_with_stats, tick, tick_cached,
     tick_cached_report, write_plan, write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION,

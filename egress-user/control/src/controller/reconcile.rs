@@ -19,6 +19,13 @@ pub struct ControllerConfig {
     pub port_block_size: u16,
     /// Ports below this are never handed out (block 0 with the default size).
     pub first_port: u16,
+    /// The only ports (first, last) handed out of a gateway node's own
+    /// address (useNodeIP): the node's own connections (its ephemeral
+    /// ports, its listeners: kubelet, NodePorts, the VXLAN and probe ports)
+    /// must never fall in a block, or their packets would be steered to a
+    /// worker. Only whole blocks inside count. The default starts above
+    /// Linux's default `ip_local_port_range` (32768-60999).
+    pub node_ip_ports: (u16, u16),
 }
 
 impl Default for ControllerConfig {
@@ -26,8 +33,20 @@ impl Default for ControllerConfig {
         Self {
             port_block_size: 1024,
             first_port: 1024,
+            node_ip_ports: DEFAULT_NODE_IP_PORTS,
         }
     }
+}
+
+/// Default of [`ControllerConfig::node_ip_ports`].
+pub const DEFAULT_NODE_IP_PORTS: (u16, u16) = (61000, 65535);
+
+/// The blocks of `size` ports lying wholly inside `first..=last`.
+pub fn whole_blocks(first: u16, last: u16, size: u16) -> std::ops::Range<u16> {
+    let size = u32::from(size.max(1));
+    let start = u32::from(first).div_ceil(size);
+    let end = (u32::from(last) + 1) / size;
+    start.min(end) as u16..end as u16
 }
 
 /// What the controller wants written.
@@ -659,20 +678,27 @@ fn reconcile_gateway(
     }
 
     // 3. Port blocks per (address, worker) for workers with selected pods.
-    let size = cfg.port_block_size.max(1) as u32;
-    let first_block = (cfg.first_port as u32).div_ceil(size) as u16;
-    let n_blocks = (65536 / size) as u16;
+    let eip_blocks = whole_blocks(cfg.first_port, u16::MAX, cfg.port_block_size);
+    let node_ip_blocks = whole_blocks(
+        cfg.node_ip_ports.0,
+        cfg.node_ip_ports.1,
+        cfg.port_block_size,
+    );
     let mut demand: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    // Addresses that are a gateway node's own (useNodeIP).
+    let mut node_ips: BTreeSet<String> = BTreeSet::new();
     for (u, ps) in &units {
         let addrs: Vec<String> = if u.node_ip_of.is_some() {
             let Some((node, _)) = placed.get(u) else {
                 continue;
             };
-            [false, true]
+            let ips: Vec<String> = [false, true]
                 .into_iter()
                 .filter_map(|v6| view.node_ip(node, v6))
                 .map(|a| a.to_string())
-                .collect()
+                .collect();
+            node_ips.extend(ips.iter().cloned());
+            ips
         } else {
             [&u.v4, &u.v6]
                 .into_iter()
@@ -704,6 +730,11 @@ fn reconcile_gateway(
         })
         .collect();
     for (addr, workers) in &demand {
+        let range = if node_ips.contains(addr) {
+            node_ip_blocks.clone()
+        } else {
+            eip_blocks.clone()
+        };
         let mut taken: BTreeSet<u16> = BTreeSet::new();
         let mut mine: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
         for w in workers {
@@ -711,7 +742,7 @@ fn reconcile_gateway(
                 let keep: Vec<u16> = b
                     .iter()
                     .copied()
-                    .filter(|i| *i >= first_block && *i < n_blocks && taken.insert(*i))
+                    .filter(|i| range.contains(i) && taken.insert(*i))
                     .collect();
                 if !keep.is_empty() {
                     mine.insert(w, keep);
@@ -722,7 +753,7 @@ fn reconcile_gateway(
             if mine.contains_key(w) {
                 continue;
             }
-            match (first_block..n_blocks).find(|i| !taken.contains(i)) {
+            match range.clone().find(|i| !taken.contains(i)) {
                 Some(i) => {
                     taken.insert(i);
                     mine.insert(w, vec![i]);

@@ -1,7 +1,7 @@
 //! Table-driven tests of the reconcile logic, run through the memory
 //! datastore the way the controller loop runs it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
@@ -518,6 +518,82 @@ async fn conflicting_explicit_pairs_precedence_by_priority_then_age() {
             l.conditions
         );
     }
+}
+
+#[test]
+fn whole_blocks_lie_inside_the_range() {
+    assert_eq!(whole_blocks(61000, 65535, 1024), 60..64);
+    assert_eq!(whole_blocks(1024, 65535, 1024), 1..64);
+    assert_eq!(whole_blocks(0, 65535, 64), 0..1024);
+    assert_eq!(whole_blocks(49152, 65535, 4096), 12..16);
+    assert!(whole_blocks(61000, 61100, 1024).is_empty());
+    assert!(whole_blocks(61000, 61000, 64).is_empty());
+}
+
+/// A gateway node's own address hands out blocks only from the reserved
+/// range (61000-65535: blocks 60-63 of 1024 ports), never its listeners'
+/// or ephemeral ports; an EIP of the same gateway still from block 1.
+#[tokio::test]
+async fn node_ip_blocks_come_only_from_the_reserved_range() {
+    let ds = MemoryDatastore::new();
+    ds.create(
+        Kind::EgressGateway,
+        gateway("g1", 1, &["10.0.0.1"], "", "a"),
+    )
+    .await
+    .unwrap();
+    add_node(&ds, &node("gw", "a"), TunnelPhase::Ready).await;
+    let workers = ["w1", "w2", "w3", "w4", "w5"];
+    for w in workers {
+        add_node(&ds, &node(w, "-"), TunnelPhase::Ready).await;
+    }
+    for (name, spec, app) in [
+        ("n", json!({"useNodeIP": true}), "web"),
+        ("e", json!({}), "db"),
+    ] {
+        ds.create(Kind::EgressPolicy, policy(name, 1, "g1", spec, app, None))
+            .await
+            .unwrap();
+    }
+    for (i, w) in workers.iter().enumerate() {
+        let ip = format!("10.244.{}.2", i + 1);
+        ds.create(
+            Kind::Pod,
+            pod_object(&pod(&format!("web{i}"), "web", w, &ip)),
+        )
+        .await
+        .unwrap();
+    }
+    ds.create(Kind::Pod, pod_object(&pod("db", "db", "w1", "10.244.1.3")))
+        .await
+        .unwrap();
+    let plan = pass(&ds).await;
+    let g = grants(&ds).await;
+    let node_ip: Vec<_> = g
+        .iter()
+        .filter(|((_, addr), _)| addr != "10.0.0.1")
+        .collect();
+    let blocks: BTreeSet<u16> = node_ip
+        .iter()
+        .flat_map(|(_, b)| b.iter().copied())
+        .collect();
+    assert_eq!(blocks, (60..64).collect(), "{g:?}");
+    assert_eq!(
+        node_ip.len(),
+        4,
+        "four whole blocks for five workers: {g:?}"
+    );
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.reason == "PortBlocksExhausted"),
+        "{:?}",
+        plan.events
+    );
+    assert_eq!(
+        g.get(&("w1".to_string(), "10.0.0.1".to_string())),
+        Some(&vec![1])
+    );
 }
 
 #[tokio::test]
