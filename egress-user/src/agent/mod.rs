@@ -3,11 +3,13 @@
 //!
 //! - [`adapt`]: pure mapping from the control plane's node view to the maps.
 //! - [`register`]: the node's own records (node, EgressTunnel).
+//! - [`node_ports`]: node-IP port blocks against the node's ephemeral ports.
 //! - [`runtime`]: the loop that ties datastore, fence, netlink and maps together.
 
 pub mod adapt;
 pub mod bgp;
 pub mod metrics;
+pub mod node_ports;
 pub mod register;
 pub mod routes;
 pub mod runtime;

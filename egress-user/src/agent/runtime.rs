@@ -250,6 +250,9 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     // without waiting for a datastore that may be unreachable.
     let mut fence_due = false;
     let mut was_fenced = false;
+    // The node's ephemeral ports, and the node-IP blocks last seen over them.
+    let ephemeral = super::node_ports::ephemeral_range();
+    let mut colliding = BTreeSet::new();
     // What this run last wrote as `awaitingReconfirmation` (the view may
     // not show it yet).
     let mut asked_published = None;
@@ -310,6 +313,17 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 }
                 for sk in &skipped {
                     tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
+                }
+                if let Some(range) = ephemeral {
+                    let collide = super::node_ports::colliding_blocks(&desired, range);
+                    if collide != colliding && !collide.is_empty() {
+                        tracing::warn!(
+                            blocks = ?collide,
+                            ephemeral = ?range,
+                            "port blocks of this node's own address overlap net.ipv4.ip_local_port_range: replies to the node's own connections on those ports go to workers; keep the controller's --node-ip-port-range (chart feature.nodeIpPortRange) outside it"
+                        );
+                    }
+                    colliding = collide;
                 }
                 let now_announced: BTreeSet<IpAddr> =
                     desired.owned_eips.iter().map(|o| o.eip).collect();
