@@ -233,6 +233,12 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
     if cfg.flags & CFG_GATEWAY == 0 {
         return Ok(TC_ACT_OK as i32);
     }
+    // The common reply first. It cannot be a probe (the probe port lies in
+    // no port block: node-IP blocks come from a range the controller keeps
+    // clear of it), nor ARP or NDP (IPv4 TCP/UDP only).
+    if let Some(v) = steer_v4_from_cache(ctx, cfg) {
+        return Ok(v);
+    }
     if let Some(v) = crate::probe::answer(ctx, cfg) {
         return Ok(v);
     }
@@ -253,9 +259,6 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
                 return ndp_reply(ctx, cfg.uplink_mac);
             }
         }
-    }
-    if let Some(v) = steer_v4_from_cache(ctx, cfg) {
-        return Ok(v);
     }
     let f = match crate::maps::SCRATCH.get_ptr_mut(0) {
         // SAFETY: this CPU's scratch slot; programs do not nest on one CPU.

@@ -11,9 +11,10 @@ use std::net::IpAddr;
 
 use crate::datapath::DesiredMaps;
 
-/// The node-IP blocks of `maps` (steered or held by this node) that overlap
-/// the ephemeral port range `first..=last`.
-pub fn colliding_blocks(maps: &DesiredMaps, (first, last): (u16, u16)) -> BTreeSet<(IpAddr, u16)> {
+/// The node-IP blocks of `maps` (steered by this node) that overlap any of
+/// `ranges` (the ephemeral range; the VXLAN and probe ports as one-port
+/// ranges: the programs would steer those packets to a worker too).
+pub fn colliding_blocks(maps: &DesiredMaps, ranges: &[(u16, u16)]) -> BTreeSet<(IpAddr, u16)> {
     let size = u32::from(maps.config.port_block_size.max(1));
     let node_ips: BTreeSet<IpAddr> = maps
         .owned_eips
@@ -27,7 +28,9 @@ pub fn colliding_blocks(maps: &DesiredMaps, (first, last): (u16, u16)) -> BTreeS
         .filter(|s| {
             let lo = u32::from(s.block) * size;
             let hi = lo + size - 1;
-            lo <= u32::from(last) && hi >= u32::from(first)
+            ranges
+                .iter()
+                .any(|&(first, last)| lo <= u32::from(last) && hi >= u32::from(first))
         })
         .map(|s| (s.eip, s.block))
         .collect()
@@ -84,10 +87,15 @@ mod tests {
             steer(eip, 40),
         ];
         assert_eq!(
-            colliding_blocks(&maps, (32768, 60999)),
+            colliding_blocks(&maps, &[(32768, 60999)]),
             [(node_ip, 32), (node_ip, 59)].into()
         );
-        assert!(colliding_blocks(&maps, (20000, 30000)).is_empty());
+        assert!(colliding_blocks(&maps, &[(20000, 30000)]).is_empty());
+        // A one-port range: the VXLAN port 31800 lies in block 31.
+        assert_eq!(
+            colliding_blocks(&maps, &[(20000, 30000), (31800, 31800)]),
+            [(node_ip, 31)].into()
+        );
         assert_eq!(parse_range("32768\t60999\n"), Some((32768, 60999)));
         assert_eq!(parse_range("nonsense"), None);
     }

@@ -314,17 +314,22 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 for sk in &skipped {
                     tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
                 }
-                if let Some(range) = ephemeral {
-                    let collide = super::node_ports::colliding_blocks(&desired, range);
-                    if collide != colliding && !collide.is_empty() {
-                        tracing::warn!(
-                            blocks = ?collide,
-                            ephemeral = ?range,
-                            "port blocks of this node's own address overlap net.ipv4.ip_local_port_range: replies to the node's own connections on those ports go to workers; keep the controller's --node-ip-port-range (chart feature.nodeIpPortRange) outside it"
-                        );
-                    }
-                    colliding = collide;
+                let mut own_ports = vec![(facts.vxlan_port, facts.vxlan_port)];
+                own_ports.extend(ephemeral);
+                if facts.probe_port != 0 {
+                    own_ports.push((facts.probe_port, facts.probe_port));
                 }
+                let collide = super::node_ports::colliding_blocks(&desired, &own_ports);
+                if collide != colliding && !collide.is_empty() {
+                    tracing::warn!(
+                        blocks = ?collide,
+                        ephemeral = ?ephemeral,
+                        vxlan_port = facts.vxlan_port,
+                        probe_port = facts.probe_port,
+                        "port blocks of this node's own address hold its own ports (net.ipv4.ip_local_port_range, the VXLAN or probe port): packets to them go to workers; keep the controller's --node-ip-port-range (chart feature.nodeIpPortRange) clear of them"
+                    );
+                }
+                colliding = collide;
                 let now_announced: BTreeSet<IpAddr> =
                     desired.owned_eips.iter().map(|o| o.eip).collect();
                 match apply(&mut maps, &desired) {

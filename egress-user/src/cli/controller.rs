@@ -130,6 +130,16 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.node_ip_port_range.1,
         args.port_block_size
     );
+    // The gateways answer probes in the datapath ahead of the reply
+    // steering: a node-IP block over the probe port would take them.
+    anyhow::ensure!(
+        !args.gateway_failover
+            || !(args.node_ip_port_range.0..=args.node_ip_port_range.1).contains(&args.probe_port),
+        "--node-ip-port-range: {}-{} contains --probe-port {}; the probes would be steered to workers",
+        args.node_ip_port_range.0,
+        args.node_ip_port_range.1,
+        args.probe_port
+    );
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
