@@ -253,16 +253,27 @@ fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
         }
         for n in &st.node_list {
             for e in &n.eips {
-                for a in [&e.ipv4, &e.ipv6] {
-                    if let Ok(ip) = a.parse::<IpAddr>() {
-                        parts.owned.entry(n.name.clone()).or_default().insert(
-                            ip,
-                            OwnedEip {
-                                gateway: gw_name.clone(),
-                                epoch: e.epoch,
-                            },
-                        );
-                    }
+                // A useNodeIP unit has no addresses of its own: it is the
+                // node's, as the controller grants its blocks.
+                let addrs: Vec<IpAddr> = if e.ipv4.is_empty() && e.ipv6.is_empty() {
+                    [false, true]
+                        .into_iter()
+                        .filter_map(|v6| view.node_ip(&n.name, v6))
+                        .collect()
+                } else {
+                    [&e.ipv4, &e.ipv6]
+                        .into_iter()
+                        .filter_map(|a| a.parse().ok())
+                        .collect()
+                };
+                for ip in addrs {
+                    parts.owned.entry(n.name.clone()).or_default().insert(
+                        ip,
+                        OwnedEip {
+                            gateway: gw_name.clone(),
+                            epoch: e.epoch,
+                        },
+                    );
                 }
             }
         }

@@ -304,10 +304,13 @@ pub fn desired_maps(
         .node(&nd.node)
         .map(|n| n.addresses.iter().filter_map(|a| a.parse().ok()).collect())
         .unwrap_or_default();
+    // The node's own addresses (useNodeIP) are not fenced: no other node
+    // can claim them, and nothing announces them (the kernel answers ARP
+    // for them, and they go to no BGP route).
     let owned_eips = nd
         .owned_eips
         .iter()
-        .filter(|(eip, _)| announce.contains(eip))
+        .filter(|(eip, _)| announce.contains(eip) || node_ips.contains(eip))
         .map(|(eip, owned)| OwnedEip {
             eip: *eip,
             answer_neigh: facts.l2_announce && !node_ips.contains(eip),
@@ -573,5 +576,56 @@ mod tests {
         );
         let (maps, skipped) = desired_maps(&v, &nd, &facts(), &BTreeSet::new());
         assert!(maps.policies.is_empty() && skipped.is_empty());
+    }
+
+    /// The fence gates what a gateway announces for EIPs; the node's own
+    /// address (useNodeIP) is owned without it (no other node can claim
+    /// it), and without answering ARP/NDP for it (the kernel does).
+    #[test]
+    fn the_node_address_is_owned_whatever_the_fence_says() {
+        use egress_control::agent_state::OwnedEip as Owned;
+        let c = Case {
+            name: "",
+            status: Some(("172.18.0.2", "gw")),
+            gw_tunnel: Some("172.18.0.2"),
+            gateway: true,
+            rule: None,
+            sources: &[],
+            skipped: false,
+        };
+        let v = view(&c);
+        let mut nd = desired(
+            &v,
+            &AgentConfig {
+                node: "gw".into(),
+                ..Default::default()
+            },
+        );
+        let (node_ip, eip): (IpAddr, IpAddr) = (
+            "172.18.0.2".parse().unwrap(),
+            "203.0.113.100".parse().unwrap(),
+        );
+        for a in [node_ip, eip] {
+            nd.owned_eips.insert(
+                a,
+                Owned {
+                    gateway: "g1".into(),
+                    epoch: 3,
+                },
+            );
+        }
+        let owned = |announce: &[IpAddr]| {
+            let (maps, _) = desired_maps(&v, &nd, &facts(), &announce.iter().copied().collect());
+            maps.owned_eips
+                .iter()
+                .map(|o| (o.eip, o.node_ip, o.answer_neigh))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            owned(&[]),
+            [(node_ip, true, false)],
+            "fenced: the node's own only"
+        );
+        assert_eq!(owned(&[eip]), [(node_ip, true, false), (eip, false, true)]);
     }
 }

@@ -370,9 +370,12 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     tracing::info!(eip = %gone, "no longer announcing");
                 }
                 if let Some(bgp) = bgp.as_mut() {
+                    // Not the node's own address (useNodeIP): a host route
+                    // to a node via itself is no route for its neighbours.
                     let eips: BTreeMap<IpAddr, u64> = desired
                         .owned_eips
                         .iter()
+                        .filter(|o| !o.node_ip)
                         .map(|o| (o.eip, u64::from(o.epoch)))
                         .collect();
                     let want =

@@ -49,6 +49,32 @@ fn cfg(node: &str) -> AgentConfig {
     }
 }
 
+/// A useNodeIP policy's unit has no address of its own in the gateway's
+/// status: the gateway node owns its own address for it (the one the
+/// controller grants blocks of), so its datapath forwards and steers.
+#[tokio::test]
+async fn a_node_ip_policy_makes_the_gateway_own_its_node_address() {
+    let ds = cluster().await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({"useNodeIP": true}), "web", None),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    let view = load_view(&ds).await.unwrap();
+    let node_ip = view.node_ip("gw", false).expect("gw has an address");
+    let g = desired(&view, &cfg("gw"));
+    assert_eq!(g.owned_eips.keys().collect::<Vec<_>>(), [&node_ip]);
+    let blocks = desired(&view, &cfg("w1")).port_blocks;
+    assert_eq!(
+        blocks.keys().collect::<Vec<_>>(),
+        [&node_ip],
+        "the worker's blocks are of the same address"
+    );
+    assert!(desired(&view, &cfg("w1")).owned_eips.is_empty());
+}
+
 #[tokio::test]
 async fn worker_and_gateway_views() {
     let ds = cluster().await;

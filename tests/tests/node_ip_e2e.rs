@@ -1,0 +1,144 @@
+//! A useNodeIP policy end to end (etcd, controller, agents in namespaces):
+//! the selected pod leaves with its gateway node's own address, on a port
+//! from the range the controller reserves for node addresses
+//! (`--node-ip-port-range`, default 61000-65535), while the gateway node's
+//! own connections to the same server keep working: their ports (the
+//! node's ephemeral range) lie in no port block, so the gateway's datapath
+//! leaves their replies to the node's stack.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use egress_tests::{
+    cluster::{examples_dir, traffic_report, wait_until, Cluster, ClusterSpec},
+    egress_bin,
+    topology::SERVER_IP,
+    traffic_bin, Netns, Proc,
+};
+use serde_json::Value;
+
+/// The (address, port) the server saw for one short TCP connection made
+/// from `ns`, which must have been echoed back.
+fn peer_seen(cluster: &Cluster, ns: &Netns, port: u16) -> Result<(String, u64)> {
+    let traffic = traffic_bin()?.to_string_lossy().into_owned();
+    let mut sink: Proc =
+        cluster
+            .topo
+            .server
+            .spawn(&[&traffic, "tcp-sink", &format!("0.0.0.0:{port}")])?;
+    sink.wait_for_line("ready", Duration::from_secs(10))?;
+    let src = traffic_report(
+        ns,
+        &["tcp-source", &format!("{SERVER_IP}:{port}"), "5"],
+        0.3,
+    )?;
+    anyhow::ensure!(
+        src["survived"] == true && src["echoed"].as_u64() > Some(0),
+        "no echo: {src}"
+    );
+    sink.signal_term();
+    let report: Value =
+        serde_json::from_str(&sink.wait_for_line("\"role\"", Duration::from_secs(10))?)?;
+    let c = &report["connections"][0];
+    Ok((
+        c["peer"].as_str().unwrap_or_default().to_owned(),
+        c["peer_port"].as_u64().unwrap_or(0),
+    ))
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections() -> Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let ex = examples_dir();
+    cluster.apply(&ex.join("gateway.yaml"))?;
+    let policy = std::fs::read_to_string(ex.join("policy.yaml"))?
+        .replace("useNodeIP: false", "useNodeIP: true");
+    let dir = TempDir::new()?;
+    let file = dir.0.join("node-ip-policy.yaml");
+    std::fs::write(&file, policy)?;
+    cluster.apply(&file)?;
+
+    // The policy's gateway node, and its address as the policy's EIP.
+    let mut gateway = None;
+    wait_until("the policy is placed", Duration::from_secs(30), || {
+        let out = cluster.egress(&["get", "egp", "web", "-n", "default", "-o", "json"])?;
+        let v: Value = serde_json::from_str(&out).context("egress get egp -o json")?;
+        let node = v["status"]["node"].as_str().unwrap_or_default();
+        gateway = cluster.topo.nodes.iter().position(|n| n.name == node);
+        Ok(gateway.is_some()
+            && v["status"]["eip"]["ipv4"]
+                .as_str()
+                .is_some_and(|a| !a.is_empty()))
+    })?;
+    let g = gateway.expect("placed");
+    let node_ip = cluster.topo.nodes[g].ip.to_string();
+    wait_until("w1 applies the policy", Duration::from_secs(30), || {
+        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
+    })?;
+
+    // The selected pod: the node's address, a port of the reserved range.
+    let pod_ns = &cluster.topo.nodes[0].pods[0].ns;
+    let mut seen = (String::new(), 0);
+    wait_until(
+        "p11 leaves with the node's address",
+        Duration::from_secs(30),
+        || {
+            seen = peer_seen(&cluster, pod_ns, 5000)?;
+            Ok(seen.0 == node_ip)
+        },
+    )
+    .with_context(|| diagnostics(&cluster, &egress, g))?;
+    assert!(
+        (61440..=65535).contains(&seen.1),
+        "port {} outside the whole blocks of 61000-65535",
+        seen.1
+    );
+
+    // The gateway node's own connection to the same server and port: its
+    // ephemeral port is in no block, so the reply reaches the node.
+    let own = peer_seen(&cluster, &cluster.topo.nodes[g].ns, 5000)?;
+    assert_eq!(own.0, node_ip);
+    assert!(
+        !(61440..=65535).contains(&own.1),
+        "the node's own port {} is one of the reserved range's",
+        own.1
+    );
+    Ok(())
+}
+
+/// The worker's and the gateway's datapath state, for a failure message.
+fn diagnostics(cluster: &Cluster, egress: &std::path::Path, gateway: usize) -> String {
+    [0, gateway]
+        .iter()
+        .map(|&i| {
+            let out = std::process::Command::new(egress)
+                .args(["inspect", "--pin-dir"])
+                .arg(cluster.pin_dir(i))
+                .output();
+            let text = out
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_else(|e| e.to_string());
+            format!("--- {}:\n{text}", cluster.topo.nodes[i].name)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A folder of its own under the system's temp dir, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> Result<Self> {
+        let dir = std::env::temp_dir().join(egress_tests::unique_name("nodeip"));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
