@@ -118,28 +118,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         "--port-block-size: {} must be a power of two from 64 to 16384",
         args.port_block_size
     );
-    let blocks = egress_control::controller::whole_blocks(
-        args.node_ip_port_range.0,
-        args.node_ip_port_range.1,
+    check_node_ip_range(
+        args.node_ip_port_range,
         args.port_block_size,
-    );
-    anyhow::ensure!(
-        !blocks.is_empty(),
-        "--node-ip-port-range: {}-{} holds no whole block of {} ports (--port-block-size)",
-        args.node_ip_port_range.0,
-        args.node_ip_port_range.1,
-        args.port_block_size
-    );
-    // The gateways answer probes in the datapath ahead of the reply
-    // steering: a node-IP block over the probe port would take them.
-    anyhow::ensure!(
-        !args.gateway_failover
-            || !(args.node_ip_port_range.0..=args.node_ip_port_range.1).contains(&args.probe_port),
-        "--node-ip-port-range: {}-{} contains --probe-port {}; the probes would be steered to workers",
-        args.node_ip_port_range.0,
-        args.node_ip_port_range.1,
-        args.probe_port
-    );
+        args.gateway_failover.then_some(args.probe_port),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -299,6 +283,27 @@ mod tests {
     }
 }
 
+/// `--node-ip-port-range` against the other flags: it must hold a whole
+/// port block, and not the probe port when probes run (the gateways steer
+/// a cached reply before they look for probes).
+fn check_node_ip_range(
+    (first, last): (u16, u16),
+    block_size: u16,
+    probe_port: Option<u16>,
+) -> Result<(), String> {
+    if egress_control::controller::whole_blocks(first, last, block_size).is_empty() {
+        return Err(format!(
+            "--node-ip-port-range: {first}-{last} holds no whole block of {block_size} ports (--port-block-size)"
+        ));
+    }
+    if let Some(p) = probe_port.filter(|p| (first..=last).contains(p)) {
+        return Err(format!(
+            "--node-ip-port-range: {first}-{last} contains --probe-port {p}; the probes would be steered to workers"
+        ));
+    }
+    Ok(())
+}
+
 /// "FIRST-LAST", two ports, FIRST <= LAST.
 fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
     let (a, b) = s
@@ -318,7 +323,24 @@ fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
 
 #[cfg(test)]
 mod port_range_tests {
-    use super::parse_port_range;
+    use super::{check_node_ip_range, parse_port_range};
+
+    #[test]
+    fn a_node_ip_range_without_a_whole_block_or_with_the_probe_port_is_refused() {
+        assert_eq!(
+            check_node_ip_range((61000, 65535), 1024, Some(13784)),
+            Ok(())
+        );
+        let e = check_node_ip_range((61000, 61100), 1024, None).unwrap_err();
+        assert!(
+            e.contains("--node-ip-port-range") && e.contains("no whole block"),
+            "{e}"
+        );
+        let e = check_node_ip_range((10000, 20000), 1024, Some(13784)).unwrap_err();
+        assert!(e.contains("--probe-port 13784"), "{e}");
+        // Without probes the probe port does not matter.
+        assert_eq!(check_node_ip_range((10000, 20000), 1024, None), Ok(()));
+    }
 
     #[test]
     fn port_ranges_parse_and_bad_ones_say_why() {
