@@ -518,3 +518,29 @@ pub fn traffic_report(
         .context("no report line")?;
     Ok(serde_json::from_str(line)?)
 }
+
+/// One short TCP connection from `ns` to the server's port `port`, echoed
+/// back: the (address, port) the server saw it come from.
+pub fn tcp_peer_seen(cluster: &Cluster, ns: &crate::Netns, port: u16) -> Result<(String, u64)> {
+    let traffic = crate::traffic_bin()?.to_string_lossy().into_owned();
+    let mut sink =
+        cluster
+            .topo
+            .server
+            .spawn(&[&traffic, "tcp-sink", &format!("0.0.0.0:{port}")])?;
+    sink.wait_for_line("ready", Duration::from_secs(10))?;
+    let server = crate::topology::SERVER_IP;
+    let src = traffic_report(ns, &["tcp-source", &format!("{server}:{port}"), "5"], 0.3)?;
+    anyhow::ensure!(
+        src["survived"] == true && src["echoed"].as_u64() > Some(0),
+        "no echo: {src}"
+    );
+    sink.signal_term();
+    let report: serde_json::Value =
+        serde_json::from_str(&sink.wait_for_line("\"role\"", Duration::from_secs(10))?)?;
+    let c = &report["connections"][0];
+    Ok((
+        c["peer"].as_str().unwrap_or_default().to_owned(),
+        c["peer_port"].as_u64().unwrap_or(0),
+    ))
+}

@@ -7,38 +7,15 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{examples_dir, wait_until, Cluster, ClusterSpec},
+    cluster::{examples_dir, tcp_peer_seen, wait_until, Cluster, ClusterSpec},
     egress_bin,
-    topology::{eip, SERVER_IP},
-    traffic_bin, Proc,
+    topology::eip,
 };
 
-/// Which source addresses the server saw for one short TCP connection from `pod`.
+/// Which source address the server saw for one short TCP connection from `pod`.
 fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> anyhow::Result<String> {
-    let traffic = traffic_bin()?;
-    let traffic = traffic.to_string_lossy().into_owned();
-    let mut sink: Proc = cluster
-        .topo
-        .server
-        .spawn(&[&traffic, "tcp-sink", "0.0.0.0:5000"])?;
-    sink.wait_for_line("ready", Duration::from_secs(10))?;
     let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
-    let src = egress_tests::cluster::traffic_report(
-        pod_ns,
-        &["tcp-source", &format!("{SERVER_IP}:5000"), "5"],
-        0.3,
-    )?;
-    anyhow::ensure!(
-        src["survived"] == true && src["echoed"].as_u64() > Some(0),
-        "no echo: {src}"
-    );
-    sink.signal_term();
-    let report: serde_json::Value =
-        serde_json::from_str(&sink.wait_for_line("\"role\"", Duration::from_secs(10))?)?;
-    Ok(report["connections"][0]["peer"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned())
+    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
 }
 
 #[test]

@@ -10,41 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use egress_tests::{
-    cluster::{examples_dir, traffic_report, wait_until, Cluster, ClusterSpec},
+    cluster::{examples_dir, tcp_peer_seen, wait_until, Cluster, ClusterSpec},
     egress_bin,
-    topology::SERVER_IP,
-    traffic_bin, Netns, Proc,
 };
 use serde_json::Value;
-
-/// The (address, port) the server saw for one short TCP connection made
-/// from `ns`, which must have been echoed back.
-fn peer_seen(cluster: &Cluster, ns: &Netns, port: u16) -> Result<(String, u64)> {
-    let traffic = traffic_bin()?.to_string_lossy().into_owned();
-    let mut sink: Proc =
-        cluster
-            .topo
-            .server
-            .spawn(&[&traffic, "tcp-sink", &format!("0.0.0.0:{port}")])?;
-    sink.wait_for_line("ready", Duration::from_secs(10))?;
-    let src = traffic_report(
-        ns,
-        &["tcp-source", &format!("{SERVER_IP}:{port}"), "5"],
-        0.3,
-    )?;
-    anyhow::ensure!(
-        src["survived"] == true && src["echoed"].as_u64() > Some(0),
-        "no echo: {src}"
-    );
-    sink.signal_term();
-    let report: Value =
-        serde_json::from_str(&sink.wait_for_line("\"role\"", Duration::from_secs(10))?)?;
-    let c = &report["connections"][0];
-    Ok((
-        c["peer"].as_str().unwrap_or_default().to_owned(),
-        c["peer_port"].as_u64().unwrap_or(0),
-    ))
-}
 
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
@@ -85,7 +54,7 @@ fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections(
         "p11 leaves with the node's address",
         Duration::from_secs(30),
         || {
-            seen = peer_seen(&cluster, pod_ns, 5000)?;
+            seen = tcp_peer_seen(&cluster, pod_ns, 5000)?;
             Ok(seen.0 == node_ip)
         },
     )
@@ -98,7 +67,7 @@ fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections(
 
     // The gateway node's own connection to the same server and port: its
     // ephemeral port is in no block, so the reply reaches the node.
-    let own = peer_seen(&cluster, &cluster.topo.nodes[g].ns, 5000)?;
+    let own = tcp_peer_seen(&cluster, &cluster.topo.nodes[g].ns, 5000)?;
     assert_eq!(own.0, node_ip);
     assert!(
         !(61440..=65535).contains(&own.1),
