@@ -90,6 +90,9 @@ pub struct ClusterSpec {
     /// itself well before the controller would evict it, the window a
     /// test of reconfirmation needs.
     pub agent_eviction: Option<String>,
+    /// Label the workers as gateway candidates too: a node that is worker
+    /// and gateway at once (its pods' traffic skips the tunnel).
+    pub workers_are_gateways: bool,
 }
 
 impl Default for ClusterSpec {
@@ -104,6 +107,7 @@ impl Default for ClusterSpec {
             upstream_frr: false,
             reflector_in_controller: false,
             agent_eviction: None,
+            workers_are_gateways: false,
         }
     }
 }
@@ -325,7 +329,7 @@ impl Cluster {
             "--admin-addr".into(),
             AGENT_ADMIN.into(),
         ];
-        if node.name.starts_with('g') {
+        if node.name.starts_with('g') || self.spec.workers_are_gateways {
             args.extend(["--node-label".into(), GATEWAY_LABEL.into()]);
         }
         if self.spec.bgp {

@@ -74,3 +74,49 @@ fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Resu
     )?;
     Ok(())
 }
+
+/// A node that is worker and gateway at once: the only gateway candidate
+/// is the worker itself, so the EIP lands on it and its selected pod's
+/// traffic is translated and forwarded there without the tunnel; the
+/// other pod keeps its own address.
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn a_worker_that_is_its_own_gateway_translates_without_the_tunnel() -> anyhow::Result<()> {
+    let egress = egress_bin()?;
+    let spec = ClusterSpec {
+        workers: 1,
+        gateways: 0,
+        workers_are_gateways: true,
+        ..ClusterSpec::default()
+    };
+    let cluster = Cluster::start(&egress, spec)?;
+    let ex = examples_dir();
+    cluster.apply(&ex.join("gateway.yaml"))?;
+    cluster.apply(&ex.join("policy.yaml"))?;
+    let eip = eip(0).to_string();
+    wait_until("w1 announces the EIP", Duration::from_secs(30), || {
+        Ok(cluster.announcers(&eip) == [0])
+    })?;
+    wait_until("w1 applies the policy", Duration::from_secs(30), || {
+        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
+    })?;
+    wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
+        Ok(source_seen(&cluster, 0, 0)? == eip)
+    })?;
+    // The policy's target on w1 says "local gateway": no tunnel.
+    let snap = egress_user::datapath::stats::datapath_snapshot(cluster.pin_dir(0))?;
+    let flags = snap["policy_targets"][0]["flags"].as_u64().unwrap_or(0) as u32;
+    assert_ne!(
+        flags & egress_common::policy::TARGET_LOCAL_GATEWAY,
+        0,
+        "target {}",
+        snap["policy_targets"]
+    );
+    let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
+    assert_eq!(
+        source_seen(&cluster, 0, 1)?,
+        p12,
+        "not selected: its own address"
+    );
+    Ok(())
+}
