@@ -94,15 +94,13 @@ pub fn cached_steering(eip: &Addr, block: u16, epoch: u32) -> Option<(u32, [u8; 
     }
 }
 
-/// The first three words of every IPv4-mapped address (`::ffff:0:0/96`),
-/// in memory order; `fold` of a mapped address is this ^ its IPv4 word.
-pub const V4_MAPPED_PREFIX: [u32; 3] = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])];
-
 /// `cached_steering` for the IPv4 EIP `v4` (a word in memory order),
-/// compared a word at a time without building the mapped address.
+/// compared a word at a time without building the mapped address (whose
+/// `fold` is the prefix's third word ^ `v4`).
 #[inline(always)]
 pub fn cached_steering_v4(v4: u32, block: u16, epoch: u32) -> Option<(u32, [u8; 4])> {
-    let s = STEER_CACHE.get_ptr_mut(slot(V4_MAPPED_PREFIX[2] ^ v4, u32::from(block)))?;
+    let s =
+        STEER_CACHE.get_ptr_mut(slot(crate::mem::V4_MAPPED_PREFIX[2] ^ v4, u32::from(block)))?;
     // SAFETY: this CPU's slot; programs do not nest on one CPU. `eip` is
     // the first field of a 4-byte aligned struct, so its words are aligned.
     unsafe {
@@ -110,7 +108,7 @@ pub fn cached_steering_v4(v4: u32, block: u16, epoch: u32) -> Option<(u32, [u8; 
         if (*s).epoch != epoch
             || (*s).block != block
             || *w.add(3) != v4
-            || *w.add(2) != V4_MAPPED_PREFIX[2]
+            || *w.add(2) != crate::mem::V4_MAPPED_PREFIX[2]
             || *w.add(1) != 0
             || *w != 0
         {

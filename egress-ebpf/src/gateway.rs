@@ -397,7 +397,7 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
     }
     // As `vxlan::flow_entropy` computes it from the parsed flow, so a flow
     // keeps its outer source port whichever path its packets take.
-    let prefix = crate::cache::V4_MAPPED_PREFIX[2];
+    let prefix = crate::mem::V4_MAPPED_PREFIX[2];
     let entropy = crate::vxlan::entropy(
         prefix ^ saddr,
         prefix ^ daddr,

@@ -94,10 +94,15 @@ pub unsafe fn set_addr_words(a: *mut Addr, w: [u32; 4]) {
     }
 }
 
+/// The first three words of every IPv4-mapped address (`::ffff:0:0/96`),
+/// in memory order.
+pub const V4_MAPPED_PREFIX: [u32; 3] = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])];
+
 /// The words of `::ffff:a.b.c.d` for the IPv4 word `v4` (memory order).
 #[inline(always)]
 pub fn v4_mapped_words(v4: u32) -> [u32; 4] {
-    [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), v4]
+    let [a, b, c] = V4_MAPPED_PREFIX;
+    [a, b, c, v4]
 }
 
 /// Zeroes a `T` made of 32-bit words (a helper's parameter block), one

@@ -481,10 +481,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
 
 /// The node's `awaitingReconfirmation` as the view holds it.
 fn stored_reconfirmation(view: &ClusterView, node: &str) -> BTreeSet<Announcement> {
-    view.tunnels
-        .iter()
-        .filter(|t| t.metadata.name.as_deref() == Some(node))
-        .flat_map(|t| t.status.iter().flat_map(|s| &s.awaiting_reconfirmation))
+    view.tunnel(node)
+        .and_then(|t| t.status.as_ref())
+        .into_iter()
+        .flat_map(|s| &s.awaiting_reconfirmation)
         .filter_map(|r| {
             Some(Announcement {
                 eip: r.eip.parse().ok()?,

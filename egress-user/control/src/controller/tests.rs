@@ -530,11 +530,9 @@ fn whole_blocks_lie_inside_the_range() {
     assert!(whole_blocks(61000, 61000, 64).is_empty());
 }
 
-/// A gateway node's own address hands out blocks only from the reserved
-/// range (61000-65535: blocks 60-63 of 1024 ports), never its listeners'
-/// or ephemeral ports; an EIP of the same gateway still from block 1.
-#[tokio::test]
-async fn node_ip_blocks_come_only_from_the_reserved_range() {
+/// Gateway `g1` with the one address 10.0.0.1 on the Ready node `gw`, and
+/// the Ready worker nodes `workers`.
+async fn one_eip_gateway(workers: &[&str]) -> MemoryDatastore {
     let ds = MemoryDatastore::new();
     ds.create(
         Kind::EgressGateway,
@@ -543,10 +541,19 @@ async fn node_ip_blocks_come_only_from_the_reserved_range() {
     .await
     .unwrap();
     add_node(&ds, &node("gw", "a"), TunnelPhase::Ready).await;
-    let workers = ["w1", "w2", "w3", "w4", "w5"];
     for w in workers {
         add_node(&ds, &node(w, "-"), TunnelPhase::Ready).await;
     }
+    ds
+}
+
+/// A gateway node's own address hands out blocks only from the reserved
+/// range (61000-65535: blocks 60-63 of 1024 ports), never its listeners'
+/// or ephemeral ports; an EIP of the same gateway still from block 1.
+#[tokio::test]
+async fn node_ip_blocks_come_only_from_the_reserved_range() {
+    let workers = ["w1", "w2", "w3", "w4", "w5"];
+    let ds = one_eip_gateway(&workers).await;
     for (name, spec, app) in [
         ("n", json!({"useNodeIP": true}), "web"),
         ("e", json!({}), "db"),
@@ -598,16 +605,7 @@ async fn node_ip_blocks_come_only_from_the_reserved_range() {
 
 #[tokio::test]
 async fn port_blocks_on_demand_and_taken_back() {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("gw", "a"), TunnelPhase::Ready).await;
-    add_node(&ds, &node("w1", "-"), TunnelPhase::Ready).await;
-    add_node(&ds, &node("w2", "-"), TunnelPhase::Ready).await;
+    let ds = one_eip_gateway(&["w1", "w2"]).await;
     ds.create(
         Kind::EgressPolicy,
         policy("p", 1, "g1", json!({}), "web", None),
