@@ -402,7 +402,8 @@ impl Cluster {
     /// controllers', the reflector's endpoints); an error unless it answers 200.
     pub fn fabric_http(&self, addr: &str, path: &str) -> Result<String> {
         let addr = addr.to_owned();
-        let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
+        // Go's HTTP servers (etcd's /metrics) refuse HTTP/1.1 without a Host.
+        let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
         let path = path.to_owned();
         self.topo.fabric.enter(move || {
             let mut s = TcpStream::connect(&addr)?;

@@ -2,6 +2,15 @@
 //! (datastore events, link events, the fence's deadlines, a periodic resync)
 //! only marks the state dirty, and one reconcile pass then computes the whole
 //! desired state and writes the difference.
+//!
+//! The cluster comes from a [`ViewCache`]: every kind is listed once, then
+//! kept current from its watch. A change anywhere in the cluster (a pod of
+//! another node, a tunnel's status) costs the datastore nothing more than
+//! the watch event: with every agent listing every kind on every change, the
+//! datastore's load would grow with nodes times changes. The cache is listed
+//! again only when a watch fails and every [`RELIST_PERIOD`] (a watch that
+//! went quiet without an error, e.g. on an etcd member cut off from its
+//! quorum, is not trusted for longer).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,14 +25,13 @@ use egress_common::maps::{PROG_TUNNEL_INGRESS, PROG_UPLINK_INGRESS, PROG_WORKER_
 use egress_control::{
     agent_state::{self, AgentConfig},
     api::NodeRecord,
-    controller::ClusterView,
-    datastore::{typed::load_view, Datastore, Kind, WatchStream},
+    controller::{ClusterView, ViewCache},
+    datastore::Datastore,
 };
 use egress_failover::{
     fence::{Announcement, Assignment, Fence},
     timers::FailoverTimers,
 };
-use futures::{stream::SelectAll, StreamExt};
 use ipnet::IpNet;
 use tokio::time::Instant;
 
@@ -67,11 +75,21 @@ pub struct AgentSettings {
     pub bgp: Option<super::bgp::AgentBgpConfig>,
 }
 
+/// The longest the agent trusts its watches before it lists every kind again.
+pub const RELIST_PERIOD: Duration = Duration::from_secs(300);
+/// How soon a failed list of the datastore is tried again.
+const LIST_RETRY: Duration = Duration::from_secs(1);
+
 /// What the admin endpoint shows.
 #[derive(Default, serde::Serialize)]
 struct Published {
     ready: bool,
     reconciles: u64,
+    /// Full lists of the datastore (the view cache started): one at start,
+    /// one per failed watch and per `RELIST_PERIOD`, none per change.
+    datastore_lists: u64,
+    /// Batches of watch events applied to the view.
+    watch_batches: u64,
     last_error: Option<String>,
     fenced: bool,
     announced: Vec<IpAddr>,
@@ -133,15 +151,6 @@ async fn first_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<I
         }
     }
     Ok(None)
-}
-
-async fn watch_all(ds: &dyn Datastore) -> Result<SelectAll<WatchStream>> {
-    let mut all = SelectAll::new();
-    for kind in Kind::ALL {
-        let (_, rev) = ds.list(kind).await?;
-        all.push(ds.watch(kind, rev).await?);
-    }
-    Ok(all)
 }
 
 pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
@@ -236,11 +245,14 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let mut fence = Fence::new(&s.node, &s.timers);
     published.lock().unwrap().resumed.announce_lease =
         seed_fence_from_lease(&mut fence, &s.pin_dir, s.timers.fence_after());
-    let mut view = ClusterView::default();
+    // The live cache, or (while there is none) the last view it held.
+    let mut cache: Option<ViewCache> = None;
+    let mut last_view = ClusterView::default();
     let mut have_view = false;
+    let mut relist = tokio::time::interval_at(Instant::now() + RELIST_PERIOD, RELIST_PERIOD);
+    let mut relist_due = false;
     let mut announced: BTreeSet<IpAddr> = BTreeSet::new();
     let mut eligible = false;
-    let mut watches: Option<SelectAll<WatchStream>> = None;
     let mut heartbeat = tokio::time::interval(s.timers.tunnel_update_period);
     let mut resync = tokio::time::interval(s.resync);
     let shutdown = super::super::cli::agent::shutdown_signal();
@@ -265,51 +277,45 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             dirty = true;
         }
         was_fenced = fenced;
-        if watches.is_none() && !fence_due {
-            match ds_call(&fence, &s.timers, watch_all(ds.as_ref())).await {
-                Ok(w) => {
-                    watches = Some(w);
+        // (Re)start the cache; not while the fence is due, which must not
+        // wait for a datastore that may be unreachable.
+        if (cache.is_none() || relist_due) && !fence_due {
+            let start = async { Ok(ViewCache::start(ds.as_ref()).await?) };
+            match ds_call(&fence, &s.timers, start).await {
+                Ok(c) => {
+                    cache = Some(c);
+                    last_view = ClusterView::default();
+                    relist_due = false;
                     dirty = true;
+                    published.lock().unwrap().datastore_lists += 1;
                 }
-                Err(e) => tracing::warn!(error = %e, "datastore watch failed; retrying"),
+                Err(e) => {
+                    // Keep the last view (or the live cache, on a periodic
+                    // relist); the fence alone decides what may still be announced.
+                    tracing::warn!(error = %e, "listing the datastore failed; keeping the last view");
+                    published.lock().unwrap().last_error = Some(e.to_string());
+                }
             }
         }
         if dirty {
             dirty = false;
-            let read = if std::mem::take(&mut fence_due) {
-                None
-            } else {
-                Some(
-                    ds_call(&fence, &s.timers, async {
-                        Ok(load_view(ds.as_ref()).await?)
-                    })
-                    .await,
-                )
-            };
-            match read {
-                Some(Ok(v)) => {
-                    view = v;
-                    have_view = true;
-                    fence.apply_assignments(std::time::Instant::now(), assignments(&view));
-                }
-                None => {}
-                Some(Err(e)) => {
-                    // Keep the last view; the fence alone decides what may still be announced.
-                    tracing::warn!(error = %e, "reading the datastore failed; keeping the last view");
-                    published.lock().unwrap().last_error = Some(e.to_string());
-                }
+            fence_due = false;
+            if let Some(c) = &cache {
+                have_view = true;
+                fence.apply_assignments(std::time::Instant::now(), assignments(&c.view));
             }
+            let view = cache.as_ref().map_or(&last_view, |c| &c.view);
             if have_view {
-                let nd = agent_state::desired(&view, &cfg);
+                let nd = agent_state::desired(view, &cfg);
                 eligible = nd.gateway_eligible;
                 let now = std::time::Instant::now();
                 let allowed: BTreeSet<IpAddr> =
                     fence.announcements(now).iter().map(|a| a.eip).collect();
-                let (mut desired, skipped) = desired_maps(&view, &nd, &facts, &allowed);
+                let (mut desired, skipped) = desired_maps(view, &nd, &facts, &allowed);
                 // EIP routes learned over BGP that are not older than the view.
                 if let Some(l) = &learned {
                     desired.routes =
-                        super::routes::eip_routes(&l.lock().unwrap(), &assignments(&view));
+                        super::routes::eip_routes(&l.lock().unwrap(), &assignments(view));
                 }
                 for sk in &skipped {
                     tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
@@ -389,7 +395,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 // of the EIPs it withholds (once per change of the set).
                 let asked = fence.awaiting_reconfirmation();
                 if !fence.is_fenced(now)
-                    && asked != stored_reconfirmation(&view, &s.node)
+                    && asked != stored_reconfirmation(view, &s.node)
                     && asked_published.as_ref() != Some(&asked)
                 {
                     let write = publish_awaiting_reconfirmation(ds.as_ref(), &s.node, &asked);
@@ -436,13 +442,22 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 Some(_) => {}
                 None => anyhow::bail!("the netlink link watch ended"),
             },
-            ev = next_watch_event(&mut watches) => {
-                if ev.is_err() {
-                    watches = None;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+            batch = next_batch(&mut cache) => {
+                match batch {
+                    Ok(()) => published.lock().unwrap().watch_batches += 1,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "datastore watch failed; listing again");
+                        if let Some(c) = cache.take() {
+                            last_view = c.view;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
                 dirty = true;
             }
+            _ = relist.tick() => relist_due = true,
+            // No cache (the datastore could not be listed): try again soon.
+            _ = tokio::time::sleep(LIST_RETRY), if cache.is_none() => {}
             _ = heartbeat.tick(), if eligible => {
                 let sent = std::time::Instant::now();
                 let renew = async {
@@ -546,9 +561,10 @@ async fn ds_call<T>(
     }
 }
 
-async fn next_watch_event(w: &mut Option<SelectAll<WatchStream>>) -> Result<()> {
-    match w {
-        Some(s) => match s.next().await {
+/// Applies the next batch of watch events to the cache (pending without one).
+async fn next_batch(cache: &mut Option<ViewCache>) -> Result<()> {
+    match cache {
+        Some(c) => match c.next_batch().await {
             Some(Ok(_)) => Ok(()),
             Some(Err(e)) => Err(e.into()),
             None => anyhow::bail!("watch ended"),

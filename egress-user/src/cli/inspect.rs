@@ -74,6 +74,7 @@ fn print_datapath(dp: &serde_json::Value) {
         "policy_targets",
         &["slot", "policy_id", "eip_v4", "eip_v6", "gateway_tunnel_ip"],
     );
+    table("POLICY SOURCES", "policy_sources", &["source", "slots"]);
     table("PORT BLOCKS", "port_blocks", &["eip", "blocks"]);
     table(
         "REPLY STEERING",

@@ -158,6 +158,24 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
         }
         out.insert("policy_targets".into(), v.into());
     }
+    if let Some(m) = open(POLICY_SRC) {
+        // Which pods this node translates, and for which policy slots.
+        let t: aya::maps::LpmTrie<_, Addr, egress_common::policy::SrcMatch> =
+            aya::maps::LpmTrie::try_from(m)?;
+        let mut v = Vec::new();
+        for r in t.iter() {
+            let (k, m) = r?;
+            let ip = addr_from_key(&k.data());
+            // Keys are 128-bit; an IPv4 prefix sits behind the 96 mapped bits.
+            let len = match ip {
+                std::net::IpAddr::V4(_) => k.prefix_len().saturating_sub(96),
+                std::net::IpAddr::V6(_) => k.prefix_len(),
+            };
+            let slots: Vec<u32> = (0..64).filter(|i| m.slots & (1u64 << i) != 0).collect();
+            v.push(json!({ "source": format!("{ip}/{len}"), "slots": slots }));
+        }
+        out.insert("policy_sources".into(), v.into());
+    }
     if let Some(m) = open(PORT_BLOCKS) {
         let h: HashMap<_, Addr, PortBlocks> = HashMap::try_from(m)?;
         let mut v = Vec::new();

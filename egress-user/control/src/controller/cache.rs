@@ -79,8 +79,16 @@ fn key_of_meta(m: &kube::core::ObjectMeta) -> ObjectKey {
     }
 }
 
+/// Puts the decoded object in place of its last version. One that does not
+/// decode is logged and left out; its last good version, if any, stays.
 fn upsert<T: DeserializeOwned>(v: &mut Vec<T>, s: &Stored, key: impl Fn(&T) -> ObjectKey) {
-    let Ok(obj) = decode::<T>(s) else { return };
+    let obj = match decode::<T>(s) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(kind = %s.kind, key = %s.key, "an object that does not decode; keeping its last good version, if any: {e}");
+            return;
+        }
+    };
     match v.iter_mut().find(|o| key(o) == s.key) {
         Some(o) => *o = obj,
         None => v.push(obj),

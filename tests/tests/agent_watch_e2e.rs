@@ -1,0 +1,136 @@
+//! The agents follow the cluster from their watches (etcd, controller,
+//! agents in namespaces): a change anywhere reaches the maps of the node it
+//! concerns, and no agent lists the datastore again for it. Counted on
+//! etcd's side (its gRPC Range requests) and by each agent (`/state`:
+//! `datastore_lists`). With every agent listing every kind on every change,
+//! the datastore's load grows with nodes times changes.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use egress_tests::{
+    cluster::{examples_dir, wait_until, Cluster, ClusterSpec},
+    egress_bin,
+};
+use serde_json::Value;
+
+/// Pods added while the agents run.
+const PODS: u64 = 30;
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let ex = examples_dir();
+    cluster.apply(&ex.join("gateway.yaml"))?;
+    cluster.apply(&ex.join("policy.yaml"))?;
+    wait_until("w1 applies the policy", Duration::from_secs(30), || {
+        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
+    })?;
+    let agents = cluster.topo.nodes.len();
+    let lists = |c: &Cluster| -> Result<Vec<u64>> {
+        (0..agents)
+            .map(|i| {
+                c.agent_state(i)?["datastore_lists"]
+                    .as_u64()
+                    .context("datastore_lists in /state")
+            })
+            .collect()
+    };
+    let lists_before = lists(&cluster)?;
+    assert!(
+        lists_before.iter().all(|&n| n >= 1),
+        "every agent lists once at start: {lists_before:?}"
+    );
+    let ranges_before = etcd_ranges(&cluster)?;
+
+    for i in 0..PODS {
+        cluster.egress(&[
+            "pod",
+            "add",
+            &format!("extra{i}"),
+            "-n",
+            "default",
+            "-l",
+            "app=web",
+            "--node",
+            "w1",
+            "--ip",
+            &pod_ip(i),
+        ])?;
+    }
+    // Events come in order: once the last pod is in w1's maps, all are.
+    let last = format!("{}/32", pod_ip(PODS - 1));
+    wait_until(
+        "w1 translates the last pod added",
+        Duration::from_secs(30),
+        || Ok(policy_sources(&cluster, &egress, 0)?.contains(&last)),
+    )?;
+    let sources = policy_sources(&cluster, &egress, 0)?;
+    for i in 0..PODS {
+        let want = format!("{}/32", pod_ip(i));
+        assert!(
+            sources.contains(&want),
+            "{want} missing in w1's policy sources"
+        );
+    }
+    // w2 selects none of them (they run on w1).
+    assert!(!policy_sources(&cluster, &egress, 1)?.contains(&last));
+
+    let ranges = etcd_ranges(&cluster)? - ranges_before;
+    assert_eq!(
+        lists(&cluster)?,
+        lists_before,
+        "an agent listed the datastore again for a change its watch brought"
+    );
+    // What is left is the CLI's own reads (one per pod) and the
+    // controller's; agents listing the seven kinds on every change would
+    // add about agents x PODS x 7.
+    assert!(
+        ranges < PODS * agents as u64,
+        "etcd served {ranges} Range requests for {PODS} pods added with {agents} agents running"
+    );
+    eprintln!("etcd Range requests while {PODS} pods were added: {ranges}");
+    Ok(())
+}
+
+fn pod_ip(i: u64) -> String {
+    format!("10.244.1.{}", 100 + i)
+}
+
+/// Range requests etcd has answered (every code), from its /metrics.
+fn etcd_ranges(cluster: &Cluster) -> Result<u64> {
+    let addr = cluster.etcd.endpoint().replace("http://", "");
+    let body = cluster.fabric_http(&addr, "/metrics")?;
+    let n: f64 = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{")
+                && l.contains("grpc_method=\"Range\"")
+                && l.contains("grpc_service=\"etcdserverpb.KV\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    Ok(n as u64)
+}
+
+/// The source prefixes in node `i`'s POLICY_SRC map (`egress inspect --json`).
+fn policy_sources(cluster: &Cluster, egress: &std::path::Path, i: usize) -> Result<Vec<String>> {
+    let out = std::process::Command::new(egress)
+        .args(["inspect", "--json", "--pin-dir"])
+        .arg(cluster.pin_dir(i))
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "egress inspect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v["datapath"]["policy_sources"]
+        .as_array()
+        .context("policy_sources in egress inspect --json")?
+        .iter()
+        .filter_map(|s| s["source"].as_str().map(str::to_owned))
+        .collect())
+}
