@@ -25,7 +25,7 @@ use egress_common::maps::{PROG_TUNNEL_INGRESS, PROG_UPLINK_INGRESS, PROG_WORKER_
 use egress_control::{
     agent_state::{self, AgentConfig},
     api::NodeRecord,
-    controller::{ClusterView, ViewCache},
+    controller::{Changed, ClusterView, ViewCache},
     datastore::Datastore,
 };
 use egress_failover::{
@@ -90,6 +90,9 @@ struct Published {
     datastore_lists: u64,
     /// Batches of watch events applied to the view.
     watch_batches: u64,
+    /// Of those, the ones that did not concern this node (other nodes'
+    /// pods only): no reconcile.
+    batches_skipped: u64,
     last_error: Option<String>,
     fenced: bool,
     announced: Vec<IpAddr>,
@@ -444,16 +447,24 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             },
             batch = next_batch(&mut cache) => {
                 match batch {
-                    Ok(()) => published.lock().unwrap().watch_batches += 1,
+                    Ok(changed) => {
+                        let mut p = published.lock().unwrap();
+                        p.watch_batches += 1;
+                        if concerns(&changed, &s.node) {
+                            dirty = true;
+                        } else {
+                            p.batches_skipped += 1;
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "datastore watch failed; listing again");
                         if let Some(c) = cache.take() {
                             last_view = c.view;
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;
+                        dirty = true;
                     }
                 }
-                dirty = true;
             }
             _ = relist.tick() => relist_due = true,
             // No cache (the datastore could not be listed): try again soon.
@@ -562,15 +573,22 @@ async fn ds_call<T>(
 }
 
 /// Applies the next batch of watch events to the cache (pending without one).
-async fn next_batch(cache: &mut Option<ViewCache>) -> Result<()> {
+async fn next_batch(cache: &mut Option<ViewCache>) -> Result<Changed> {
     match cache {
         Some(c) => match c.next_batch().await {
-            Some(Ok(_)) => Ok(()),
+            Some(Ok(changed)) => Ok(changed),
             Some(Err(e)) => Err(e.into()),
             None => anyhow::bail!("watch ended"),
         },
         None => std::future::pending().await,
     }
+}
+
+/// Whether a batch of changes can change what `node`'s maps should hold.
+/// Only the node's own pods are in its maps (`agent_state::desired`); port
+/// grants are few and concern gateways too, so any of them counts.
+fn concerns(changed: &Changed, node: &str) -> bool {
+    changed.global || !changed.grant_nodes.is_empty() || changed.pod_nodes.iter().any(|n| n == node)
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -663,4 +681,30 @@ fn admin_handler(
             }
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_changes_of_its_own_pods_grants_or_anything_else_concern_a_node() {
+        let pods_of = |nodes: &[&str]| Changed {
+            pod_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        assert!(!concerns(&pods_of(&["w2", "w3"]), "w1"));
+        assert!(concerns(&pods_of(&["w2", "w1"]), "w1"));
+        assert!(!concerns(&Changed::default(), "w1"));
+        let grants = Changed {
+            grant_nodes: vec!["w2".into()],
+            ..Default::default()
+        };
+        assert!(concerns(&grants, "g1"));
+        let global = Changed {
+            global: true,
+            ..pods_of(&["w2"])
+        };
+        assert!(concerns(&global, "w1"));
+    }
 }
