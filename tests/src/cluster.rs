@@ -419,6 +419,19 @@ impl Cluster {
         })
     }
 
+    /// Applies the example gateway and policy (`examples/gateway.yaml`,
+    /// `examples/policy.yaml`: pods labelled `app=web`) and waits until w1's
+    /// agent applies the policy.
+    pub fn apply_example_policy(&self) -> Result<()> {
+        let ex = examples_dir();
+        self.apply(&ex.join("gateway.yaml"))?;
+        self.apply(&ex.join("policy.yaml"))?;
+        wait_until("w1 applies the policy", Duration::from_secs(30), || {
+            Ok(self.agent_state(0)?["policies"].as_u64() == Some(1))
+        })?;
+        Ok(())
+    }
+
     /// The `/state` document of node `i`'s agent.
     pub fn agent_state(&self, i: usize) -> Result<serde_json::Value> {
         self.topo.nodes[i].ns.enter(|| {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use egress_tests::{
-    cluster::{examples_dir, wait_until, Cluster, ClusterSpec},
+    cluster::{wait_until, Cluster, ClusterSpec},
     egress_bin,
 };
 use serde_json::Value;
@@ -23,12 +23,7 @@ const PODS: u64 = 30;
 fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()> {
     let egress = egress_bin()?;
     let cluster = Cluster::start(&egress, ClusterSpec::default())?;
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    cluster.apply_example_policy()?;
     let agents = cluster.topo.nodes.len();
     let lists = |c: &Cluster| -> Result<Vec<u64>> {
         (0..agents)

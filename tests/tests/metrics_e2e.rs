@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{examples_dir, traffic_report, wait_until, Cluster, ClusterSpec},
+    cluster::{traffic_report, wait_until, Cluster, ClusterSpec},
     egress_bin,
     topology::SERVER_IP,
     traffic_bin,
@@ -29,12 +29,7 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
     let egress = egress_bin()?;
     let cluster = Cluster::start(&egress, ClusterSpec::default())?;
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    cluster.apply_example_policy()?;
     let policy = [
         ("policy", "EgressPolicy/default/web"),
         ("direction", "egress"),
