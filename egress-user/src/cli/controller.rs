@@ -39,12 +39,36 @@ pub async fn connect(
     args: &DatastoreArgs,
     lease_namespace: &str,
 ) -> anyhow::Result<Arc<dyn Datastore>> {
+    connect_scoped(args, lease_namespace, None).await
+}
+
+/// As [`connect`], for the agent of `node`: on Kubernetes it lists and
+/// watches only that node's pods (the only ones its maps hold), so the API
+/// server does not send every agent every pod of the cluster. etcd keeps
+/// pods by name, so there the agent still reads them all.
+pub async fn connect_for_node(
+    args: &DatastoreArgs,
+    lease_namespace: &str,
+    node: &str,
+) -> anyhow::Result<Arc<dyn Datastore>> {
+    connect_scoped(args, lease_namespace, Some(node)).await
+}
+
+async fn connect_scoped(
+    args: &DatastoreArgs,
+    lease_namespace: &str,
+    pods_of_node: Option<&str>,
+) -> anyhow::Result<Arc<dyn Datastore>> {
     match args.datastore {
-        Backend::Kubernetes => Ok(Arc::new(
-            KubeDatastore::try_default(lease_namespace)
+        Backend::Kubernetes => {
+            let ds = KubeDatastore::try_default(lease_namespace)
                 .await
-                .context("connecting to the Kubernetes API server")?,
-        )),
+                .context("connecting to the Kubernetes API server")?;
+            Ok(Arc::new(match pods_of_node {
+                Some(node) => ds.pods_of_node(node),
+                None => ds,
+            }))
+        }
         Backend::Etcd => args.connect().await,
     }
 }

@@ -33,6 +33,10 @@ pub struct KubeDatastore {
     namespace: String,
     /// Retries of a status write that the API server answered with 409.
     pub status_retries: u32,
+    /// Pods of this node only (an agent's view): lists and watches of pods
+    /// carry `fieldSelector=spec.nodeName=NODE`, so the API server sends
+    /// each agent its own node's pods rather than the cluster's.
+    pod_node: Option<String>,
 }
 
 fn api_resource(kind: Kind) -> ApiResource {
@@ -127,6 +131,21 @@ impl KubeDatastore {
             client,
             namespace: namespace.into(),
             status_retries: 5,
+            pod_node: None,
+        }
+    }
+
+    /// Lists and watches only `node`'s pods from now on (see `pod_node`).
+    pub fn pods_of_node(mut self, node: impl Into<String>) -> Self {
+        self.pod_node = Some(node.into());
+        self
+    }
+
+    /// The field selector of lists and watches of `kind`, if any.
+    fn field_selector(&self, kind: Kind) -> Option<String> {
+        match (&self.pod_node, kind) {
+            (Some(node), Kind::Pod) => Some(format!("spec.nodeName={node}")),
+            _ => None,
         }
     }
 
@@ -242,7 +261,11 @@ fn lease_object(name: &str, spec: Value, labels: Value) -> DynamicObject {
 #[async_trait]
 impl Datastore for KubeDatastore {
     async fn list(&self, kind: Kind) -> Result<(Vec<Stored>, u64)> {
-        let list = self.api(kind, None).list(&ListParams::default()).await?;
+        let mut params = ListParams::default();
+        if let Some(f) = self.field_selector(kind) {
+            params = params.fields(&f);
+        }
+        let list = self.api(kind, None).list(&params).await?;
         let rev = list
             .metadata
             .resource_version
@@ -260,6 +283,10 @@ impl Datastore for KubeDatastore {
     async fn watch(&self, kind: Kind, revision: u64) -> Result<WatchStream> {
         let api = self.api(kind, None);
         let me = KubeDatastore::new(self.client.clone(), self.namespace.clone());
+        let mut params = WatchParams::default().timeout(290);
+        if let Some(f) = self.field_selector(kind) {
+            params = params.fields(&f);
+        }
         // One long poll after another, each from the last revision seen.
         let s = futures::stream::unfold(
             (
@@ -273,45 +300,45 @@ impl Datastore for KubeDatastore {
                 >,
                 me,
             ),
-            move |(api, mut rev, mut cur, me)| async move {
-                loop {
-                    if cur.is_none() {
-                        match api
-                            .watch(&WatchParams::default().timeout(290), &rev.to_string())
-                            .await
-                        {
-                            Ok(s) => cur = Some(s.boxed()),
-                            Err(e) => return Some((Err(e.into()), (api, rev, None, me))),
-                        }
-                    }
-                    match cur.as_mut().unwrap().try_next().await {
-                        Ok(None) => cur = None,
-                        Err(e) => return Some((Err(e.into()), (api, rev, None, me))),
-                        Ok(Some(ev)) => {
-                            let out = match ev {
-                                KubeWatchEvent::Added(o) | KubeWatchEvent::Modified(o) => {
-                                    me.stored(kind, o).map(WatchEvent::Put)
-                                }
-                                KubeWatchEvent::Deleted(o) => {
-                                    me.stored(kind, o).map(|s| WatchEvent::Deleted {
-                                        kind,
-                                        key: s.key,
-                                        revision: s.revision,
-                                    })
-                                }
-                                KubeWatchEvent::Bookmark(b) => {
-                                    rev = b.metadata.resource_version.parse().unwrap_or(rev);
-                                    continue;
-                                }
-                                KubeWatchEvent::Error(s) if s.code == 410 => {
-                                    Err(DatastoreError::Compacted(rev))
-                                }
-                                KubeWatchEvent::Error(s) => Err(::kube::Error::Api(s).into()),
-                            };
-                            if let Ok(e) = &out {
-                                rev = e.revision();
+            move |(api, mut rev, mut cur, me)| {
+                let params = params.clone();
+                async move {
+                    loop {
+                        if cur.is_none() {
+                            match api.watch(&params, &rev.to_string()).await {
+                                Ok(s) => cur = Some(s.boxed()),
+                                Err(e) => return Some((Err(e.into()), (api, rev, None, me))),
                             }
-                            return Some((out, (api, rev, cur, me)));
+                        }
+                        match cur.as_mut().unwrap().try_next().await {
+                            Ok(None) => cur = None,
+                            Err(e) => return Some((Err(e.into()), (api, rev, None, me))),
+                            Ok(Some(ev)) => {
+                                let out = match ev {
+                                    KubeWatchEvent::Added(o) | KubeWatchEvent::Modified(o) => {
+                                        me.stored(kind, o).map(WatchEvent::Put)
+                                    }
+                                    KubeWatchEvent::Deleted(o) => {
+                                        me.stored(kind, o).map(|s| WatchEvent::Deleted {
+                                            kind,
+                                            key: s.key,
+                                            revision: s.revision,
+                                        })
+                                    }
+                                    KubeWatchEvent::Bookmark(b) => {
+                                        rev = b.metadata.resource_version.parse().unwrap_or(rev);
+                                        continue;
+                                    }
+                                    KubeWatchEvent::Error(s) if s.code == 410 => {
+                                        Err(DatastoreError::Compacted(rev))
+                                    }
+                                    KubeWatchEvent::Error(s) => Err(::kube::Error::Api(s).into()),
+                                };
+                                if let Ok(e) = &out {
+                                    rev = e.revision();
+                                }
+                                return Some((out, (api, rev, cur, me)));
+                            }
                         }
                     }
                 }

@@ -420,3 +420,49 @@ async fn port_block_grants_go_to_the_tunnel_status_under_their_own_manager() {
     assert_eq!(written.len(), 1, "the one tunnel whose grants changed");
     assert_eq!(written[0].value["status"]["phase"], "Ready");
 }
+
+#[tokio::test]
+async fn an_agents_datastore_lists_and_watches_only_its_nodes_pods() {
+    let (ds, mut h) = mock();
+    let ds = ds.pods_of_node("w1");
+    let list = tokio::spawn(async move {
+        let (items, rev) = ds.list(Kind::Pod).await.unwrap();
+        let _ = ds.list(Kind::EgressGateway).await.unwrap();
+        (ds, items.len(), rev)
+    });
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": "p", "namespace": "d", "resourceVersion": "4"},
+                     "spec": {"nodeName": "w1"}, "status": {"podIPs": [{"ip": "10.0.0.1"}]}});
+    let seen = answer(
+        &mut h,
+        200,
+        json!({"apiVersion": "v1", "kind": "PodList",
+               "metadata": {"resourceVersion": "5"}, "items": [pod]}),
+    )
+    .await;
+    assert_eq!(
+        seen.path_and_query,
+        "/api/v1/pods?&fieldSelector=spec.nodeName%3Dw1"
+    );
+    // Other kinds are not filtered.
+    let seen = answer(
+        &mut h,
+        200,
+        json!({"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressGatewayList",
+               "metadata": {"resourceVersion": "5"}, "items": []}),
+    )
+    .await;
+    assert!(!seen.path_and_query.contains("fieldSelector"), "{}", seen.path_and_query);
+    let (ds, n, rev) = list.await.unwrap();
+    assert_eq!((n, rev), (1, 5));
+
+    let mut w = ds.watch(Kind::Pod, rev).await.unwrap();
+    let reader = tokio::spawn(async move { w.next().await });
+    let (req, _send) = h.next_request().await.unwrap();
+    let q = req.uri().query().unwrap().to_string();
+    assert!(
+        q.contains("watch=true") && q.contains("fieldSelector=spec.nodeName%3Dw1"),
+        "{q}"
+    );
+    reader.abort();
+}
