@@ -79,9 +79,23 @@ fn key_of_meta(m: &kube::core::ObjectMeta) -> ObjectKey {
     }
 }
 
+/// Whether a put looks for the object's last version first: not for the
+/// items of a fresh list (their keys are unique, and a search per item made
+/// the first list quadratic in the number of objects).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Put {
+    Replace,
+    Append,
+}
+
 /// Puts the decoded object in place of its last version. One that does not
 /// decode is logged and left out; its last good version, if any, stays.
-fn upsert<T: DeserializeOwned>(v: &mut Vec<T>, s: &Stored, key: impl Fn(&T) -> ObjectKey) {
+fn upsert<T: DeserializeOwned>(
+    v: &mut Vec<T>,
+    s: &Stored,
+    how: Put,
+    key: impl Fn(&T) -> ObjectKey,
+) {
     let obj = match decode::<T>(s) {
         Ok(o) => o,
         Err(e) => {
@@ -89,7 +103,16 @@ fn upsert<T: DeserializeOwned>(v: &mut Vec<T>, s: &Stored, key: impl Fn(&T) -> O
             return;
         }
     };
-    match v.iter_mut().find(|o| key(o) == s.key) {
+    place(v, obj, how, |o| key(o) == s.key);
+}
+
+/// Replaces the element `same` finds, or appends.
+fn place<T>(v: &mut Vec<T>, obj: T, how: Put, same: impl Fn(&T) -> bool) {
+    let found = match how {
+        Put::Replace => v.iter_mut().find(|o| same(o)),
+        Put::Append => None,
+    };
+    match found {
         Some(o) => *o = obj,
         None => v.push(obj),
     }
@@ -103,7 +126,7 @@ impl ViewCache {
         for k in Kind::ALL {
             let (items, rev) = ds.list(k).await?;
             for s in &items {
-                Self::put(&mut view, s);
+                Self::put(&mut view, s, Put::Append);
             }
             watches.push(ds.watch(k, rev).await?);
         }
@@ -127,41 +150,34 @@ impl ViewCache {
 
     /// Puts an object as written by this process (before its watch event).
     pub fn put_stored(&mut self, s: &Stored) {
-        Self::put(&mut self.view, s);
+        Self::put(&mut self.view, s, Put::Replace);
     }
 
-    fn put(view: &mut ClusterView, s: &Stored) {
+    fn put(view: &mut ClusterView, s: &Stored, how: Put) {
+        let meta = |m: &kube::core::ObjectMeta| key_of_meta(m);
         match s.kind {
-            Kind::EgressGateway => upsert(&mut view.gateways, s, |o| key_of_meta(&o.metadata)),
-            Kind::EgressPolicy => upsert(&mut view.policies, s, |o| key_of_meta(&o.metadata)),
+            Kind::EgressGateway => upsert(&mut view.gateways, s, how, |o| meta(&o.metadata)),
+            Kind::EgressPolicy => upsert(&mut view.policies, s, how, |o| meta(&o.metadata)),
             Kind::EgressClusterPolicy => {
-                upsert(&mut view.cluster_policies, s, |o| key_of_meta(&o.metadata))
+                upsert(&mut view.cluster_policies, s, how, |o| meta(&o.metadata))
             }
-            Kind::EgressTunnel => upsert(&mut view.tunnels, s, |o| key_of_meta(&o.metadata)),
+            Kind::EgressTunnel => upsert(&mut view.tunnels, s, how, |o| meta(&o.metadata)),
             Kind::Node => {
                 let r = node_record(&s.value);
-                match view.nodes.iter_mut().find(|n| n.name == r.name) {
-                    Some(n) => *n = r,
-                    None => view.nodes.push(r),
-                }
+                let name = r.name.clone();
+                place(&mut view.nodes, r, how, |n| n.name == name);
             }
             Kind::Pod => {
                 let r = pod_record(&s.value);
-                match view
-                    .pods
-                    .iter_mut()
-                    .find(|p| p.name == r.name && p.namespace == r.namespace)
-                {
-                    Some(p) => *p = r,
-                    None => view.pods.push(r),
-                }
+                let (name, ns) = (r.name.clone(), r.namespace.clone());
+                place(&mut view.pods, r, how, |p| {
+                    p.name == name && p.namespace == ns
+                });
             }
             Kind::Namespace => {
                 let r = namespace_record(&s.value);
-                match view.namespaces.iter_mut().find(|n| n.name == r.name) {
-                    Some(n) => *n = r,
-                    None => view.namespaces.push(r),
-                }
+                let name = r.name.clone();
+                place(&mut view.namespaces, r, how, |n| n.name == name);
             }
         }
     }
@@ -177,7 +193,7 @@ impl ViewCache {
                         .iter()
                         .find(|t| key_of_meta(&t.metadata) == s.key)
                         .cloned();
-                    Self::put(v, s);
+                    Self::put(v, s, Put::Replace);
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
                     match (old, new) {
                         (Some(o), Some(n)) if grants_only_differ(&o, n) => {
@@ -200,7 +216,7 @@ impl ViewCache {
                 } else {
                     changed.global = true;
                 }
-                Self::put(v, s);
+                Self::put(v, s, Put::Replace);
             }
             WatchEvent::Deleted { kind, key, .. } => {
                 let m = |meta: &kube::core::ObjectMeta| key_of_meta(meta) != *key;

@@ -452,7 +452,11 @@ async fn an_agents_datastore_lists_and_watches_only_its_nodes_pods() {
                "metadata": {"resourceVersion": "5"}, "items": []}),
     )
     .await;
-    assert!(!seen.path_and_query.contains("fieldSelector"), "{}", seen.path_and_query);
+    assert!(
+        !seen.path_and_query.contains("fieldSelector"),
+        "{}",
+        seen.path_and_query
+    );
     let (ds, n, rev) = list.await.unwrap();
     assert_eq!((n, rev), (1, 5));
 
