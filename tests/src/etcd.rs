@@ -25,6 +25,8 @@ pub struct EtcdServer {
     dir: PathBuf,
     client: SocketAddr,
     netns: Option<String>,
+    /// The member's name (`--name`).
+    name: String,
 }
 
 /// A port the kernel says is free right now.
@@ -36,16 +38,48 @@ fn free_port(ip: &str) -> Result<u16> {
 impl EtcdServer {
     /// Starts etcd on 127.0.0.1 and waits until it answers `/health`.
     pub fn start() -> Result<Self> {
-        Self::spawn(None, "127.0.0.1")
+        let mut me = Self::spawn(None, "127.0.0.1", None)?;
+        me.wait_healthy(Duration::from_secs(20))?;
+        Ok(me)
     }
 
     /// Starts etcd inside network namespace `netns`, listening on `ip`
     /// (an address of that namespace).
     pub fn start_in(netns: &str, ip: &str) -> Result<Self> {
-        Self::spawn(Some(netns), ip)
+        let mut me = Self::spawn(Some(netns), ip, None)?;
+        me.wait_healthy(Duration::from_secs(20))?;
+        Ok(me)
     }
 
-    fn spawn(netns: Option<&str>, ip: &str) -> Result<Self> {
+    /// A cluster of one member per address of `ips`, all inside `netns`
+    /// (ports 2379 and 2380 on each address); returns once every member is
+    /// healthy (the cluster has a leader).
+    pub fn cluster_in(netns: &str, ips: &[&str]) -> Result<Vec<Self>> {
+        let first = NEXT.load(Ordering::Relaxed);
+        let initial = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| format!("t{}=http://{ip}:2380", first + i as u32))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (i, ip) in ips.iter().enumerate() {
+            let m = Self::spawn(Some(netns), ip, Some(&initial))?;
+            anyhow::ensure!(
+                m.name == format!("t{}", first + i as u32),
+                "etcd members started concurrently by another test"
+            );
+            members.push(m);
+        }
+        for m in &mut members {
+            m.wait_healthy(Duration::from_secs(30))?;
+        }
+        Ok(members)
+    }
+
+    /// `initial_cluster`: every member's `name=peer URL` (a cluster of one
+    /// when `None`).
+    fn spawn(netns: Option<&str>, ip: &str, initial_cluster: Option<&str>) -> Result<Self> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("egress-etcd-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -82,21 +116,23 @@ impl EtcdServer {
                 "--initial-advertise-peer-urls",
                 &purl,
             ])
-            .args(["--initial-cluster", &format!("{name}={purl}")])
+            .args([
+                "--initial-cluster",
+                initial_cluster.unwrap_or(&format!("{name}={purl}")),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("etcd.log"))?);
         let child = cmd
             .spawn()
             .context("starting etcd (is etcd-server installed?)")?;
-        let mut me = Self {
+        Ok(Self {
             child,
             dir,
             client: format!("{ip}:{cport}").parse()?,
             netns: netns.map(String::from),
-        };
-        me.wait_healthy(Duration::from_secs(20))?;
-        Ok(me)
+            name,
+        })
     }
 
     /// Polls `/health` until etcd says it is healthy.

@@ -35,9 +35,13 @@ impl EtcdDatastore {
     /// Connects to `endpoints` (e.g. `http://127.0.0.1:2379`); every key
     /// lives under `prefix` (e.g. `/egress`).
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self> {
+        // `require_leader`: a member cut off from its quorum cancels our
+        // watches instead of keeping them open with no events, so the
+        // agents and the controller see the error and list again elsewhere.
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(10));
+            .with_timeout(Duration::from_secs(10))
+            .with_require_leader(true);
         let client = Client::connect(endpoints, Some(opts)).await?;
         Ok(Self {
             client,
