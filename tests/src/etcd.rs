@@ -51,30 +51,30 @@ impl EtcdServer {
         Ok(me)
     }
 
-    /// A cluster of one member per address of `ips`, all inside `netns`
+    /// A cluster of one member per (namespace, address) of `members`
     /// (ports 2379 and 2380 on each address); returns once every member is
     /// healthy (the cluster has a leader).
-    pub fn cluster_in(netns: &str, ips: &[&str]) -> Result<Vec<Self>> {
+    pub fn cluster_in(members: &[(&str, &str)]) -> Result<Vec<Self>> {
         let first = NEXT.load(Ordering::Relaxed);
-        let initial = ips
+        let initial = members
             .iter()
             .enumerate()
-            .map(|(i, ip)| format!("t{}=http://{ip}:2380", first + i as u32))
+            .map(|(i, (_, ip))| format!("t{}=http://{ip}:2380", first + i as u32))
             .collect::<Vec<_>>()
             .join(",");
-        let mut members = Vec::new();
-        for (i, ip) in ips.iter().enumerate() {
+        let mut started = Vec::new();
+        for (i, (netns, ip)) in members.iter().enumerate() {
             let m = Self::spawn(Some(netns), ip, Some(&initial))?;
             anyhow::ensure!(
                 m.name == format!("t{}", first + i as u32),
                 "etcd members started concurrently by another test"
             );
-            members.push(m);
+            started.push(m);
         }
-        for m in &mut members {
+        for m in &mut started {
             m.wait_healthy(Duration::from_secs(30))?;
         }
-        Ok(members)
+        Ok(started)
     }
 
     /// `initial_cluster`: every member's `name=peer URL` (a cluster of one

@@ -19,7 +19,7 @@ const MEMBERS: [&str; 3] = ["127.0.0.11", "127.0.0.12", "127.0.0.13"];
 fn a_watch_through_a_member_without_quorum_ends_with_an_error() -> Result<()> {
     let ns = Netns::new("etcdq")?;
     ns.ip(&["link", "set", "lo", "up"])?;
-    let members = EtcdServer::cluster_in(ns.name(), &MEMBERS)?;
+    let members = EtcdServer::cluster_in(&MEMBERS.map(|ip| (ns.name(), ip)))?;
     let others: Vec<u32> = members[..2].iter().map(EtcdServer::pid).collect();
     let isolated = MEMBERS[2];
     let outcome = ns
@@ -58,5 +58,85 @@ fn a_watch_through_a_member_without_quorum_ends_with_an_error() -> Result<()> {
         "the watch through a member without quorum: {outcome}"
     );
     eprintln!("watch through the member left alone: {outcome}");
+    Ok(())
+}
+
+/// Three members, each in its own namespace on one bridge; the client
+/// (with all three endpoints, as `--etcd-endpoints` would name them) in
+/// the bridge's namespace. Once the third member is cut off from its peers
+/// and has no leader, every list and every new watch through the client
+/// must still succeed: a request the balancer sends to that member fails at
+/// once ("no leader"), and the backend tries it again.
+#[test]
+#[ignore = "needs root: network namespaces, etcd"]
+fn lists_succeed_while_one_of_three_members_is_cut_off() -> Result<()> {
+    let hub = Netns::new("ehub")?;
+    hub.bridge("br0")?;
+    hub.addr("br0", "10.77.0.1/24")?;
+    let ips = ["10.77.0.11", "10.77.0.12", "10.77.0.13"];
+    let mut nss = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let ns = Netns::new(&format!("em{i}"))?;
+        let port = format!("em{i}");
+        egress_tests::link_veth(&ns, "eth0", &hub, &port)?;
+        hub.ip(&["link", "set", &port, "master", "br0"])?;
+        ns.addr("eth0", &format!("{ip}/24"))?;
+        nss.push(ns);
+    }
+    let members: Vec<(&str, &str)> = nss.iter().map(Netns::name).zip(ips).collect();
+    let _members = EtcdServer::cluster_in(&members)?;
+
+    // The third member loses its peers (their traffic on 2380, both ways).
+    for port in ["--dport", "--sport"] {
+        nss[2].exec(&[
+            "iptables", "-A", "INPUT", "-p", "tcp", port, "2380", "-j", "DROP",
+        ])?;
+    }
+    let endpoints: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:2379")).collect();
+    let third = endpoints[2].clone();
+    let failures = hub.enter(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            // Wait until the third says it has no leader.
+            let alone = EtcdDatastore::connect(&[third], "/egress").await?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                match alone.list(Kind::EgressGateway).await {
+                    Err(e) if e.to_string().contains("no leader") => break,
+                    _ if tokio::time::Instant::now() > deadline => {
+                        anyhow::bail!("the cut-off member still has a leader after 30 s")
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            let ds = EtcdDatastore::connect(&endpoints, "/egress").await?;
+            let mut failures = Vec::new();
+            let mut rev = 0;
+            for _ in 0..40 {
+                match ds.list(Kind::EgressGateway).await {
+                    Ok((_, r)) => rev = r,
+                    Err(e) => failures.push(format!("list: {e}")),
+                }
+            }
+            // Watches are opened the same way (the cut-off member refuses
+            // them at once).
+            let mut watches = Vec::new();
+            for _ in 0..20 {
+                match ds.watch(Kind::EgressGateway, rev).await {
+                    Ok(w) => watches.push(w),
+                    Err(e) => failures.push(format!("watch: {e}")),
+                }
+            }
+            Ok(failures)
+        })
+    })?;
+    assert!(
+        failures.is_empty(),
+        "{} of 40 lists and 20 watches failed: {:?}",
+        failures.len(),
+        failures.first()
+    );
     Ok(())
 }

@@ -31,6 +31,33 @@ pub struct EtcdDatastore {
     fence: std::sync::Mutex<Option<(String, i64, String)>>,
 }
 
+/// Attempts of a read, in all, while the member the client's balancer picks
+/// answers Unavailable.
+const READ_ATTEMPTS: u32 = 10;
+
+/// Runs a read again while it fails with gRPC code 14, Unavailable: with
+/// `require_leader`, a member cut off from its quorum answers "etcdserver:
+/// no leader" at once, and the balancer may pick another member next.
+/// Writes are not tried again here: one that failed on the way back may
+/// have been applied.
+async fn read<T, F, Fut>(op: F) -> std::result::Result<T, etcd_client::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(etcd_client::Error::GRpcStatus(s))
+                if attempt < READ_ATTEMPTS && i32::from(s.code()) == 14 =>
+            {
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 impl EtcdDatastore {
     /// Connects to `endpoints` (e.g. `http://127.0.0.1:2379`); every key
     /// lives under `prefix` (e.g. `/egress`).
@@ -78,6 +105,17 @@ impl EtcdDatastore {
 
     fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// A range read of `key` (a prefix with `prefix`), tried again while
+    /// members answer Unavailable (see [`read`]).
+    async fn range(&self, key: String, prefix: bool) -> Result<etcd_client::GetResponse> {
+        let opts = prefix.then(|| GetOptions::new().with_prefix());
+        Ok(read(|| {
+            let (mut c, key, opts) = (self.client(), key.clone(), opts.clone());
+            async move { c.get(key, opts).await }
+        })
+        .await?)
     }
 
     /// Read, change, compare-and-swap on the mod revision; again on a race.
@@ -148,13 +186,7 @@ impl EtcdDatastore {
 #[async_trait]
 impl Datastore for EtcdDatastore {
     async fn list(&self, kind: Kind) -> Result<(Vec<Stored>, u64)> {
-        let resp = self
-            .client()
-            .get(
-                self.kind_prefix(kind),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await?;
+        let resp = self.range(self.kind_prefix(kind), true).await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
         let items = resp
             .kvs()
@@ -168,10 +200,11 @@ impl Datastore for EtcdDatastore {
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision as i64 + 1);
-        let stream = self
-            .client()
-            .watch(self.kind_prefix(kind), Some(opts))
-            .await?;
+        let stream = read(|| {
+            let (mut c, key, opts) = (self.client(), self.kind_prefix(kind), opts.clone());
+            async move { c.watch(key, Some(opts)).await }
+        })
+        .await?;
         let prefix = self.kind_prefix(kind);
         let me = KeyMapper {
             prefix,
@@ -216,7 +249,7 @@ impl Datastore for EtcdDatastore {
     }
 
     async fn get(&self, kind: Kind, key: &ObjectKey) -> Result<Option<Stored>> {
-        let resp = self.client().get(self.object_key(kind, key), None).await?;
+        let resp = self.range(self.object_key(kind, key), false).await?;
         resp.kvs()
             .first()
             .map(|kv| self.stored(kind, kv))
@@ -352,10 +385,7 @@ impl Datastore for EtcdDatastore {
 
     async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
         let p = format!("{}/heartbeats/", self.prefix);
-        let resp = self
-            .client()
-            .get(p.clone(), Some(GetOptions::new().with_prefix()))
-            .await?;
+        let resp = self.range(p.clone(), true).await?;
         Ok(resp
             .kvs()
             .iter()
