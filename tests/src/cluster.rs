@@ -432,6 +432,26 @@ impl Cluster {
         Ok(())
     }
 
+    /// The source prefixes in node `i`'s POLICY_SRC map (`egress inspect --json`).
+    pub fn policy_sources(&self, i: usize) -> Result<Vec<String>> {
+        let out = std::process::Command::new(&self.egress)
+            .args(["inspect", "--json", "--pin-dir"])
+            .arg(self.pin_dir(i))
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "egress inspect: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        Ok(v["datapath"]["policy_sources"]
+            .as_array()
+            .context("policy_sources in egress inspect --json")?
+            .iter()
+            .filter_map(|s| s["source"].as_str().map(str::to_owned))
+            .collect())
+    }
+
     /// The `/state` document of node `i`'s agent.
     pub fn agent_state(&self, i: usize) -> Result<serde_json::Value> {
         self.topo.nodes[i].ns.enter(|| {

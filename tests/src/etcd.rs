@@ -27,6 +27,24 @@ pub struct EtcdServer {
     netns: Option<String>,
     /// The member's name (`--name`).
     name: String,
+    /// The command line it runs with (again on [`EtcdServer::restart`]).
+    argv: Vec<String>,
+}
+
+/// Starts `argv` with its log in `dir/etcd.log` (appended: a restart keeps
+/// the first run's lines).
+fn run(argv: &[String], dir: &Path) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("etcd.log"))?;
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting etcd (is etcd-server installed?)")
 }
 
 /// A port the kernel says is free right now.
@@ -94,45 +112,51 @@ impl EtcdServer {
         let curl = format!("http://{ip}:{cport}");
         let purl = format!("http://{ip}:{pport}");
         let name = format!("t{n}");
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "etcd"]);
-                c
-            }
-            None => Command::new("etcd"),
+        let mut argv: Vec<String> = match netns {
+            Some(ns) => ["ip", "netns", "exec", ns, "etcd"].map(String::from).into(),
+            None => vec!["etcd".into()],
         };
-        cmd.args(["--name", &name, "--data-dir"])
-            .arg(dir.join("data"))
-            .args([
+        let data = dir.join("data").to_string_lossy().into_owned();
+        let own = format!("{name}={purl}");
+        argv.extend(
+            [
+                "--name",
+                &name,
+                "--data-dir",
+                &data,
                 "--listen-client-urls",
                 &curl,
                 "--advertise-client-urls",
                 &curl,
-            ])
-            .args([
                 "--listen-peer-urls",
                 &purl,
                 "--initial-advertise-peer-urls",
                 &purl,
-            ])
-            .args([
                 "--initial-cluster",
-                initial_cluster.unwrap_or(&format!("{name}={purl}")),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("etcd.log"))?);
-        let child = cmd
-            .spawn()
-            .context("starting etcd (is etcd-server installed?)")?;
+                initial_cluster.unwrap_or(&own),
+            ]
+            .map(String::from),
+        );
+        let child = run(&argv, &dir)?;
         Ok(Self {
             child,
             dir,
             client: format!("{ip}:{cport}").parse()?,
             netns: netns.map(String::from),
             name,
+            argv,
         })
+    }
+
+    /// Kills etcd (SIGKILL), leaves it down for `down`, and starts it again
+    /// on the same data and addresses; returns once it is healthy. Clients
+    /// see their connections break and requests refused meanwhile.
+    pub fn restart_after(&mut self, down: Duration) -> Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = run(&self.argv, &self.dir)?;
+        self.wait_healthy(Duration::from_secs(20))
     }
 
     /// Polls `/health` until etcd says it is healthy.

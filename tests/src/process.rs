@@ -95,6 +95,11 @@ impl Proc {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
     }
 
+    /// The exit status, if the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

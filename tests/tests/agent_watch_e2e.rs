@@ -13,7 +13,6 @@ use egress_tests::{
     cluster::{wait_until, Cluster, ClusterSpec},
     egress_bin,
 };
-use serde_json::Value;
 
 /// Pods added while the agents run.
 const PODS: u64 = 30;
@@ -62,9 +61,9 @@ fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()>
     wait_until(
         "w1 translates the last pod added",
         Duration::from_secs(30),
-        || Ok(policy_sources(&cluster, &egress, 0)?.contains(&last)),
+        || Ok(cluster.policy_sources(0)?.contains(&last)),
     )?;
-    let sources = policy_sources(&cluster, &egress, 0)?;
+    let sources = cluster.policy_sources(0)?;
     for i in 0..PODS {
         let want = format!("{}/32", pod_ip(i));
         assert!(
@@ -76,7 +75,7 @@ fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()>
     // bring only them: fewer reconciles than batches (each batch that
     // concerns a node is one reconcile; the controller's status writes of
     // the set-up may still be arriving, and concern every node).
-    assert!(!policy_sources(&cluster, &egress, 1)?.contains(&last));
+    assert!(!cluster.policy_sources(1)?.contains(&last));
     let w2 = cluster.agent_state(1)?;
     let grew = |k: &str| w2[k].as_u64().unwrap_or(0) - w2_before[k].as_u64().unwrap_or(0);
     assert!(grew("batches_skipped") >= 1, "w2 skipped no batch: {w2}");
@@ -122,24 +121,4 @@ fn etcd_ranges(cluster: &Cluster) -> Result<u64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     Ok(n as u64)
-}
-
-/// The source prefixes in node `i`'s POLICY_SRC map (`egress inspect --json`).
-fn policy_sources(cluster: &Cluster, egress: &std::path::Path, i: usize) -> Result<Vec<String>> {
-    let out = std::process::Command::new(egress)
-        .args(["inspect", "--json", "--pin-dir"])
-        .arg(cluster.pin_dir(i))
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "egress inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout)?;
-    Ok(v["datapath"]["policy_sources"]
-        .as_array()
-        .context("policy_sources in egress inspect --json")?
-        .iter()
-        .filter_map(|s| s["source"].as_str().map(str::to_owned))
-        .collect())
 }

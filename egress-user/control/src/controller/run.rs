@@ -411,6 +411,24 @@ async fn probe_changed(
     }
 }
 
+/// How soon a campaign that failed (the datastore unreachable) is tried again.
+const CAMPAIGN_RETRY: Duration = Duration::from_secs(1);
+
+/// A leader that cannot read the datastore steps down (resigning if it
+/// can; its term fences any write it might still send) and campaigns again,
+/// so a datastore restart costs a new term, never the process.
+async fn step_down(
+    ds: &dyn Datastore,
+    lead: &crate::datastore::Leadership,
+    stats: &LoopStats,
+    why: &str,
+) {
+    tracing::warn!("stepping down: {why}; campaigning again");
+    stats.lost_leadership();
+    let _ = ds.fence(None).await;
+    let _ = ds.resign(lead).await;
+}
+
 /// [`run_controller`], counting into `stats`.
 pub async fn run_controller_with_stats(
     ds: Arc<dyn Datastore>,
@@ -421,14 +439,25 @@ pub async fn run_controller_with_stats(
     use std::sync::atomic::Ordering::Relaxed;
     cfg.timers.validate()?;
     tokio::pin!(shutdown);
-    loop {
+    'campaign: loop {
         // Campaign.
         let lead = loop {
-            if let Some(l) = ds
+            match ds
                 .try_acquire(&cfg.election, &cfg.identity, cfg.lease_ttl)
-                .await?
+                .await
             {
-                break l;
+                Ok(Some(l)) => break l,
+                Ok(None) => {}
+                // The datastore is down or restarting: campaign again soon,
+                // the process stays up.
+                Err(e) => {
+                    tracing::warn!("campaigning failed: {e}; trying again");
+                    tokio::select! {
+                        _ = &mut shutdown => return Ok(()),
+                        _ = tokio::time::sleep(CAMPAIGN_RETRY.min(cfg.lease_ttl / 3)) => {}
+                    }
+                    continue;
+                }
             }
             tokio::select! {
                 _ = &mut shutdown => return Ok(()),
@@ -439,10 +468,19 @@ pub async fn run_controller_with_stats(
         stats.leader.store(true, Relaxed);
         stats.term.store(lead.term, Relaxed);
         // From here every status write is fenced by this term.
-        ds.fence(Some(&lead)).await?;
+        if let Err(e) = ds.fence(Some(&lead)).await {
+            step_down(ds.as_ref(), &lead, &stats, &e.to_string()).await;
+            continue;
+        }
         println!("controller {} leading, term {}", cfg.identity, lead.term);
         let mut monitor = HeartbeatMonitor::new(Instant::now());
-        let mut cache = ViewCache::start(ds.as_ref()).await?;
+        let mut cache = match ViewCache::start(ds.as_ref()).await {
+            Ok(c) => c,
+            Err(e) => {
+                step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
+                continue;
+            }
+        };
         let mut ticker =
             tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
         let mut probe_down = cfg.probe_down.clone();
@@ -453,7 +491,7 @@ pub async fn run_controller_with_stats(
             if let Err(e) = ds.renew_leadership(&lead).await {
                 tracing::warn!("lost leadership: {e}");
                 stats.lost_leadership();
-                ds.fence(None).await?;
+                let _ = ds.fence(None).await;
                 break;
             }
             stats.passes.fetch_add(1, Relaxed);
@@ -472,7 +510,7 @@ pub async fn run_controller_with_stats(
                 Err(crate::datastore::DatastoreError::LostLeadership { .. }) => {
                     tracing::warn!("a write was fenced off: another replica leads");
                     stats.lost_leadership();
-                    ds.fence(None).await?;
+                    let _ = ds.fence(None).await;
                     break;
                 }
                 Err(e) => {
@@ -501,7 +539,13 @@ pub async fn run_controller_with_stats(
                             while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
                                 if let Err(e) = b {
                                     tracing::warn!("watch: {e}; listing again");
-                                    cache = ViewCache::start(ds.as_ref()).await?;
+                                    match ViewCache::start(ds.as_ref()).await {
+                                        Ok(c) => cache = c,
+                                        Err(e) => {
+                                            step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
+                                            continue 'campaign;
+                                        }
+                                    }
                                     break;
                                 }
                             }
@@ -510,7 +554,13 @@ pub async fn run_controller_with_stats(
                     // A watch failed or fell behind: list again.
                     Some(Err(e)) => {
                         tracing::warn!("watch: {e}; listing again");
-                        cache = ViewCache::start(ds.as_ref()).await?;
+                        match ViewCache::start(ds.as_ref()).await {
+                            Ok(c) => cache = c,
+                            Err(e) => {
+                                step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
+                                continue 'campaign;
+                            }
+                        }
                     }
                     None => break,
                 },

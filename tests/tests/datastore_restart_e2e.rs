@@ -1,0 +1,104 @@
+//! A datastore restart costs no process and loses no change (etcd,
+//! controller, agents in namespaces). etcd is killed and, 7 s later,
+//! started again on the same data: every client's connection and watches
+//! break, and meanwhile every request is refused. The controller and every agent must
+//! keep running (the controller used to exit when its list after a broken
+//! watch failed), each agent lists again, and changes made after the
+//! restart reach the maps and the statuses.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use egress_tests::{
+    cluster::{examples_dir, wait_until, Cluster, ClusterSpec},
+    egress_bin,
+};
+use serde_json::Value;
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn a_datastore_restart_costs_no_process_and_loses_no_change() -> Result<()> {
+    let egress = egress_bin()?;
+    let mut cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    cluster.apply_example_policy()?;
+    wait_until("the policy is placed", Duration::from_secs(30), || {
+        placed(&cluster, "web")
+    })?;
+    let agents = cluster.topo.nodes.len();
+    let lists = |c: &Cluster| -> Result<Vec<u64>> {
+        (0..agents)
+            .map(|i| {
+                c.agent_state(i)?["datastore_lists"]
+                    .as_u64()
+                    .context("datastore_lists in /state")
+            })
+            .collect()
+    };
+    let before = lists(&cluster)?;
+
+    // Down for longer than a client's connect timeout (5 s): requests fail
+    // rather than wait for the restart.
+    cluster.etcd.restart_after(Duration::from_secs(7))?;
+
+    // A pod added after the restart reaches w1's maps (its agent's watch
+    // broke with the connection: it listed again and watches anew).
+    cluster.egress(&[
+        "pod",
+        "add",
+        "late",
+        "-n",
+        "default",
+        "-l",
+        "app=web",
+        "--node",
+        "w1",
+        "--ip",
+        "10.244.1.200",
+    ])?;
+    wait_until(
+        "w1 translates the pod added after the restart",
+        Duration::from_secs(30),
+        || {
+            Ok(cluster
+                .policy_sources(0)?
+                .contains(&"10.244.1.200/32".to_string()))
+        },
+    )?;
+    // A policy created after the restart is placed: the controller leads
+    // and reconciles again.
+    let other = std::fs::read_to_string(examples_dir().join("policy.yaml"))?
+        .replace("name: web", "name: other")
+        .replace("app: web", "app: other");
+    let file = std::env::temp_dir().join(egress_tests::unique_name("other-policy.yaml"));
+    std::fs::write(&file, other)?;
+    let applied = cluster.apply(&file);
+    let _ = std::fs::remove_file(&file);
+    applied?;
+    wait_until("the new policy is placed", Duration::from_secs(30), || {
+        placed(&cluster, "other")
+    })?;
+
+    for (i, c) in cluster.controllers.iter_mut().enumerate() {
+        let c = c.as_mut().context("controller running")?;
+        assert_eq!(c.exited(), None, "controller {i} exited");
+    }
+    for (i, a) in cluster.agents.iter_mut().enumerate() {
+        let a = a.as_mut().context("agent running")?;
+        assert_eq!(a.exited(), None, "agent {i} exited");
+    }
+    let after = lists(&cluster)?;
+    assert!(
+        before.iter().zip(&after).all(|(b, a)| a > b),
+        "every agent lists again after its watches broke: {before:?} -> {after:?}"
+    );
+    Ok(())
+}
+
+/// Whether policy `name` (namespace default) has its EIP in its status.
+fn placed(cluster: &Cluster, name: &str) -> Result<bool> {
+    let out = cluster.egress(&["get", "egp", name, "-n", "default", "-o", "json"])?;
+    let v: Value = serde_json::from_str(&out).context("egress get egp -o json")?;
+    Ok(v["status"]["eip"]["ipv4"]
+        .as_str()
+        .is_some_and(|a| !a.is_empty()))
+}
