@@ -13,7 +13,7 @@ use std::{
 use anyhow::{Context, Result};
 use egress_control::{
     controller::{gateway_eligible, ClusterView},
-    datastore::{typed::load_view, Datastore},
+    datastore::{typed::load_kinds, Datastore, Kind},
 };
 use egress_failover::{
     monitor::ProbeHealth,
@@ -21,6 +21,16 @@ use egress_failover::{
     prober::{Prober, ProberConfig},
 };
 use tokio::sync::watch;
+
+/// What the probe targets are computed from: nodes, gateways, tunnels. Not
+/// pods: every replica reads this each second, and the cluster's pods would
+/// cost far more than these few objects.
+const PROBE_KINDS: [Kind; 3] = [Kind::Node, Kind::EgressGateway, Kind::EgressTunnel];
+
+/// The part of the cluster the probe targets are computed from.
+pub async fn probe_view(ds: &dyn Datastore) -> Result<ClusterView> {
+    Ok(load_kinds(ds, &PROBE_KINDS).await?)
+}
 
 /// Pure: the probe targets of a view (gateway-eligible node -> tunnel address).
 pub fn probe_targets(view: &ClusterView, port: u16) -> BTreeMap<SocketAddr, String> {
@@ -104,7 +114,7 @@ pub async fn start(
                     None => break,
                 },
                 _ = tick.tick() => {
-                    if let Ok(view) = load_view(ds.as_ref()).await {
+                    if let Ok(view) = probe_view(ds.as_ref()).await {
                         let want = probe_targets(&view, port);
                         for gone in targets.keys().filter(|p| !want.contains_key(p)) {
                             prober.remove_peer(*gone);
@@ -140,6 +150,55 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use egress_control::{
+        api::{NodeRecord, PodRecord},
+        datastore::{
+            memory::MemoryDatastore,
+            typed::{node_object, pod_object},
+        },
+    };
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn the_probe_targets_come_from_nodes_gateways_and_tunnels_not_pods() {
+        let ds = MemoryDatastore::new();
+        let node = NodeRecord {
+            name: "g1".into(),
+            labels: [("egress-gateway".to_string(), "true".to_string())].into(),
+            addresses: vec!["10.10.0.3".into()],
+            ready: true,
+            ..Default::default()
+        };
+        ds.create(Kind::Node, node_object(&node)).await.unwrap();
+        let gateway: serde_json::Value = serde_yaml::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../docs/examples/gateway.yaml"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        ds.create(Kind::EgressGateway, gateway).await.unwrap();
+        let tunnel = json!({"apiVersion": egress_control::api::API_VERSION, "kind": "EgressTunnel",
+                            "metadata": {"name": "g1"}, "spec": {},
+                            "status": {"tunnel": {"ipv4": "10.10.0.3", "mac": "02:00:00:00:00:03"}}});
+        ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
+        let pod = PodRecord {
+            name: "p".into(),
+            namespace: "d".into(),
+            node: "w1".into(),
+            ips: vec!["10.244.1.11".into()],
+            ..Default::default()
+        };
+        ds.create(Kind::Pod, pod_object(&pod)).await.unwrap();
+
+        let view = probe_view(&ds).await.unwrap();
+        assert!(view.pods.is_empty(), "the prober read the pods");
+        assert_eq!(
+            probe_targets(&view, 13784),
+            BTreeMap::from([("10.10.0.3:13784".parse().unwrap(), "g1".to_string())])
+        );
+    }
 
     #[test]
     fn only_failed_sessions_count_as_down() {

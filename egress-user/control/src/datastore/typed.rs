@@ -109,6 +109,12 @@ pub fn namespace_record(v: &Value) -> NamespaceRecord {
 /// Lists every kind and decodes it. Objects that do not decode are skipped
 /// (and logged): one bad object never stops the others.
 pub async fn load_view(ds: &dyn Datastore) -> Result<ClusterView> {
+    load_kinds(ds, &Kind::ALL).await
+}
+
+/// As [`load_view`], listing only `kinds` (the others stay empty): for
+/// readers that need a few small kinds and must not read every pod.
+pub async fn load_kinds(ds: &dyn Datastore, kinds: &[Kind]) -> Result<ClusterView> {
     fn dec<T: DeserializeOwned>(items: Vec<Stored>) -> Vec<T> {
         items
             .into_iter()
@@ -121,33 +127,22 @@ pub async fn load_view(ds: &dyn Datastore) -> Result<ClusterView> {
             })
             .collect()
     }
-    Ok(ClusterView {
-        gateways: dec(ds.list(Kind::EgressGateway).await?.0),
-        policies: dec(ds.list(Kind::EgressPolicy).await?.0),
-        cluster_policies: dec(ds.list(Kind::EgressClusterPolicy).await?.0),
-        tunnels: dec(ds.list(Kind::EgressTunnel).await?.0),
-        nodes: ds
-            .list(Kind::Node)
-            .await?
-            .0
-            .iter()
-            .map(|s| node_record(&s.value))
-            .collect(),
-        pods: ds
-            .list(Kind::Pod)
-            .await?
-            .0
-            .iter()
-            .map(|s| pod_record(&s.value))
-            .collect(),
-        namespaces: ds
-            .list(Kind::Namespace)
-            .await?
-            .0
-            .iter()
-            .map(|s| namespace_record(&s.value))
-            .collect(),
-    })
+    let mut view = ClusterView::default();
+    for &kind in kinds {
+        let items = ds.list(kind).await?.0;
+        match kind {
+            Kind::EgressGateway => view.gateways = dec(items),
+            Kind::EgressPolicy => view.policies = dec(items),
+            Kind::EgressClusterPolicy => view.cluster_policies = dec(items),
+            Kind::EgressTunnel => view.tunnels = dec(items),
+            Kind::Node => view.nodes = items.iter().map(|s| node_record(&s.value)).collect(),
+            Kind::Pod => view.pods = items.iter().map(|s| pod_record(&s.value)).collect(),
+            Kind::Namespace => {
+                view.namespaces = items.iter().map(|s| namespace_record(&s.value)).collect()
+            }
+        }
+    }
+    Ok(view)
 }
 
 /// Creates the object, or replaces it (optimistic concurrency, retried on
