@@ -302,6 +302,14 @@ impl Cluster {
 
     /// Starts (again) the agent of node `i`.
     pub fn spawn_agent(&self, i: usize) -> Result<Proc> {
+        let mut p = self.spawn_agent_process(i)?;
+        p.wait_for_line("ready node=", Duration::from_secs(30))
+            .with_context(|| format!("agent of {}", self.topo.nodes[i].name))?;
+        Ok(p)
+    }
+
+    /// Starts node `i`'s agent; returns at once.
+    fn spawn_agent_process(&self, i: usize) -> Result<Proc> {
         let node = &self.topo.nodes[i];
         let t = &self.spec.timers;
         let pin = self.pins[i].path().to_string_lossy().into_owned();
@@ -347,10 +355,16 @@ impl Cluster {
         let egress = self.egress.to_string_lossy().into_owned();
         let mut argv: Vec<&str> = vec![&egress];
         argv.extend(args.iter().map(String::as_str));
-        let mut p = node.ns.spawn(&argv)?;
-        p.wait_for_line("ready node=", Duration::from_secs(30))
-            .with_context(|| format!("agent of {}", node.name))?;
-        Ok(p)
+        node.ns.spawn(&argv)
+    }
+
+    /// Kills node `i`'s agent and starts it again without waiting for it to
+    /// be ready (its "ready node=" line, after it registered).
+    pub fn restart_agent_unready(&mut self, i: usize) -> Result<()> {
+        self.kill_agent(i);
+        let p = self.spawn_agent_process(i)?;
+        self.agents[i] = Some(p);
+        Ok(())
     }
 
     /// Runs an `egress` CLI command against the cluster's datastore (from the fabric).

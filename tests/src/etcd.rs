@@ -152,9 +152,20 @@ impl EtcdServer {
     /// on the same data and addresses; returns once it is healthy. Clients
     /// see their connections break and requests refused meanwhile.
     pub fn restart_after(&mut self, down: Duration) -> Result<()> {
+        self.stop();
+        std::thread::sleep(down);
+        self.start_again()
+    }
+
+    /// Kills etcd (SIGKILL); [`EtcdServer::start_again`] brings it back.
+    pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        std::thread::sleep(down);
+    }
+
+    /// Starts a stopped etcd again on the same data and addresses; returns
+    /// once it is healthy.
+    pub fn start_again(&mut self) -> Result<()> {
         self.child = run(&self.argv, &self.dir)?;
         self.wait_healthy(Duration::from_secs(20))
     }

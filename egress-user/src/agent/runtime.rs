@@ -77,6 +77,9 @@ pub struct AgentSettings {
 
 /// The longest the agent trusts its watches before it lists every kind again.
 pub const RELIST_PERIOD: Duration = Duration::from_secs(300);
+/// First and longest wait between attempts to register at start.
+const REGISTER_RETRY_FIRST: Duration = Duration::from_millis(250);
+const REGISTER_RETRY_MAX: Duration = Duration::from_secs(5);
 /// How soon a failed list of the datastore is tried again.
 const LIST_RETRY: Duration = Duration::from_secs(1);
 
@@ -212,7 +215,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         mac: uplink_mac,
         parent: s.uplink.clone(),
     };
-    register(ds.as_ref(), &me).await?;
+    // The datastore may be down (restarting, unreachable): the datapath is
+    // attached already and keeps the node's traffic going; keep trying
+    // rather than exit and wait out a crash-loop back-off once it is back.
+    let mut wait = REGISTER_RETRY_FIRST;
+    while let Err(e) = register(ds.as_ref(), &me).await {
+        tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "registering failed; trying again");
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(REGISTER_RETRY_MAX);
+    }
     tracing::info!(node = %s.node, %tunnel_ip, "registered; datapath attached");
 
     // The controller's datapath probes are answered by the uplink program
