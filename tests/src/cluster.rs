@@ -466,6 +466,18 @@ impl Cluster {
             .collect())
     }
 
+    /// How often each agent (in node order) listed the datastore (`/state`
+    /// `datastore_lists`).
+    pub fn agent_lists(&self) -> Result<Vec<u64>> {
+        (0..self.topo.nodes.len())
+            .map(|i| {
+                self.agent_state(i)?["datastore_lists"]
+                    .as_u64()
+                    .context("datastore_lists in /state")
+            })
+            .collect()
+    }
+
     /// The `/state` document of node `i`'s agent.
     pub fn agent_state(&self, i: usize) -> Result<serde_json::Value> {
         self.topo.nodes[i].ns.enter(|| {

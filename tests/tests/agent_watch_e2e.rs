@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use egress_tests::{
     cluster::{wait_until, Cluster, ClusterSpec},
     egress_bin,
@@ -24,16 +24,7 @@ fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()>
     let cluster = Cluster::start(&egress, ClusterSpec::default())?;
     cluster.apply_example_policy()?;
     let agents = cluster.topo.nodes.len();
-    let lists = |c: &Cluster| -> Result<Vec<u64>> {
-        (0..agents)
-            .map(|i| {
-                c.agent_state(i)?["datastore_lists"]
-                    .as_u64()
-                    .context("datastore_lists in /state")
-            })
-            .collect()
-    };
-    let lists_before = lists(&cluster)?;
+    let lists_before = cluster.agent_lists()?;
     assert!(
         lists_before.iter().all(|&n| n >= 1),
         "every agent lists once at start: {lists_before:?}"
@@ -88,7 +79,7 @@ fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()>
 
     let ranges = etcd_ranges(&cluster)? - ranges_before;
     assert_eq!(
-        lists(&cluster)?,
+        cluster.agent_lists()?,
         lists_before,
         "an agent listed the datastore again for a change its watch brought"
     );

@@ -26,16 +26,7 @@ fn a_datastore_restart_costs_no_process_and_loses_no_change() -> Result<()> {
         placed(&cluster, "web")
     })?;
     let agents = cluster.topo.nodes.len();
-    let lists = |c: &Cluster| -> Result<Vec<u64>> {
-        (0..agents)
-            .map(|i| {
-                c.agent_state(i)?["datastore_lists"]
-                    .as_u64()
-                    .context("datastore_lists in /state")
-            })
-            .collect()
-    };
-    let before = lists(&cluster)?;
+    let before = cluster.agent_lists()?;
 
     // Down for longer than a client's connect timeout (5 s): requests fail
     // rather than wait for the restart. Meanwhile w2's agent starts again:
@@ -97,7 +88,7 @@ fn a_datastore_restart_costs_no_process_and_loses_no_change() -> Result<()> {
         let a = a.as_mut().context("agent running")?;
         assert_eq!(a.exited(), None, "agent {i} exited");
     }
-    let after = lists(&cluster)?;
+    let after = cluster.agent_lists()?;
     assert!(
         (0..agents)
             .filter(|&i| i != 1)
