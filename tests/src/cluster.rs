@@ -203,10 +203,7 @@ impl Cluster {
                 let labels = if p == 0 { "app=web" } else { "app=other" };
                 let ips = format!("{},{}", pod.ip, pod.ip6);
                 let name = pod.name.clone();
-                cluster.egress(&[
-                    "pod", "add", &name, "-n", "default", "-l", labels, "--node", &node, "--ip",
-                    &ips,
-                ])?;
+                cluster.add_pod(&name, labels, &node, &ips)?;
             }
         }
         Ok(cluster)
@@ -375,6 +372,14 @@ impl Cluster {
         argv.extend_from_slice(args);
         argv.extend(flags.iter().map(String::as_str));
         self.topo.fabric.exec(&argv)
+    }
+
+    /// Registers pod `name` (namespace default) of `node` with `labels`
+    /// (`k=v,...`) and addresses `ips` (comma-separated), as `egress pod add`.
+    pub fn add_pod(&self, name: &str, labels: &str, node: &str, ips: &str) -> Result<String> {
+        self.egress(&[
+            "pod", "add", name, "-n", "default", "-l", labels, "--node", node, "--ip", ips,
+        ])
     }
 
     /// `egress apply -f FILE`.

@@ -33,19 +33,7 @@ fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()>
     let w2_before = cluster.agent_state(1)?;
 
     for i in 0..PODS {
-        cluster.egress(&[
-            "pod",
-            "add",
-            &format!("extra{i}"),
-            "-n",
-            "default",
-            "-l",
-            "app=web",
-            "--node",
-            "w1",
-            "--ip",
-            &pod_ip(i),
-        ])?;
+        cluster.add_pod(&format!("extra{i}"), "app=web", "w1", &pod_ip(i))?;
     }
     // Events come in order: once the last pod is in w1's maps, all are.
     let last = format!("{}/32", pod_ip(PODS - 1));

@@ -44,19 +44,7 @@ fn a_datastore_restart_costs_no_process_and_loses_no_change() -> Result<()> {
 
     // A pod added after the restart reaches w1's maps (its agent's watch
     // broke with the connection: it listed again and watches anew).
-    cluster.egress(&[
-        "pod",
-        "add",
-        "late",
-        "-n",
-        "default",
-        "-l",
-        "app=web",
-        "--node",
-        "w1",
-        "--ip",
-        "10.244.1.200",
-    ])?;
+    cluster.add_pod("late", "app=web", "w1", "10.244.1.200")?;
     wait_until(
         "w1 translates the pod added after the restart",
         Duration::from_secs(30),
