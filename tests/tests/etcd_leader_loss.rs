@@ -64,9 +64,10 @@ fn a_watch_through_a_member_without_quorum_ends_with_an_error() -> Result<()> {
 /// Three members, each in its own namespace on one bridge; the client
 /// (with all three endpoints, as `--etcd-endpoints` would name them) in
 /// the bridge's namespace. Once the third member is cut off from its peers
-/// and has no leader, every list and every new watch through the client
-/// must still succeed: a request the balancer sends to that member fails at
-/// once ("no leader"), and the backend tries it again.
+/// and has no leader, every list, new watch, heartbeat renewal and leader
+/// renewal through the client must still succeed: a request the balancer
+/// sends to that member fails at once ("no leader"), and the backend tries
+/// it again.
 #[test]
 #[ignore = "needs root: network namespaces, etcd"]
 fn lists_succeed_while_one_of_three_members_is_cut_off() -> Result<()> {
@@ -129,12 +130,32 @@ fn lists_succeed_while_one_of_three_members_is_cut_off() -> Result<()> {
                     Err(e) => failures.push(format!("watch: {e}")),
                 }
             }
+            // Heartbeat renewals and the leader's renewals are the same
+            // however often they are sent, and are tried again too: a
+            // member without quorum must not fence a gateway or cost the
+            // controller its term.
+            for _ in 0..20 {
+                if let Err(e) = ds.renew_heartbeat("g1", Duration::from_secs(15)).await {
+                    failures.push(format!("heartbeat: {e}"));
+                }
+            }
+            let lead = loop {
+                // Campaigning itself is retried by the controller's loop.
+                if let Ok(Some(l)) = ds.try_acquire("e", "c0", Duration::from_secs(15)).await {
+                    break l;
+                }
+            };
+            for _ in 0..20 {
+                if let Err(e) = ds.renew_leadership(&lead).await {
+                    failures.push(format!("leadership: {e}"));
+                }
+            }
             Ok(failures)
         })
     })?;
     assert!(
         failures.is_empty(),
-        "{} of 40 lists and 20 watches failed: {:?}",
+        "{} of 40 lists, 20 watches, 20 heartbeats and 20 leader renewals failed: {:?}",
         failures.len(),
         failures.first()
     );

@@ -58,6 +58,25 @@ where
     }
 }
 
+/// [`read`] for an operation that returns our own errors.
+async fn again<T, F, Fut>(op: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(DatastoreError::Etcd(etcd_client::Error::GRpcStatus(s)))
+                if attempt < READ_ATTEMPTS && i32::from(s.code()) == 14 =>
+            {
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 impl EtcdDatastore {
     /// Connects to `endpoints` (e.g. `http://127.0.0.1:2379`); every key
     /// lives under `prefix` (e.g. `/egress`).
@@ -105,6 +124,32 @@ impl EtcdDatastore {
 
     fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// One check that the leader key is still ours, and one keep-alive.
+    async fn renew_leadership_once(&self, lead: &Leadership) -> Result<()> {
+        let lost = || DatastoreError::LostLeadership {
+            election: lead.election.clone(),
+        };
+        let mut c = self.client();
+        let path = format!("{}/leaders/{}", self.prefix, lead.election);
+        let resp = c.get(path, None).await?;
+        match resp.kvs().first() {
+            Some(kv) if kv.create_revision() as u64 == lead.term && kv.lease() == lead.token => {}
+            _ => return Err(lost()),
+        }
+        let (mut keeper, mut stream) = match c.lease_keep_alive(lead.token).await {
+            Ok(k) => k,
+            Err(e) if e.to_string().contains("not found") => return Err(lost()),
+            Err(e) => return Err(e.into()),
+        };
+        keeper.keep_alive().await?;
+        match stream.message().await {
+            Ok(Some(r)) if r.ttl() > 0 => Ok(()),
+            Ok(_) => Err(lost()),
+            Err(e) if e.to_string().contains("not found") => Err(lost()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// A range read of `key` (a prefix with `prefix`), tried again while
@@ -361,13 +406,17 @@ impl Datastore for EtcdDatastore {
     async fn renew_heartbeat(&self, node: &str, _ttl: Duration) -> Result<Heartbeat> {
         let path = format!("{}/heartbeats/{node}", self.prefix);
         let renew_time = now_rfc3339();
-        let resp = self
-            .client()
-            .txn(Txn::new().and_then([
-                TxnOp::put(path.clone(), renew_time.clone(), None),
-                TxnOp::get(path, None),
-            ]))
-            .await?;
+        // A renewal is the same put however often it is sent: tried again
+        // like a read, so a member without quorum does not fence a gateway.
+        let txn = Txn::new().and_then([
+            TxnOp::put(path.clone(), renew_time.clone(), None),
+            TxnOp::get(path, None),
+        ]);
+        let resp = read(|| {
+            let (mut c, txn) = (self.client(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await?;
         let counter = resp
             .op_responses()
             .into_iter()
@@ -454,28 +503,9 @@ impl Datastore for EtcdDatastore {
     }
 
     async fn renew_leadership(&self, lead: &Leadership) -> Result<()> {
-        let lost = || DatastoreError::LostLeadership {
-            election: lead.election.clone(),
-        };
-        let mut c = self.client();
-        let path = format!("{}/leaders/{}", self.prefix, lead.election);
-        let resp = c.get(path, None).await?;
-        match resp.kvs().first() {
-            Some(kv) if kv.create_revision() as u64 == lead.term && kv.lease() == lead.token => {}
-            _ => return Err(lost()),
-        }
-        let (mut keeper, mut stream) = match c.lease_keep_alive(lead.token).await {
-            Ok(k) => k,
-            Err(e) if e.to_string().contains("not found") => return Err(lost()),
-            Err(e) => return Err(e.into()),
-        };
-        keeper.keep_alive().await?;
-        match stream.message().await {
-            Ok(Some(r)) if r.ttl() > 0 => Ok(()),
-            Ok(_) => Err(lost()),
-            Err(e) if e.to_string().contains("not found") => Err(lost()),
-            Err(e) => Err(e.into()),
-        }
+        // The same however often it is sent: tried again like a read, so a
+        // member without quorum does not cost the leader its term.
+        again(|| self.renew_leadership_once(lead)).await
     }
 
     async fn resign(&self, lead: &Leadership) -> Result<()> {
