@@ -22,6 +22,9 @@ pub struct AgentFacts {
     pub announced_eips: usize,
     pub fenced: bool,
     pub reconciles: u64,
+    /// Full lists of the datastore, and batches of watch events (see `/state`).
+    pub datastore_lists: u64,
+    pub watch_batches: u64,
     pub bgp_learned_routes: usize,
     /// Time since this node's last successful heartbeat renewal (None: the
     /// node does not heartbeat, not gateway-eligible, or has not renewed yet).
@@ -132,13 +135,27 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     if let Some(status) = &facts.bgp {
         crate::bgp_metrics::register(&mut reg, status);
     }
-    let reconciles = Counter::<u64>::default();
-    reconciles.inc_by(facts.reconciles);
-    reg.register(
-        "reconciles",
-        "Reconcile passes that wrote the maps",
-        reconciles,
-    );
+    for (name, help, n) in [
+        (
+            "reconciles",
+            "Reconcile passes that wrote the maps",
+            facts.reconciles,
+        ),
+        (
+            "datastore_lists",
+            "Full lists of the datastore (start, a failed watch, every 5 minutes)",
+            facts.datastore_lists,
+        ),
+        (
+            "watch_batches",
+            "Batches of datastore watch events applied to the agent's view",
+            facts.watch_batches,
+        ),
+    ] {
+        let c = Counter::<u64>::default();
+        c.inc_by(n);
+        reg.register(name, help, c);
+    }
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
@@ -154,9 +171,13 @@ mod tests {
             announced_eips: 2,
             fenced: true,
             reconciles: 5,
+            datastore_lists: 2,
+            watch_batches: 7,
             ..Default::default()
         };
         let text = render(Path::new("/nonexistent"), &facts);
+        assert!(text.contains("egress_datastore_lists_total 2"), "{text}");
+        assert!(text.contains("egress_watch_batches_total 7"), "{text}");
         assert!(text.contains("egress_announced_eips 2"), "{text}");
         assert!(text.contains("egress_fenced 1"), "{text}");
         assert!(text.contains("egress_reconciles_total 5"), "{text}");

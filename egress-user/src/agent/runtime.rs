@@ -662,6 +662,8 @@ fn admin_handler(
                         announced_eips: p.announced.len(),
                         fenced: p.fenced,
                         reconciles: p.reconciles,
+                        datastore_lists: p.datastore_lists,
+                        watch_batches: p.watch_batches,
                         bgp_learned_routes: learned.map(|l| l.lock().unwrap().len()).unwrap_or(0),
                         heartbeat_renewal_age: p.last_renewal.map(|t| t.elapsed()),
                         bgp,
