@@ -9,8 +9,8 @@
 //! the watch event: with every agent listing every kind on every change, the
 //! datastore's load would grow with nodes times changes. The cache is listed
 //! again only when a watch fails and every [`RELIST_PERIOD`] (a watch that
-//! went quiet without an error, e.g. on an etcd member cut off from its
-//! quorum, is not trusted for longer).
+//! lost events without an error is not trusted for longer; an etcd member
+//! cut off from its quorum ends our watches, see `require_leader`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
