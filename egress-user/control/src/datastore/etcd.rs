@@ -31,34 +31,16 @@ pub struct EtcdDatastore {
     fence: std::sync::Mutex<Option<(String, i64, String)>>,
 }
 
-/// Attempts of a read, in all, while the member the client's balancer picks
-/// answers Unavailable.
-const READ_ATTEMPTS: u32 = 10;
+/// Attempts of a request, in all, while the member the client's balancer
+/// picks answers Unavailable.
+const ATTEMPTS: u32 = 10;
 
-/// Runs a read again while it fails with gRPC code 14, Unavailable: with
+/// Runs a request again while it fails with gRPC code 14, Unavailable: with
 /// `require_leader`, a member cut off from its quorum answers "etcdserver:
-/// no leader" at once, and the balancer may pick another member next.
-/// Writes are not tried again here: one that failed on the way back may
-/// have been applied.
-async fn read<T, F, Fut>(op: F) -> std::result::Result<T, etcd_client::Error>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-{
-    let mut attempt = 1;
-    loop {
-        match op().await {
-            Err(etcd_client::Error::GRpcStatus(s))
-                if attempt < READ_ATTEMPTS && i32::from(s.code()) == 14 =>
-            {
-                attempt += 1;
-            }
-            r => return r,
-        }
-    }
-}
-
-/// [`read`] for an operation that returns our own errors.
+/// no leader" at once, and the balancer may pick another member next. Only
+/// for requests that are the same however often they are sent (reads, new
+/// watches, renewals): a write that failed on the way back may have been
+/// applied.
 async fn again<T, F, Fut>(op: F) -> Result<T>
 where
     F: Fn() -> Fut,
@@ -68,7 +50,7 @@ where
     loop {
         match op().await {
             Err(DatastoreError::Etcd(etcd_client::Error::GRpcStatus(s)))
-                if attempt < READ_ATTEMPTS && i32::from(s.code()) == 14 =>
+                if attempt < ATTEMPTS && i32::from(s.code()) == 14 =>
             {
                 attempt += 1;
             }
@@ -153,14 +135,14 @@ impl EtcdDatastore {
     }
 
     /// A range read of `key` (a prefix with `prefix`), tried again while
-    /// members answer Unavailable (see [`read`]).
+    /// members answer Unavailable (see [`again`]).
     async fn range(&self, key: String, prefix: bool) -> Result<etcd_client::GetResponse> {
         let opts = prefix.then(|| GetOptions::new().with_prefix());
-        Ok(read(|| {
+        again(|| {
             let (mut c, key, opts) = (self.client(), key.clone(), opts.clone());
-            async move { c.get(key, opts).await }
+            async move { Ok(c.get(key, opts).await?) }
         })
-        .await?)
+        .await
     }
 
     /// Read, change, compare-and-swap on the mod revision; again on a race.
@@ -245,9 +227,9 @@ impl Datastore for EtcdDatastore {
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision as i64 + 1);
-        let stream = read(|| {
+        let stream = again(|| {
             let (mut c, key, opts) = (self.client(), self.kind_prefix(kind), opts.clone());
-            async move { c.watch(key, Some(opts)).await }
+            async move { Ok(c.watch(key, Some(opts)).await?) }
         })
         .await?;
         let prefix = self.kind_prefix(kind);
@@ -406,15 +388,15 @@ impl Datastore for EtcdDatastore {
     async fn renew_heartbeat(&self, node: &str, _ttl: Duration) -> Result<Heartbeat> {
         let path = format!("{}/heartbeats/{node}", self.prefix);
         let renew_time = now_rfc3339();
-        // A renewal is the same put however often it is sent: tried again
-        // like a read, so a member without quorum does not fence a gateway.
+        // A renewal is the same put however often it is sent: tried again,
+        // so a member without quorum does not fence a gateway.
         let txn = Txn::new().and_then([
             TxnOp::put(path.clone(), renew_time.clone(), None),
             TxnOp::get(path, None),
         ]);
-        let resp = read(|| {
+        let resp = again(|| {
             let (mut c, txn) = (self.client(), txn.clone());
-            async move { c.txn(txn).await }
+            async move { Ok(c.txn(txn).await?) }
         })
         .await?;
         let counter = resp
@@ -503,8 +485,8 @@ impl Datastore for EtcdDatastore {
     }
 
     async fn renew_leadership(&self, lead: &Leadership) -> Result<()> {
-        // The same however often it is sent: tried again like a read, so a
-        // member without quorum does not cost the leader its term.
+        // The same however often it is sent: tried again, so a member
+        // without quorum does not cost the leader its term.
         again(|| self.renew_leadership_once(lead)).await
     }
 
