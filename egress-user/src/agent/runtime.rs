@@ -263,7 +263,8 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let mut cache: Option<ViewCache> = None;
     let mut last_view = ClusterView::default();
     let mut have_view = false;
-    let mut relist = tokio::time::interval_at(Instant::now() + RELIST_PERIOD, RELIST_PERIOD);
+    let first_relist = Instant::now() + RELIST_PERIOD + relist_offset(&s.node);
+    let mut relist = tokio::time::interval_at(first_relist, RELIST_PERIOD);
     let mut relist_due = false;
     let mut announced: BTreeSet<IpAddr> = BTreeSet::new();
     let mut eligible = false;
@@ -595,6 +596,15 @@ async fn next_batch(cache: &mut Option<ViewCache>) -> Result<Changed> {
     }
 }
 
+/// Where in the relist period `node`'s agent lists (a stable spread over
+/// the period), so agents started together do not all list at once.
+fn relist_offset(node: &str) -> Duration {
+    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Duration::from_millis(h % RELIST_PERIOD.as_millis() as u64)
+}
+
 /// Whether a batch of changes can change what `node`'s maps should hold.
 /// Only the node's own pods are in its maps (`agent_state::desired`); port
 /// grants are few and concern gateways too, so any of them counts.
@@ -699,6 +709,20 @@ fn admin_handler(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agents_list_again_at_different_points_of_the_period() {
+        let offsets: BTreeSet<Duration> = (0..100)
+            .map(|i| relist_offset(&format!("node-{i}")))
+            .collect();
+        assert!(offsets.iter().all(|o| *o < RELIST_PERIOD));
+        assert!(
+            offsets.len() > 95,
+            "{} distinct offsets of 100",
+            offsets.len()
+        );
+        assert_eq!(relist_offset("w1"), relist_offset("w1"));
+    }
 
     #[test]
     fn only_changes_of_its_own_pods_grants_or_anything_else_concern_a_node() {
