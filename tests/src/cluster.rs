@@ -15,7 +15,7 @@ use crate::{
     etcd::EtcdServer,
     netns::PinDir,
     process::Proc,
-    topology::{Topology, FABRIC_UNDERLAY_IP},
+    topology::{eip, Topology, FABRIC_UNDERLAY_IP},
 };
 
 /// Label that the example EgressGateway selects.
@@ -438,17 +438,34 @@ impl Cluster {
         })
     }
 
-    /// Applies the example gateway and policy (`examples/gateway.yaml`,
-    /// `examples/policy.yaml`: pods labelled `app=web`) and waits until w1's
-    /// agent applies the policy.
-    pub fn apply_example_policy(&self) -> Result<()> {
+    /// Applies the example gateway and policy (`docs/examples/gateway.yaml`,
+    /// `policy.yaml`: pods labelled `app=web` leave with [`eip`]`(0)`).
+    pub fn apply_examples(&self) -> Result<()> {
         let ex = examples_dir();
         self.apply(&ex.join("gateway.yaml"))?;
         self.apply(&ex.join("policy.yaml"))?;
+        Ok(())
+    }
+
+    /// [`Cluster::apply_examples`], then waits until w1's agent applies the policy.
+    pub fn apply_example_policy(&self) -> Result<()> {
+        self.apply_examples()?;
         wait_until("w1 applies the policy", Duration::from_secs(30), || {
             Ok(self.agent_state(0)?["policies"].as_u64() == Some(1))
         })?;
         Ok(())
+    }
+
+    /// Waits until exactly one node announces the examples' EIP
+    /// ([`eip`]`(0)`) and returns that node's index.
+    pub fn example_eip_owner(&self) -> Result<usize> {
+        let address = eip(0).to_string();
+        wait_until(
+            "one node announces the EIP",
+            Duration::from_secs(30),
+            || Ok(self.announcers(&address).len() == 1),
+        )?;
+        Ok(self.announcers(&address)[0])
     }
 
     /// The source prefixes in node `i`'s POLICY_SRC map (`egress inspect --json`).

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{examples_dir, wait_until, Cluster, ClusterSpec, REFLECTOR_ADMIN},
+    cluster::{wait_until, Cluster, ClusterSpec, REFLECTOR_ADMIN},
     egress_bin,
     topology::{eip, FABRIC_UNDERLAY_IP},
 };
@@ -102,9 +102,7 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
             ..ClusterSpec::default()
         },
     )?;
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
+    cluster.apply_examples()?;
 
     // w1 learns w2's pod CIDR with w2 as next hop, through the reflector.
     let w2 = &cluster.topo.nodes[1];
@@ -114,12 +112,7 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
 
     // The EIP is learned with its owner as next hop.
     let eip = eip(0).to_string();
-    wait_until(
-        "a gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(cluster.announcers(&eip).len() == 1),
-    )?;
-    let owner = &cluster.topo.nodes[cluster.announcers(&eip)[0]];
+    let owner = &cluster.topo.nodes[cluster.example_eip_owner()?];
     let eip_prefix = format!("{eip}/32");
     wait_until(
         "w1 learns the EIP via its owner",

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{examples_dir, tcp_peer_seen, wait_until, Cluster, ClusterSpec},
+    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec},
     egress_bin,
     topology::eip,
 };
@@ -23,18 +23,11 @@ fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> anyhow::Result<S
 fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Result<()> {
     let egress = egress_bin()?;
     let cluster = Cluster::start(&egress, ClusterSpec::default())?;
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
+    cluster.apply_examples()?;
 
     let eip = eip(0).to_string();
     // The EIP is announced by exactly one gateway, and the worker has the policy.
-    wait_until(
-        "a gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(cluster.announcers(&eip).len() == 1),
-    )?;
-    let owner = cluster.announcers(&eip)[0];
+    let owner = cluster.example_eip_owner()?;
     assert!(
         cluster.topo.nodes[owner].name.starts_with('g'),
         "a worker announces the EIP"
@@ -90,9 +83,7 @@ fn a_worker_that_is_its_own_gateway_translates_without_the_tunnel() -> anyhow::R
         ..ClusterSpec::default()
     };
     let cluster = Cluster::start(&egress, spec)?;
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
+    cluster.apply_examples()?;
     let eip = eip(0).to_string();
     wait_until("w1 announces the EIP", Duration::from_secs(30), || {
         Ok(cluster.announcers(&eip) == [0])

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{examples_dir, wait_until, Cluster, ClusterSpec, Timers},
+    cluster::{wait_until, Cluster, ClusterSpec, Timers},
     egress_bin,
     topology::eip,
 };
@@ -76,16 +76,9 @@ fn failover_shows_in_the_controllers_metrics() -> anyhow::Result<()> {
         },
     )?;
     let nodes = cluster.topo.nodes.len();
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
+    cluster.apply_examples()?;
     let eip = eip(0).to_string();
-    wait_until(
-        "one gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(cluster.announcers(&eip).len() == 1),
-    )?;
-    let old = cluster.announcers(&eip)[0];
+    let old = cluster.example_eip_owner()?;
     let old_name = cluster.topo.nodes[old].name.clone();
     let old_ip = cluster.topo.nodes[old].ip.to_string();
     let other = (0..nodes)

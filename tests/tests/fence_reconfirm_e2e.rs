@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use egress_tests::{
-    cluster::{examples_dir, wait_until, Cluster, ClusterSpec, Timers},
+    cluster::{wait_until, Cluster, ClusterSpec, Timers},
     scenarios::block_datastore,
     topology::eip,
 };
@@ -67,16 +67,9 @@ fn a_gateway_that_fenced_itself_announces_again_once_reconfirmed() -> Result<()>
         ..ClusterSpec::default()
     };
     let cluster = Cluster::start(&egress, spec)?;
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
+    cluster.apply_examples()?;
     let address = eip(0).to_string();
-    wait_until(
-        "one gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(cluster.announcers(&address).len() == 1),
-    )?;
-    let owner = cluster.announcers(&address)[0];
+    let owner = cluster.example_eip_owner()?;
     let owner_name = cluster.topo.nodes[owner].name.clone();
     let before = assigned(&cluster, &address)?;
     anyhow::ensure!(

@@ -58,7 +58,7 @@ use serde_json::{json, Value};
 mod agent;
 
 use crate::{
-    cluster::{examples_dir, wait_until, Cluster, ClusterSpec, Timers, AGENT_ADMIN},
+    cluster::{wait_until, Cluster, ClusterSpec, Timers, AGENT_ADMIN},
     topology::{eip, FABRIC_UNDERLAY_IP, SERVER_IP},
     Proc,
 };
@@ -326,16 +326,9 @@ fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<Stage> {
             "note: `egress agent` has no probe flags yet (prober not wired): the heartbeat decides",
         );
     }
-    let ex = examples_dir();
-    cluster.apply(&ex.join("gateway.yaml"))?;
-    cluster.apply(&ex.join("policy.yaml"))?;
+    cluster.apply_examples()?;
     let eip = eip(0).to_string();
-    wait_until(
-        "one gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(cluster.announcers(&eip).len() == 1),
-    )?;
-    let owner = cluster.announcers(&eip)[0];
+    let owner = cluster.example_eip_owner()?;
     anyhow::ensure!(
         cluster.topo.nodes[owner].name.starts_with('g'),
         "a worker announces the EIP"
