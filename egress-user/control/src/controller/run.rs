@@ -474,17 +474,23 @@ pub async fn run_controller_with_stats(
         }
         println!("controller {} leading, term {}", cfg.identity, lead.term);
         let mut monitor = HeartbeatMonitor::new(Instant::now());
-        let mut cache = match ViewCache::start(ds.as_ref()).await {
-            Ok(c) => c,
-            Err(e) => {
-                step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
-                continue;
-            }
-        };
+        // None: list every kind before the next pass (at first, and after a
+        // watch failed or fell behind).
+        let mut cache: Option<ViewCache> = None;
         let mut ticker =
             tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
         let mut probe_down = cfg.probe_down.clone();
         loop {
+            let view = match &mut cache {
+                Some(c) => c,
+                None => match ViewCache::start(ds.as_ref()).await {
+                    Ok(c) => cache.insert(c),
+                    Err(e) => {
+                        step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
+                        continue 'campaign;
+                    }
+                },
+            };
             if let Some(rx) = &probe_down {
                 monitor.set_probe_down(rx.borrow().clone());
             }
@@ -495,7 +501,7 @@ pub async fn run_controller_with_stats(
                 break;
             }
             stats.passes.fetch_add(1, Relaxed);
-            match tick_cached_report(ds.as_ref(), &mut cache, &mut monitor, &cfg).await {
+            match tick_cached_report(ds.as_ref(), view, &mut monitor, &cfg).await {
                 Ok(report) => {
                     let n = report.writes;
                     stats.writes.fetch_add(n as u64, Relaxed);
@@ -531,21 +537,15 @@ pub async fn run_controller_with_stats(
                         probe_down = None;
                     }
                 }
-                batch = cache.next_batch() => match batch {
+                batch = view.next_batch() => match batch {
                     Some(Ok(_)) => {
                         // Gather what follows closely into the same pass.
                         if !cfg.coalesce.is_zero() {
                             tokio::time::sleep(cfg.coalesce).await;
-                            while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
+                            while let Some(Some(b)) = futures::FutureExt::now_or_never(view.next_batch()) {
                                 if let Err(e) = b {
                                     tracing::warn!("watch: {e}; listing again");
-                                    match ViewCache::start(ds.as_ref()).await {
-                                        Ok(c) => cache = c,
-                                        Err(e) => {
-                                            step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
-                                            continue 'campaign;
-                                        }
-                                    }
+                                    cache = None;
                                     break;
                                 }
                             }
@@ -554,13 +554,7 @@ pub async fn run_controller_with_stats(
                     // A watch failed or fell behind: list again.
                     Some(Err(e)) => {
                         tracing::warn!("watch: {e}; listing again");
-                        match ViewCache::start(ds.as_ref()).await {
-                            Ok(c) => cache = c,
-                            Err(e) => {
-                                step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
-                                continue 'campaign;
-                            }
-                        }
+                        cache = None;
                     }
                     None => break,
                 },
