@@ -118,6 +118,12 @@ fn place<T>(v: &mut Vec<T>, obj: T, how: Put, same: impl Fn(&T) -> bool) {
     }
 }
 
+/// Adds an item of a fresh list to `view` (decoded; one that does not
+/// decode is logged and left out). `typed::load_kinds` builds views with it.
+pub(crate) fn put_listed(view: &mut ClusterView, s: &Stored) {
+    ViewCache::put(view, s, Put::Append);
+}
+
 impl ViewCache {
     /// Lists every kind and opens a watch from each list's revision.
     pub async fn start(ds: &dyn Datastore) -> Result<Self> {

@@ -8,6 +8,7 @@ pub(crate) mod run;
 mod view;
 
 pub use cache::{sizes, Changed, Pending, ViewCache};
+pub(crate) use cache::put_listed;
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{
     reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,

@@ -115,31 +115,10 @@ pub async fn load_view(ds: &dyn Datastore) -> Result<ClusterView> {
 /// As [`load_view`], listing only `kinds` (the others stay empty): for
 /// readers that need a few small kinds and must not read every pod.
 pub async fn load_kinds(ds: &dyn Datastore, kinds: &[Kind]) -> Result<ClusterView> {
-    fn dec<T: DeserializeOwned>(items: Vec<Stored>) -> Vec<T> {
-        items
-            .into_iter()
-            .filter_map(|s| match decode(&s) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    tracing::warn!(kind = %s.kind, key = %s.key, "skipping an object that does not decode: {e}");
-                    None
-                }
-            })
-            .collect()
-    }
     let mut view = ClusterView::default();
     for &kind in kinds {
-        let items = ds.list(kind).await?.0;
-        match kind {
-            Kind::EgressGateway => view.gateways = dec(items),
-            Kind::EgressPolicy => view.policies = dec(items),
-            Kind::EgressClusterPolicy => view.cluster_policies = dec(items),
-            Kind::EgressTunnel => view.tunnels = dec(items),
-            Kind::Node => view.nodes = items.iter().map(|s| node_record(&s.value)).collect(),
-            Kind::Pod => view.pods = items.iter().map(|s| pod_record(&s.value)).collect(),
-            Kind::Namespace => {
-                view.namespaces = items.iter().map(|s| namespace_record(&s.value)).collect()
-            }
+        for s in &ds.list(kind).await?.0 {
+            crate::controller::put_listed(&mut view, s);
         }
     }
     Ok(view)
