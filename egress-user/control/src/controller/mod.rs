@@ -7,8 +7,8 @@ mod reconcile;
 pub(crate) mod run;
 mod view;
 
-pub use cache::{sizes, Changed, Pending, ViewCache};
 pub(crate) use cache::put_listed;
+pub use cache::{sizes, Changed, Pending, ViewCache};
 pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
 pub use reconcile::{
     reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,
