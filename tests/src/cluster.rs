@@ -608,15 +608,28 @@ pub fn traffic_report(
 /// One short TCP connection from `ns` to the server's port `port`, echoed
 /// back: the (address, port) the server saw it come from.
 pub fn tcp_peer_seen(cluster: &Cluster, ns: &crate::Netns, port: u16) -> Result<(String, u64)> {
+    tcp_peer_seen_at(cluster, ns, (crate::topology::SERVER_IP, port).into())
+}
+
+/// As [`tcp_peer_seen`], to the server's address `server` (IPv4 or IPv6).
+pub fn tcp_peer_seen_at(
+    cluster: &Cluster,
+    ns: &crate::Netns,
+    server: std::net::SocketAddr,
+) -> Result<(String, u64)> {
     let traffic = crate::traffic_bin()?.to_string_lossy().into_owned();
-    let mut sink =
-        cluster
-            .topo
-            .server
-            .spawn(&[&traffic, "tcp-sink", &format!("0.0.0.0:{port}")])?;
+    let any: std::net::IpAddr = if server.is_ipv6() {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    };
+    let mut sink = cluster.topo.server.spawn(&[
+        &traffic,
+        "tcp-sink",
+        &std::net::SocketAddr::new(any, server.port()).to_string(),
+    ])?;
     sink.wait_for_line("ready", Duration::from_secs(10))?;
-    let server = crate::topology::SERVER_IP;
-    let src = traffic_report(ns, &["tcp-source", &format!("{server}:{port}"), "5"], 0.3)?;
+    let src = traffic_report(ns, &["tcp-source", &server.to_string(), "5"], 0.3)?;
     anyhow::ensure!(
         src["survived"] == true && src["echoed"].as_u64() > Some(0),
         "no echo: {src}"

@@ -4,13 +4,15 @@
 //! (`--node-ip-port-range`, default 61000-65535), while the gateway node's
 //! own connections to the same server keep working: their ports (the
 //! node's ephemeral range) lie in no port block, so the gateway's datapath
-//! leaves their replies to the node's stack.
+//! leaves their replies to the node's stack. The policy is dual-stack: the
+//! pod's IPv6 traffic leaves with the node's IPv6 address, which the agent
+//! found on its uplink and registered.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use egress_tests::{
-    cluster::{examples_dir, tcp_peer_seen, wait_until, Cluster, ClusterSpec},
+    cluster::{examples_dir, tcp_peer_seen, tcp_peer_seen_at, wait_until, Cluster, ClusterSpec},
     egress_bin,
 };
 use serde_json::Value;
@@ -36,13 +38,12 @@ fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections(
         let v: Value = serde_json::from_str(&out).context("egress get egp -o json")?;
         let node = v["status"]["node"].as_str().unwrap_or_default();
         gateway = cluster.topo.nodes.iter().position(|n| n.name == node);
-        Ok(gateway.is_some()
-            && v["status"]["eip"]["ipv4"]
-                .as_str()
-                .is_some_and(|a| !a.is_empty()))
+        let eip = |family: &str| v["status"]["eip"][family].as_str().unwrap_or_default();
+        Ok(gateway.is_some() && !eip("ipv4").is_empty() && !eip("ipv6").is_empty())
     })?;
     let g = gateway.expect("placed");
     let node_ip = cluster.topo.nodes[g].ip.to_string();
+    let node_ip6 = cluster.topo.nodes[g].ip6.to_string();
     wait_until("w1 applies the policy", Duration::from_secs(30), || {
         Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
     })?;
@@ -63,6 +64,20 @@ fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections(
         (61440..=65535).contains(&seen.1),
         "port {} outside the whole blocks of 61000-65535",
         seen.1
+    );
+    // Its IPv6 traffic: the node's IPv6 address (without it, the pod's own
+    // address would leave: the policy would have no IPv6 address).
+    let server6 = (egress_tests::topology::SERVER_IP6, 5001).into();
+    let seen6 = tcp_peer_seen_at(&cluster, pod_ns, server6)
+        .with_context(|| diagnostics(&cluster, &egress, g))?;
+    assert_eq!(
+        seen6.0, node_ip6,
+        "the pod's IPv6 source as the server saw it"
+    );
+    assert!(
+        (61440..=65535).contains(&seen6.1),
+        "IPv6 port {} outside the whole blocks of 61000-65535",
+        seen6.1
     );
 
     // The gateway node's own connection to the same server and port: its

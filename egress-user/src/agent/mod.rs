@@ -4,6 +4,7 @@
 //! - [`adapt`]: pure mapping from the control plane's node view to the maps.
 //! - [`register`]: the node's own records (node, EgressTunnel).
 //! - [`node_ports`]: node-IP port blocks against the node's ephemeral ports.
+//! - [`uplink_addr`]: the node addresses read from the uplink.
 //! - [`runtime`]: the loop that ties datastore, fence, netlink and maps together.
 
 pub mod adapt;
@@ -13,5 +14,6 @@ pub mod node_ports;
 pub mod register;
 pub mod routes;
 pub mod runtime;
+pub mod uplink_addr;
 
 pub use runtime::{run, AgentSettings};

@@ -4,7 +4,10 @@
 //! tunnel's phase (Ready, HeartbeatTimeout, ...) from them and from the
 //! heartbeats.
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::{Context, Result};
 use egress_control::{
@@ -22,6 +25,9 @@ pub const MANAGER: &str = "egress-agent";
 pub struct SelfDescription {
     pub node: NodeRecord,
     pub tunnel_ip: Ipv4Addr,
+    /// The node's IPv6 address on the underlay, if it has one: a useNodeIP
+    /// policy's IPv6 address (the tunnel itself runs over IPv4).
+    pub ipv6: Option<Ipv6Addr>,
     pub mac: [u8; 6],
     pub parent: String,
 }
@@ -57,6 +63,7 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
     let status = json!({
         "tunnel": {
             "ipv4": me.tunnel_ip.to_string(),
+            "ipv6": me.ipv6.map(|a| a.to_string()).unwrap_or_default(),
             "mac": mac_string(&me.mac),
             "parent": { "name": me.parent },
         },
@@ -124,6 +131,7 @@ mod tests {
                 ..Default::default()
             },
             tunnel_ip: "10.10.0.1".parse().unwrap(),
+            ipv6: Some("fd00:10::1".parse().unwrap()),
             mac: [2, 0, 0, 0, 0, 1],
             parent: "eth0".into(),
         };
@@ -155,6 +163,12 @@ mod tests {
         let t = view.tunnel("w1").expect("tunnel registered");
         let st = t.status.as_ref().unwrap();
         assert_eq!(st.tunnel.ipv4, "10.10.0.1");
+        assert_eq!(st.tunnel.ipv6, "fd00:10::1");
+        assert_eq!(
+            view.node_ip("w1", true),
+            Some("fd00:10::1".parse().unwrap()),
+            "a useNodeIP policy's IPv6 address"
+        );
         assert_eq!(st.tunnel.mac, "02:00:00:00:00:01");
         assert_eq!(st.tunnel.parent.name, "eth0");
         assert_eq!(
@@ -174,6 +188,7 @@ mod tests {
                 ..Default::default()
             },
             tunnel_ip: "10.10.0.2".parse().unwrap(),
+            ipv6: None,
             mac: [2, 0, 0, 0, 0, 2],
             parent: "eth0".into(),
         };

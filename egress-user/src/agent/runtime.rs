@@ -14,7 +14,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use super::{
     adapt::{desired_maps, NodeFacts},
     register::{publish_awaiting_reconfirmation, register, SelfDescription},
+    uplink_addr,
 };
 use crate::{
     admin::{self, Response},
@@ -57,6 +58,9 @@ pub struct AgentSettings {
     pub uplink: String,
     /// Tunnel endpoint; the uplink's first IPv4 address when not given.
     pub tunnel_ip: Option<Ipv4Addr>,
+    /// The node's IPv6 address (useNodeIP); the uplink's first global one
+    /// when not given.
+    pub node_ipv6: Option<Ipv6Addr>,
     pub vxlan: VxlanSpec,
     pub vni: u32,
     pub pod_cidrs: Vec<IpNet>,
@@ -142,23 +146,6 @@ pub fn assignments(view: &ClusterView) -> Vec<Assignment> {
     out
 }
 
-async fn first_ipv4(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Option<Ipv4Addr>> {
-    use rtnetlink::packet_route::address::AddressAttribute;
-    let mut addrs = handle
-        .address()
-        .get()
-        .set_link_index_filter(ifindex)
-        .execute();
-    while let Some(msg) = futures::TryStreamExt::try_next(&mut addrs).await? {
-        for attr in &msg.attributes {
-            if let AddressAttribute::Address(IpAddr::V4(a)) = attr {
-                return Ok(Some(*a));
-            }
-        }
-    }
-    Ok(None)
-}
-
 pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     s.timers.validate()?;
     let (conn, handle, _) = rtnetlink::new_connection().context("opening netlink")?;
@@ -179,12 +166,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let uplink_mac = uplink
         .mac
         .with_context(|| format!("uplink {} has no Ethernet address", s.uplink))?;
+    let uplink_addrs = uplink_addr::link_addresses(&handle, uplink.index).await?;
     let tunnel_ip = match s.tunnel_ip {
         Some(ip) => ip,
-        None => first_ipv4(&handle, uplink.index)
-            .await?
+        None => uplink_addr::first_ipv4(&uplink_addrs)
             .with_context(|| format!("uplink {} has no IPv4 address; set --tunnel-ip", s.uplink))?,
     };
+    let node_ipv6 = s
+        .node_ipv6
+        .or_else(|| uplink_addr::node_ipv6(&uplink_addrs));
     links::attach_ingress(&mut dp, PROG_TUNNEL_INGRESS, &s.vxlan.name, vxlan_ifindex)?;
     links::attach_ingress(&mut dp, PROG_UPLINK_INGRESS, &s.uplink, uplink.index)?;
     let mut link_watch = LinkWatch::start().await?;
@@ -207,11 +197,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         node: NodeRecord {
             name: s.node.clone(),
             labels: s.labels.clone(),
-            addresses: vec![tunnel_ip.to_string()],
+            addresses: std::iter::once(IpAddr::V4(tunnel_ip))
+                .chain(node_ipv6.map(IpAddr::V6))
+                .map(|a| a.to_string())
+                .collect(),
             pod_cidrs: s.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             ready: true,
         },
         tunnel_ip,
+        ipv6: node_ipv6,
         mac: uplink_mac,
         parent: s.uplink.clone(),
     };
@@ -224,7 +218,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(REGISTER_RETRY_MAX);
     }
-    tracing::info!(node = %s.node, %tunnel_ip, "registered; datapath attached");
+    tracing::info!(node = %s.node, %tunnel_ip, ?node_ipv6, "registered; datapath attached");
 
     // The controller's datapath probes are answered by the uplink program
     // (see egress-ebpf/src/probe.rs, `probe_port` in the config), not here:

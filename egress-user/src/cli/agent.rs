@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -44,6 +44,11 @@ pub struct AgentArgs {
     /// The tunnel endpoint address (default: the uplink's first IPv4 address).
     #[arg(long)]
     pub tunnel_ip: Option<Ipv4Addr>,
+    /// The node's IPv6 address, the IPv6 address of a dual-stack useNodeIP
+    /// policy placed on this node (default: the uplink's first global IPv6
+    /// address; none: such policies' IPv6 traffic is not translated here).
+    #[arg(long)]
+    pub node_ipv6: Option<Ipv6Addr>,
     /// VXLAN device name.
     #[arg(long, default_value = "egress.vxlan")]
     pub vxlan_name: String,
@@ -197,6 +202,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             None => default_uplink().await?,
         },
         tunnel_ip: args.tunnel_ip,
+        node_ipv6: args.node_ipv6,
         vxlan: VxlanSpec {
             name: args.vxlan_name.clone(),
             port: args.vxlan_port,
