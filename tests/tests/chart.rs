@@ -227,6 +227,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(v["feature"]["eipEvictionTimeout"], "15s");
     assert_eq!(v["feature"]["vxlan"]["id"], 100);
     assert_eq!(v["feature"]["vxlan"]["port"], 7789);
+    assert_eq!(v["feature"]["portBlockSize"], 1024);
     assert_eq!(v["feature"]["gatewayFailover"]["probeDetectMultiplier"], 3);
     assert_eq!(v["controller"]["replicas"], 2);
     assert_eq!(v["agent"]["privileged"], false);
@@ -247,6 +248,10 @@ fn schema_rejects_bad_values() {
         ("feature.vxlan.id", json!(16_777_216)),
         ("feature.vxlan.port", json!(70_000)),
         ("feature.nodeIpPortRange", json!("61000")),
+        ("feature.portBlockSize", json!(1000)),
+        ("feature.portBlockSize", json!(32)),
+        ("feature.portBlockSize", json!(32768)),
+        ("feature.portBlockSize", json!("1024")),
         ("feature.nodeIpPortRange", json!("61000-65535 --bgp=true")),
         ("feature.vxlan.mtu", json!(1000)),
         ("feature.vxlan.mtu", json!("1450")),
@@ -323,6 +328,8 @@ fn schema_accepts_good_values() {
         ("feature.tunnelMonitorPeriod", json!("0.5s")),
         ("feature.vxlan.mtu", json!(1450)),
         ("feature.vxlan.mtu", json!(9000)),
+        ("feature.portBlockSize", json!(64)),
+        ("feature.portBlockSize", json!(16384)),
         ("feature.vxlan.id", json!(16_777_215)),
         (
             "feature.clusterCIDR.extraCidr",
@@ -593,6 +600,7 @@ fn combinations() -> Vec<(&'static str, Value)> {
                     "tunnelUpdatePeriod": "200ms", "tunnelMonitorPeriod": "100ms", "eipEvictionTimeout": "1s",
                     "gatewayFailover": {"enable": true, "probeIntervalMs": 100, "probeDetectMultiplier": 3},
                     "vxlan": {"id": 16_777_215, "port": 4790, "mtu": 8950},
+                    "portBlockSize": 4096, "nodeIpPortRange": "49152-65535",
                     "clusterCIDR": {"extraCidr": ["10.96.0.0/12", "fd00:10:96::/108"]}
                 },
                 "log": {"level": "debug", "json": true},
@@ -695,6 +703,15 @@ fn helm_rejects_bad_values() {
             "keepaliveTime",
         ),
         (json!({"bgp": {"listenPort": 9477}}), "listenPort"),
+        // no whole block in the node-IP range (the controller refuses it too)
+        (
+            json!({"feature": {"portBlockSize": 8192}}),
+            "holds no whole block of 8192 ports",
+        ),
+        (
+            json!({"feature": {"nodeIpPortRange": "65000-61000"}}),
+            "holds no whole block",
+        ),
         // one fixed router id for several reflectors
         (
             json!({"bgp": {"routerId": "192.0.2.10"}}),
@@ -1031,6 +1048,12 @@ fn values_reach_the_flags() {
     let f = flags(c);
     assert_eq!(flag(&f, "tunnel-monitor-period"), "100ms");
     assert_eq!(flag(&f, "eip-eviction-timeout"), "1s");
+    assert_eq!(
+        flag(&f, "port-block-size"),
+        "4096",
+        "a large number printed in float notation?"
+    );
+    assert_eq!(flag(&f, "node-ip-port-range"), "49152-65535");
     let probe_port = &c
         .liveness_probe
         .as_ref()
@@ -1745,6 +1768,7 @@ fn every_value_changes_the_output() {
         ("feature.vxlan.port", json!(7790), json!({})),
         ("feature.vxlan.mtu", json!(1400), json!({})),
         ("feature.nodeIpPortRange", json!("49152-65535"), json!({})),
+        ("feature.portBlockSize", json!(256), json!({})),
         (
             "feature.clusterCIDR.extraCidr",
             json!(["10.96.0.0/12"]),
@@ -1879,6 +1903,7 @@ const CONTROLLER_FLAGS: &[&str] = &[
     "log-json",
     "metrics-port",
     "node-ip-port-range",
+    "port-block-size",
     "probe-detect-multiplier",
     "probe-interval-ms",
     "tunnel-monitor-period",

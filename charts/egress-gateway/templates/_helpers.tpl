@@ -81,6 +81,14 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 {{- if le $evict (addf $monitor $update) -}}
 {{- fail (printf "feature.eipEvictionTimeout (%s) must be greater than feature.tunnelMonitorPeriod (%s) + feature.tunnelUpdatePeriod (%s): otherwise a healthy gateway whose heartbeat lands just after a check loses its EIPs" $f.eipEvictionTimeout $f.tunnelMonitorPeriod $f.tunnelUpdatePeriod) -}}
 {{- end -}}
+{{- $range := splitList "-" $f.nodeIpPortRange -}}
+{{- $first := index $range 0 | int -}}
+{{- $last := index $range 1 | int -}}
+{{- $size := int $f.portBlockSize -}}
+{{- $whole := mul (div (add $first (sub $size 1)) $size) $size -}}
+{{- if or (gt $first $last) (gt $last 65535) (gt (add $whole (sub $size 1)) $last) -}}
+{{- fail (printf "feature.nodeIpPortRange (%s) holds no whole block of %d ports (feature.portBlockSize): useNodeIP policies would get no ports" $f.nodeIpPortRange $size) -}}
+{{- end -}}
 {{- $b := .Values.bgp -}}
 {{- if and $b.enabled (gt (int $b.holdTime) 0) (ge (int $b.keepaliveTime) (int $b.holdTime)) -}}
 {{- fail (printf "bgp.keepaliveTime (%d) must be less than bgp.holdTime (%d); a third of it is usual, 0 picks that" (int $b.keepaliveTime) (int $b.holdTime)) -}}
