@@ -8,7 +8,7 @@
 //! another node, a tunnel's status) costs the datastore nothing more than
 //! the watch event: with every agent listing every kind on every change, the
 //! datastore's load would grow with nodes times changes. The cache is listed
-//! again only when a watch fails and every [`RELIST_PERIOD`] (a watch that
+//! again only when a watch fails and every `Datastore::relist_period` (a watch that
 //! lost events without an error is not trusted for longer; an etcd member
 //! cut off from its quorum ends our watches, see `require_leader`).
 
@@ -79,8 +79,6 @@ pub struct AgentSettings {
     pub bgp: Option<super::bgp::AgentBgpConfig>,
 }
 
-/// The longest the agent trusts its watches before it lists every kind again.
-pub const RELIST_PERIOD: Duration = Duration::from_secs(300);
 /// First and longest wait between attempts to register at start.
 const REGISTER_RETRY_FIRST: Duration = Duration::from_millis(250);
 const REGISTER_RETRY_MAX: Duration = Duration::from_secs(5);
@@ -93,7 +91,7 @@ struct Published {
     ready: bool,
     reconciles: u64,
     /// Full lists of the datastore (the view cache started): one at start,
-    /// one per failed watch and per `RELIST_PERIOD`, none per change.
+    /// one per failed watch and per `Datastore::relist_period`, none per change.
     datastore_lists: u64,
     /// Batches of watch events applied to the view.
     watch_batches: u64,
@@ -257,8 +255,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let mut cache: Option<ViewCache> = None;
     let mut last_view = ClusterView::default();
     let mut have_view = false;
-    let first_relist = Instant::now() + RELIST_PERIOD + relist_offset(&s.node);
-    let mut relist = tokio::time::interval_at(first_relist, RELIST_PERIOD);
+    // The longest the agent trusts its watches before it lists every kind again.
+    let relist_period = ds.relist_period();
+    let first_relist = Instant::now() + relist_period + relist_offset(&s.node, relist_period);
+    let mut relist = tokio::time::interval_at(first_relist, relist_period);
     let mut relist_due = false;
     let mut announced: BTreeSet<IpAddr> = BTreeSet::new();
     let mut eligible = false;
@@ -592,11 +592,11 @@ async fn next_batch(cache: &mut Option<ViewCache>) -> Result<Changed> {
 
 /// Where in the relist period `node`'s agent lists (a stable spread over
 /// the period), so agents started together do not all list at once.
-fn relist_offset(node: &str) -> Duration {
+fn relist_offset(node: &str, period: Duration) -> Duration {
     let h = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    Duration::from_millis(h % RELIST_PERIOD.as_millis() as u64)
+    Duration::from_millis(h % (period.as_millis() as u64).max(1))
 }
 
 /// Whether a batch of changes can change what `node`'s maps should hold.
@@ -706,16 +706,18 @@ mod tests {
 
     #[test]
     fn agents_list_again_at_different_points_of_the_period() {
+        let period = Duration::from_secs(300);
         let offsets: BTreeSet<Duration> = (0..100)
-            .map(|i| relist_offset(&format!("node-{i}")))
+            .map(|i| relist_offset(&format!("node-{i}"), period))
             .collect();
-        assert!(offsets.iter().all(|o| *o < RELIST_PERIOD));
+        assert!(offsets.iter().all(|o| *o < period));
         assert!(
             offsets.len() > 95,
             "{} distinct offsets of 100",
             offsets.len()
         );
-        assert_eq!(relist_offset("w1"), relist_offset("w1"));
+        assert_eq!(relist_offset("w1", period), relist_offset("w1", period));
+        assert_eq!(relist_offset("w1", Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

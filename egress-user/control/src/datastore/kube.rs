@@ -687,6 +687,16 @@ impl Datastore for KubeDatastore {
             })
             .collect())
     }
+
+    /// Watches resume from the last resourceVersion (bookmarks keep it
+    /// fresh) and the API server ends one it can no longer serve with 410,
+    /// which makes the consumer list: as informers, the consumer need not
+    /// list on a timer. The long period only bounds a connection that
+    /// stopped delivering without closing; at 1,000 agents a 5-minute one
+    /// was about 23 lists a second at the API server.
+    fn relist_period(&self) -> Duration {
+        Duration::from_secs(30 * 60)
+    }
 }
 
 #[cfg(test)]

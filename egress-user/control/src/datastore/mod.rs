@@ -270,6 +270,14 @@ pub trait Datastore: Send + Sync {
         let _ = lead;
         Ok(())
     }
+
+    /// The longest a consumer of this backend's watches should trust them
+    /// before it lists every kind again (a watch on a connection that
+    /// stopped delivering without closing loses events silently). The
+    /// default is etcd's and memory's; Kubernetes trusts its watches longer.
+    fn relist_period(&self) -> Duration {
+        Duration::from_secs(300)
+    }
 }
 
 /// Fills the bookkeeping fields of a new object's metadata.
