@@ -92,6 +92,55 @@ fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections(
     Ok(())
 }
 
+/// A node's IPv6 address that goes and comes back while its agent runs
+/// (a global address that comes up after the agent started: duplicate
+/// detection, SLAAC, a late DHCPv6 lease) is registered each time: the
+/// EgressTunnel's `status.tunnel.ipv6` and the node record follow it.
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn the_agent_registers_the_nodes_ipv6_address_when_it_changes() -> Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let w1 = &cluster.topo.nodes[0];
+    let ip6 = w1.ip6.to_string();
+    let registered = |want: &str| -> Result<bool> {
+        let t: Value = serde_json::from_str(&cluster.egress(&["get", "egt", "w1", "-o", "json"])?)?;
+        let n: Value =
+            serde_json::from_str(&cluster.egress(&["get", "node", "w1", "-o", "json"])?)?;
+        let in_node = n["spec"]["addresses"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == &ip6));
+        Ok(t["status"]["tunnel"]["ipv6"] == want && in_node == !want.is_empty())
+    };
+    wait_until(
+        "w1's IPv6 address registered at start",
+        Duration::from_secs(30),
+        || registered(&ip6),
+    )?;
+    w1.ns
+        .ip(&["-6", "addr", "del", &format!("{ip6}/64"), "dev", "eth0"])?;
+    wait_until(
+        "w1's IPv6 address gone from its records",
+        Duration::from_secs(30),
+        || registered(""),
+    )?;
+    w1.ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{ip6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])?;
+    wait_until(
+        "w1's IPv6 address registered again",
+        Duration::from_secs(30),
+        || registered(&ip6),
+    )?;
+    Ok(())
+}
+
 /// The worker's and the gateway's datapath state, for a failure message.
 fn diagnostics(cluster: &Cluster, egress: &std::path::Path, gateway: usize) -> String {
     [0, gateway]

@@ -191,14 +191,11 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         vxlan_port: s.vxlan.port,
     };
 
-    let me = SelfDescription {
+    let mut me = SelfDescription {
         node: NodeRecord {
             name: s.node.clone(),
             labels: s.labels.clone(),
-            addresses: std::iter::once(IpAddr::V4(tunnel_ip))
-                .chain(node_ipv6.map(IpAddr::V6))
-                .map(|a| a.to_string())
-                .collect(),
+            addresses: node_addresses(tunnel_ip, node_ipv6),
             pod_cidrs: s.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             ready: true,
         },
@@ -267,6 +264,8 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let shutdown = super::super::cli::agent::shutdown_signal();
     tokio::pin!(shutdown);
     let mut dirty = true;
+    // When to register the node's addresses again (they changed).
+    let mut register_at: Option<Instant> = None;
     // The fence's deadline passed: reconcile from the last view at once,
     // without waiting for a datastore that may be unreachable.
     let mut fence_due = false;
@@ -448,6 +447,11 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     }
                 }
                 Some(LinkEvent::Removed(link)) => links::forget_interface(&s.pin_dir, link.index),
+                Some(LinkEvent::AddressChanged(i)) if i == facts.uplink_ifindex => {
+                    if addresses_changed(&handle, &s, facts.uplink_ifindex, &mut me).await {
+                        register_at = Some(Instant::now());
+                    }
+                }
                 Some(_) => {}
                 None => anyhow::bail!("the netlink link watch ended"),
             },
@@ -499,6 +503,16 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 fence_due = true;
             }
             _ = resync.tick() => dirty = true,
+            // The node's addresses changed (or registering them failed): register.
+            _ = sleep_until_opt(register_at) => {
+                match ds_call(&fence, &s.timers, register(ds.as_ref(), &me)).await {
+                    Ok(()) => register_at = None,
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "registering the node's addresses failed; trying again");
+                        register_at = Some(Instant::now() + LIST_RETRY);
+                    }
+                }
+            }
             _ = async {
                 match &learned_changed {
                     Some(n) => n.notified().await,
@@ -509,6 +523,51 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())
+}
+
+/// The uplink's addresses changed: the node's IPv6 address is registered
+/// again when it is not fixed by `--node-ipv6` and is no longer the
+/// registered one (a global address may come up after the agent started: duplicate
+/// detection, SLAAC, a late DHCPv6 lease). The tunnel endpoint is not
+/// changed while running (the datapath, BGP and every peer's maps use it):
+/// its loss is logged for the operator.
+/// Returns whether `me` changed (and must be registered).
+async fn addresses_changed(
+    handle: &rtnetlink::Handle,
+    s: &AgentSettings,
+    uplink_ifindex: u32,
+    me: &mut SelfDescription,
+) -> bool {
+    let addrs = match uplink_addr::link_addresses(handle, uplink_ifindex).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "listing the uplink's addresses failed");
+            return false;
+        }
+    };
+    if !addrs.iter().any(|a| a.addr == IpAddr::V4(me.tunnel_ip)) {
+        tracing::error!(tunnel_ip = %me.tunnel_ip, uplink = %s.uplink,
+            "the tunnel endpoint is no longer an address of the uplink; restart the agent to register a new one");
+    }
+    if s.node_ipv6.is_some() {
+        return false;
+    }
+    let now = uplink_addr::node_ipv6(&addrs);
+    if now == me.ipv6 {
+        return false;
+    }
+    tracing::info!(was = ?me.ipv6, now = ?now, "the node's IPv6 address changed; registering it");
+    me.ipv6 = now;
+    me.node.addresses = node_addresses(me.tunnel_ip, now);
+    true
+}
+
+/// The node record's addresses: the tunnel endpoint, then the IPv6 address.
+fn node_addresses(tunnel_ip: Ipv4Addr, ipv6: Option<Ipv6Addr>) -> Vec<String> {
+    std::iter::once(IpAddr::V4(tunnel_ip))
+        .chain(ipv6.map(IpAddr::V6))
+        .map(|a| a.to_string())
+        .collect()
 }
 
 /// The node's `awaitingReconfirmation` as the view holds it.

@@ -1,10 +1,11 @@
 //! Link events from the kernel: the agent learns about pod veths as they
-//! appear (to attach the worker program) and disappear.
+//! appear (to attach the worker program) and disappear, and about address
+//! changes (the node's addresses it registers).
 
 use anyhow::{Context, Result};
 use futures::{channel::mpsc::UnboundedReceiver, StreamExt, TryStreamExt};
 use rtnetlink::{
-    constants::RTMGRP_LINK,
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK},
     packet_core::{NetlinkMessage, NetlinkPayload},
     packet_route::RouteNetlinkMessage,
     sys::{AsyncSocket, SocketAddr},
@@ -18,6 +19,8 @@ pub enum LinkEvent {
     /// A link exists now (also sent once for every link present at start).
     Present(ObservedLink),
     Removed(ObservedLink),
+    /// An address of the link with this index was added or removed.
+    AddressChanged(u32),
 }
 
 /// A subscription to link changes in this process's network namespace.
@@ -35,8 +38,11 @@ impl LinkWatch {
             rtnetlink::new_connection().context("opening a netlink socket")?;
         conn.socket_mut()
             .socket_mut()
-            .bind(&SocketAddr::new(0, RTMGRP_LINK))
-            .context("subscribing to link events")?;
+            .bind(&SocketAddr::new(
+                0,
+                RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR,
+            ))
+            .context("subscribing to link and address events")?;
         tokio::spawn(conn);
         let initial: Vec<ObservedLink> = handle
             .link()
@@ -66,6 +72,9 @@ impl LinkWatch {
                     }
                     RouteNetlinkMessage::DelLink(m) => {
                         return Some(LinkEvent::Removed(ObservedLink::from_message(&m)))
+                    }
+                    RouteNetlinkMessage::NewAddress(m) | RouteNetlinkMessage::DelAddress(m) => {
+                        return Some(LinkEvent::AddressChanged(m.header.index))
                     }
                     _ => continue,
                 }
