@@ -110,7 +110,8 @@ fn the_agent_registers_the_nodes_ipv6_address_when_it_changes() -> Result<()> {
         let in_node = n["spec"]["addresses"]
             .as_array()
             .is_some_and(|a| a.iter().any(|x| x == &ip6));
-        Ok(t["status"]["tunnel"]["ipv6"] == want && in_node == !want.is_empty())
+        let want_in_node = !want.is_empty();
+        Ok(t["status"]["tunnel"]["ipv6"] == want && in_node == want_in_node)
     };
     wait_until(
         "w1's IPv6 address registered at start",
