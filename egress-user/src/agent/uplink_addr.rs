@@ -64,14 +64,31 @@ pub fn node_ipv6(addrs: &[LinkAddress]) -> Option<Ipv6Addr> {
     addrs.iter().find_map(|a| match a.addr {
         IpAddr::V6(v6)
             if a.scope == AddressScope::Universe
-                && !v6.is_unicast_link_local()
-                && !v6.is_loopback()
+                && unusable_as_node_address(&v6).is_none()
                 && !a.flags.intersects(unstable) =>
         {
             Some(v6)
         }
         _ => None,
     })
+}
+
+/// Why `a` cannot be a node's IPv6 address that servers outside answer to
+/// (`None`: it can).
+pub fn unusable_as_node_address(a: &Ipv6Addr) -> Option<&'static str> {
+    if a.is_unspecified() {
+        Some("the unspecified address")
+    } else if a.is_loopback() {
+        Some("the loopback address")
+    } else if a.is_multicast() {
+        Some("a multicast address")
+    } else if a.is_unicast_link_local() {
+        Some("link-local (fe80::/10): not reachable from outside the link")
+    } else if a.to_ipv4_mapped().is_some() {
+        Some("an IPv4-mapped address")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -118,5 +135,16 @@ mod tests {
         assert_eq!(first_ipv4(&addrs), Some(Ipv4Addr::new(10, 10, 0, 1)));
         assert_eq!(node_ipv6(&addrs[..5]), None, "only unstable or link-local");
         assert_eq!(first_ipv4(&addrs[1..]), None);
+    }
+
+    #[test]
+    fn only_global_unicast_addresses_can_be_the_node_address() {
+        for bad in ["::", "::1", "ff02::1", "fe80::1", "::ffff:10.0.0.1"] {
+            let a: Ipv6Addr = bad.parse().unwrap();
+            assert!(unusable_as_node_address(&a).is_some(), "{bad}");
+        }
+        for good in ["2001:db8::1", "fd00:10::1"] {
+            assert_eq!(unusable_as_node_address(&good.parse().unwrap()), None);
+        }
     }
 }

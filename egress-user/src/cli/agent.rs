@@ -47,7 +47,7 @@ pub struct AgentArgs {
     /// The node's IPv6 address, the IPv6 address of a dual-stack useNodeIP
     /// policy placed on this node (default: the uplink's first global IPv6
     /// address; none: such policies' IPv6 traffic is not translated here).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_node_ipv6)]
     pub node_ipv6: Option<Ipv6Addr>,
     /// VXLAN device name.
     #[arg(long, default_value = "egress.vxlan")]
@@ -167,6 +167,16 @@ impl AgentBgpArgs {
             graceful_restart_time: self.graceful_restart_time,
             password: self.password.clone(),
         }))
+    }
+}
+
+fn parse_node_ipv6(s: &str) -> Result<Ipv6Addr, String> {
+    let a: Ipv6Addr = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IPv6 address"))?;
+    match crate::agent::uplink_addr::unusable_as_node_address(&a) {
+        Some(why) => Err(format!("{a} is {why}")),
+        None => Ok(a),
     }
 }
 
