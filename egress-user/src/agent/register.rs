@@ -6,7 +6,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::{Context, Result};
@@ -114,6 +114,51 @@ pub async fn publish_awaiting_reconfirmation(
 
 /// The status field of [`publish_awaiting_reconfirmation`].
 const AWAITING_RECONFIRMATION: &str = "awaitingReconfirmation";
+
+/// The uplink's addresses changed: the node's IPv6 address is registered
+/// again when it is not fixed by `--node-ipv6` and is no longer the
+/// registered one (a global address may come up after the agent started: duplicate
+/// detection, SLAAC, a late DHCPv6 lease). The tunnel endpoint is not
+/// changed while running (the datapath, BGP and every peer's maps use it):
+/// its loss is logged for the operator.
+/// Returns whether `me` changed (and must be registered).
+pub async fn addresses_changed(
+    handle: &rtnetlink::Handle,
+    s: &super::AgentSettings,
+    uplink_ifindex: u32,
+    me: &mut SelfDescription,
+) -> bool {
+    let addrs = match super::uplink_addr::link_addresses(handle, uplink_ifindex).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "listing the uplink's addresses failed");
+            return false;
+        }
+    };
+    if !addrs.iter().any(|a| a.addr == IpAddr::V4(me.tunnel_ip)) {
+        tracing::error!(tunnel_ip = %me.tunnel_ip, uplink = %s.uplink,
+            "the tunnel endpoint is no longer an address of the uplink; restart the agent to register a new one");
+    }
+    if s.node_ipv6.is_some() {
+        return false;
+    }
+    let now = super::uplink_addr::node_ipv6(&addrs);
+    if now == me.ipv6 {
+        return false;
+    }
+    tracing::info!(was = ?me.ipv6, now = ?now, "the node's IPv6 address changed; registering it");
+    me.ipv6 = now;
+    me.node.addresses = node_addresses(me.tunnel_ip, now);
+    true
+}
+
+/// The node record's addresses: the tunnel endpoint, then the IPv6 address.
+pub fn node_addresses(tunnel_ip: Ipv4Addr, ipv6: Option<Ipv6Addr>) -> Vec<String> {
+    std::iter::once(IpAddr::V4(tunnel_ip))
+        .chain(ipv6.map(IpAddr::V6))
+        .map(|a| a.to_string())
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {
