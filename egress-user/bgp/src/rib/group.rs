@@ -1,0 +1,265 @@
+//! Update groups: peers that see the same export of every route share one
+//! queue of changes and one packing of it (see [`OutGroup`]).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use super::{out, PeerConfig, RibConfig, Route};
+use crate::codec::{PathAttributes, Update};
+use crate::types::{Prefix, PrefixMap};
+
+/// What decides how a route is exported to a peer, apart from the peer's
+/// own address (a route never goes back to the peer it came from, which
+/// each member applies for itself when the changes are packed).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct GroupKey {
+    pub(super) asn: u32,
+    pub(super) client: bool,
+    /// With next-hop-self: our address on the session, put as next hop.
+    pub(super) next_hop_self: Option<IpAddr>,
+    pub(super) llgr: bool,
+}
+
+/// A prefix's change waiting in a group: the export of its current best
+/// route, and enough of the past for each member to decide alone.
+#[derive(Clone)]
+pub(super) struct Pending {
+    /// The export of the current best route; None: nothing to export.
+    pub(super) value: Option<Arc<out::Exported>>,
+    /// The peer the current best route came from.
+    pub(super) from: Option<IpAddr>,
+    /// Before the first change of this batch: whether the best route was
+    /// exported to the group, and where it came from.
+    pub(super) was_exported: bool,
+    pub(super) was_from: Option<IpAddr>,
+}
+
+impl Pending {
+    /// What `member` is sent: an announcement (Some(Some)), a withdrawal
+    /// (Some(None)) or nothing. A member never gets its own routes back,
+    /// and gets a withdrawal only for a route it was sent.
+    pub(super) fn for_member(&self, member: Option<IpAddr>) -> Option<Option<&Arc<out::Exported>>> {
+        if self.value.is_some() && (member.is_none() || self.from != member) {
+            return Some(self.value.as_ref());
+        }
+        let had = self.was_exported && (member.is_none() || self.was_from != member);
+        had.then_some(None)
+    }
+}
+
+/// Peers that see the same export of every route (FRR's update groups):
+/// one queue of changes, one export per route and one packing for all of
+/// them, so the speaker encodes each UPDATE once and sends the same bytes
+/// to every member. A peer whose session comes up (or asks for a route
+/// refresh) gets a group of its own for its full table, merged back once
+/// both are sent out.
+pub(super) struct OutGroup {
+    pub(super) key: GroupKey,
+    pub(super) members: Vec<IpAddr>,
+    pub(super) pending: PrefixMap<Pending>,
+    /// Loc-RIB prefixes exported to the group ...
+    pub(super) advertised: usize,
+    /// ... of which came from each member (so not sent to it).
+    pub(super) own: HashMap<IpAddr, usize>,
+    /// One shared copy per distinct attribute set, so pending changes cost
+    /// one pointer each, and packing can group by it.
+    interned: HashSet<Arc<out::Exported>>,
+    /// The last few exports, by source attributes: the prefixes of one
+    /// UPDATE all share them, so one export serves them all.
+    memo: Vec<(MemoKey, Option<Arc<out::Exported>>)>,
+}
+
+/// Holding the Arc keeps the pointer from being reused while memoized.
+struct MemoKey {
+    attrs: Arc<PathAttributes>,
+    next_hop: IpAddr,
+    from: Option<IpAddr>,
+    llgr_stale: bool,
+}
+
+impl MemoKey {
+    fn matches(&self, r: &Route) -> bool {
+        Arc::ptr_eq(&self.attrs, &r.attrs)
+            && self.next_hop == r.next_hop
+            && self.from == r.source.peer_addr()
+            && self.llgr_stale == r.llgr_stale
+    }
+}
+
+const MEMO_SIZE: usize = 4;
+
+impl OutGroup {
+    pub(super) fn new(key: GroupKey, member: IpAddr) -> OutGroup {
+        OutGroup {
+            key,
+            members: vec![member],
+            pending: PrefixMap::default(),
+            advertised: 0,
+            own: HashMap::from([(member, 0)]),
+            interned: HashSet::new(),
+            memo: Vec::new(),
+        }
+    }
+
+    /// The route as the group sees it (None: not sent), memoized and interned.
+    pub(super) fn export(
+        &mut self,
+        rib: &RibConfig,
+        r: Option<&Route>,
+    ) -> Option<Arc<out::Exported>> {
+        let r = r?;
+        if let Some((_, e)) = self.memo.iter().find(|(k, _)| k.matches(r)) {
+            return e.clone();
+        }
+        let peer = PeerConfig {
+            // Not a peer: split horizon is applied per member.
+            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            asn: self.key.asn,
+            client: self.key.client,
+            next_hop_self: self.key.next_hop_self.is_some(),
+        };
+        let ebgp = self.key.asn != rib.local_asn;
+        let local = self
+            .key
+            .next_hop_self
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let e = out::export(rib, &peer, ebgp, local, self.key.llgr, r).map(|e| self.intern(e));
+        if self.memo.len() == MEMO_SIZE {
+            self.memo.remove(0);
+        }
+        self.memo.push((
+            MemoKey {
+                attrs: r.attrs.clone(),
+                next_hop: r.next_hop,
+                from: r.source.peer_addr(),
+                llgr_stale: r.llgr_stale,
+            },
+            e.clone(),
+        ));
+        e
+    }
+
+    fn intern(&mut self, e: out::Exported) -> Arc<out::Exported> {
+        if let Some(a) = self.interned.get(&e) {
+            return a.clone();
+        }
+        // Forget attribute sets no prefix uses any more, now and then.
+        if self.interned.len() >= 1024 && self.interned.len().is_power_of_two() {
+            self.interned.retain(|a| Arc::strong_count(a) > 1);
+        }
+        let a = Arc::new(e);
+        self.interned.insert(a.clone());
+        a
+    }
+
+    /// Queues the change of `prefix` from `old` to `new` best route.
+    pub(super) fn queue(
+        &mut self,
+        rib: &RibConfig,
+        prefix: Prefix,
+        old: Option<&Route>,
+        new: Option<&Route>,
+    ) {
+        let before = self.export(rib, old);
+        let after = self.export(rib, new);
+        let old_from = old.and_then(|r| r.source.peer_addr());
+        let new_from = new.and_then(|r| r.source.peer_addr());
+        let same = match (&before, &after) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) && old_from == new_from,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        if before.is_some() {
+            self.advertised = self.advertised.saturating_sub(1);
+            if let Some(n) = old_from.and_then(|f| self.own.get_mut(&f)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        if after.is_some() {
+            self.advertised += 1;
+            if let Some(n) = new_from.and_then(|f| self.own.get_mut(&f)) {
+                *n += 1;
+            }
+        }
+        match self.pending.entry(prefix) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let p = e.get_mut();
+                p.value = after;
+                p.from = new_from;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Pending {
+                    value: after,
+                    from: new_from,
+                    was_exported: before.is_some(),
+                    was_from: old_from,
+                });
+            }
+        }
+    }
+
+    /// Packs the pending changes: one list for the members that decide
+    /// alike, one per member that was the source of a pending route.
+    pub(super) fn take(&mut self) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        if self.pending.is_empty() {
+            return out;
+        }
+        let mut alone: Vec<IpAddr> = Vec::new();
+        if self.members.len() == 1 {
+            alone.push(self.members[0]);
+        } else {
+            for p in self.pending.values() {
+                for f in [p.from, p.was_from].into_iter().flatten() {
+                    if !alone.contains(&f) && self.own.contains_key(&f) {
+                        alone.push(f);
+                    }
+                }
+            }
+        }
+        let alike: Vec<IpAddr> = self
+            .members
+            .iter()
+            .filter(|m| !alone.contains(m))
+            .copied()
+            .collect();
+        if !alike.is_empty() {
+            out.push(Outgoing {
+                updates: out::pack(
+                    self.pending
+                        .iter()
+                        .filter_map(|(k, p)| p.for_member(None).map(|v| (*k, v.cloned()))),
+                ),
+                peers: alike,
+            });
+        }
+        for m in alone {
+            out.push(Outgoing {
+                updates: out::pack(
+                    self.pending
+                        .iter()
+                        .filter_map(|(k, p)| p.for_member(Some(m)).map(|v| (*k, v.cloned()))),
+                ),
+                peers: vec![m],
+            });
+        }
+        out.retain(|o| !o.updates.is_empty());
+        let big = self.pending.capacity() > 1 << 16;
+        self.pending.clear();
+        if big {
+            self.pending.shrink_to(0);
+        }
+        out
+    }
+}
+
+/// UPDATEs for a set of peers that are all to be sent the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    pub peers: Vec<IpAddr>,
+    pub updates: Vec<Update>,
+}
