@@ -12,7 +12,7 @@
 //! This file uses only `std` and `anyhow`, so the chart tests include it with
 //! `#[path]` and install helm themselves when it is missing.
 
-#![allow(dead_code)] // shared with tests/tests/chart.rs; each user needs a different part
+#![allow(dead_code)] // shared with tests/tests/chart/main.rs; each user needs a different part
 
 use std::{
     fs,
