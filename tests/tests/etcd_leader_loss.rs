@@ -8,9 +8,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use egress_control::datastore::{etcd::EtcdDatastore, Datastore, Kind};
+use egress_control::{
+    api::API_VERSION,
+    datastore::{etcd::EtcdDatastore, Datastore, Event, Kind, StatusPatch},
+};
 use egress_tests::{etcd::EtcdServer, Netns};
 use futures::StreamExt;
+use serde_json::json;
 
 const MEMBERS: [&str; 3] = ["127.0.0.11", "127.0.0.12", "127.0.0.13"];
 
@@ -64,10 +68,10 @@ fn a_watch_through_a_member_without_quorum_ends_with_an_error() -> Result<()> {
 /// Three members, each in its own namespace on one bridge; the client
 /// (with all three endpoints, as `--etcd-endpoints` would name them) in
 /// the bridge's namespace. Once the third member is cut off from its peers
-/// and has no leader, every list, new watch, heartbeat renewal and leader
-/// renewal through the client must still succeed: a request the balancer
-/// sends to that member fails at once ("no leader"), and the backend tries
-/// it again.
+/// and has no leader, every list, new watch, heartbeat renewal, leader
+/// renewal and write through the client must still succeed: a request the
+/// balancer sends to that member fails at once ("no leader", before etcd
+/// handles it), and the backend tries it again.
 #[test]
 #[ignore = "needs root: network namespaces, etcd"]
 fn lists_succeed_while_one_of_three_members_is_cut_off() -> Result<()> {
@@ -150,14 +154,74 @@ fn lists_succeed_while_one_of_three_members_is_cut_off() -> Result<()> {
                     failures.push(format!("leadership: {e}"));
                 }
             }
+            // Writes: the cut-off member refuses them before handling them
+            // ("no leader"), so they are sent again too.
+            failures.extend(writes(&ds).await);
             Ok(failures)
         })
     })?;
     assert!(
         failures.is_empty(),
-        "{} of 40 lists, 20 watches, 20 heartbeats and 20 leader renewals failed: {:?}",
+        "{} of 40 lists, 20 watches, 20 heartbeats, 20 leader renewals and 100 writes failed: {:?}",
         failures.len(),
         failures.first()
     );
     Ok(())
+}
+
+/// Twenty of each write the controller and the agents make: creates,
+/// updates, status writes, events and deletes; the failures.
+async fn writes(ds: &EtcdDatastore) -> Vec<String> {
+    let mut failures = Vec::new();
+    let object = |i: usize| {
+        json!({
+            "apiVersion": API_VERSION, "kind": "EgressGateway",
+            "metadata": { "name": format!("w{i}") },
+            "spec": { "ippools": { "ipv4": [format!("198.51.100.{i}")] } },
+        })
+    };
+    for i in 0..20 {
+        let created = match ds.create(Kind::EgressGateway, object(i)).await {
+            Ok(s) => s,
+            Err(e) => {
+                failures.push(format!("create: {e}"));
+                continue;
+            }
+        };
+        let mut changed = object(i);
+        changed["spec"]["clusterDefault"] = json!(false);
+        let updated = match ds
+            .update(Kind::EgressGateway, changed, created.revision)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                failures.push(format!("update: {e}"));
+                continue;
+            }
+        };
+        let patch = StatusPatch {
+            manager: "test".into(),
+            owned: vec!["epoch".into()],
+            status: json!({ "epoch": i }),
+        };
+        let status = ds
+            .write_status(Kind::EgressGateway, &updated.key, &patch)
+            .await;
+        if let Err(e) = &status {
+            failures.push(format!("status: {e}"));
+        }
+        let event = Event::normal(Kind::EgressGateway, updated.key.clone(), "Test", "written");
+        if let Err(e) = ds.record_event(event).await {
+            failures.push(format!("event: {e}"));
+        }
+        let revision = status.map_or(updated.revision, |s| s.revision);
+        if let Err(e) = ds
+            .delete(Kind::EgressGateway, &updated.key, Some(revision))
+            .await
+        {
+            failures.push(format!("delete: {e}"));
+        }
+    }
+    failures
 }

@@ -35,13 +35,24 @@ pub struct EtcdDatastore {
 /// picks answers Unavailable.
 const ATTEMPTS: u32 = 10;
 
-/// Runs a request again while it fails with gRPC code 14, Unavailable: with
-/// `require_leader`, a member cut off from its quorum answers "etcdserver:
-/// no leader" at once, and the balancer may pick another member next. Only
-/// for requests that are the same however often they are sent (reads, new
-/// watches, renewals): a write that failed on the way back may have been
-/// applied.
-async fn again<T, F, Fut>(op: F) -> Result<T>
+/// gRPC code 14, Unavailable: with `require_leader`, a member cut off from
+/// its quorum answers "etcdserver: no leader" at once, and the balancer may
+/// pick another member next; a member that is down answers it too.
+fn unavailable(e: &DatastoreError) -> bool {
+    matches!(e, DatastoreError::Etcd(etcd_client::Error::GRpcStatus(s)) if i32::from(s.code()) == 14)
+}
+
+/// The member refused the request before handling it: etcd checks for a
+/// leader (`require_leader`) ahead of the request's handler, so nothing of
+/// it was applied and sending it again is safe for any write.
+fn refused_unapplied(e: &DatastoreError) -> bool {
+    matches!(e, DatastoreError::Etcd(etcd_client::Error::GRpcStatus(s))
+        if i32::from(s.code()) == 14 && s.message() == "etcdserver: no leader")
+}
+
+/// Runs a request again while it fails with an error `retry` accepts, up
+/// to [`ATTEMPTS`] in all.
+async fn retry_while<T, F, Fut>(retry: fn(&DatastoreError) -> bool, op: F) -> Result<T>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
@@ -49,14 +60,32 @@ where
     let mut attempt = 1;
     loop {
         match op().await {
-            Err(DatastoreError::Etcd(etcd_client::Error::GRpcStatus(s)))
-                if attempt < ATTEMPTS && i32::from(s.code()) == 14 =>
-            {
-                attempt += 1;
-            }
+            Err(e) if attempt < ATTEMPTS && retry(&e) => attempt += 1,
             r => return r,
         }
     }
+}
+
+/// For requests that are the same however often they are sent (reads, new
+/// watches, renewals): again on any Unavailable. A write that failed on
+/// the way back may have been applied, so writes use [`again_unapplied`].
+async fn again<T, F, Fut>(op: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    retry_while(unavailable, op).await
+}
+
+/// For writes: again only when the member refused the request unapplied
+/// (a member without quorum: one in three requests while one of three
+/// members is cut off, before this).
+async fn again_unapplied<T, F, Fut>(op: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    retry_while(refused_unapplied, op).await
 }
 
 impl EtcdDatastore {
@@ -145,6 +174,25 @@ impl EtcdDatastore {
         .await
     }
 
+    /// A transaction, sent again while a member refuses it unapplied.
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        again_unapplied(|| {
+            let (mut c, txn) = (self.client(), txn.clone());
+            async move { Ok(c.txn(txn).await?) }
+        })
+        .await
+    }
+
+    /// A lease of `secs` seconds. Granted again on any Unavailable: a lease
+    /// granted twice leaves one unused, which etcd drops when it expires.
+    async fn lease(&self, secs: i64) -> Result<i64> {
+        again(|| {
+            let mut c = self.client();
+            async move { Ok(c.lease_grant(secs, None).await?.id()) }
+        })
+        .await
+    }
+
     /// Read, change, compare-and-swap on the mod revision; again on a race.
     async fn modify(
         &self,
@@ -184,10 +232,10 @@ impl EtcdDatastore {
                 serde_json::to_vec(&new)?,
                 None,
             )]);
-            let resp = self.client().txn(txn).await?;
+            let resp = self.txn(txn).await?;
             if !resp.succeeded() {
                 if let Some((key, term, election)) = fence {
-                    let r = self.client().get(key, None).await?;
+                    let r = self.range(key, false).await?;
                     if r.kvs().first().map(|kv| kv.create_revision()) != Some(term) {
                         return Err(DatastoreError::LostLeadership { election });
                     }
@@ -298,7 +346,7 @@ impl Datastore for EtcdDatastore {
         let txn = Txn::new()
             .when([Compare::create_revision(path.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(path, serde_json::to_vec(&object)?, None)]);
-        let resp = self.client().txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if !resp.succeeded() {
             return Err(DatastoreError::AlreadyExists { kind, key });
         }
@@ -344,7 +392,7 @@ impl Datastore for EtcdDatastore {
             .when([cmp])
             .and_then([TxnOp::delete(path.clone(), None)])
             .or_else([TxnOp::get(path, None)]);
-        let resp = self.client().txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if resp.succeeded() {
             return Ok(());
         }
@@ -440,7 +488,7 @@ impl Datastore for EtcdDatastore {
         let path = format!("{}/leaders/{election}", self.prefix);
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
         let mut c = self.client();
-        let lease = c.lease_grant(secs, None).await?.id();
+        let lease = self.lease(secs).await?;
         let txn = Txn::new()
             .when([Compare::create_revision(path.clone(), CompareOp::Equal, 0)])
             .and_then([
@@ -452,7 +500,7 @@ impl Datastore for EtcdDatastore {
                 TxnOp::get(path.clone(), None),
             ])
             .or_else([TxnOp::get(path, None)]);
-        let resp = c.txn(txn).await?;
+        let resp = self.txn(txn).await?;
         let kv = resp.op_responses().into_iter().find_map(|r| match r {
             etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
             _ => None,
@@ -492,8 +540,7 @@ impl Datastore for EtcdDatastore {
 
     async fn resign(&self, lead: &Leadership) -> Result<()> {
         let path = format!("{}/leaders/{}", self.prefix, lead.election);
-        let mut c = self.client();
-        c.txn(
+        self.txn(
             Txn::new()
                 .when([Compare::create_revision(
                     path.clone(),
@@ -503,13 +550,13 @@ impl Datastore for EtcdDatastore {
                 .and_then([TxnOp::delete(path, None)]),
         )
         .await?;
-        let _ = c.lease_revoke(lead.token).await;
+        let _ = self.client().lease_revoke(lead.token).await;
         Ok(())
     }
 
     async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {
         let path = format!("{}/leaders/{election}", self.prefix);
-        let resp = self.client().get(path, None).await?;
+        let resp = self.range(path, false).await?;
         Ok(resp.kvs().first().map(|kv| LeaderInfo {
             identity: String::from_utf8_lossy(kv.value()).into_owned(),
             term: kv.create_revision() as u64,
@@ -526,14 +573,13 @@ impl Datastore for EtcdDatastore {
             chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default(),
             self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000
         );
-        let mut c = self.client();
-        let lease = c.lease_grant(3600, None).await?.id();
-        c.put(
+        let lease = self.lease(3600).await?;
+        let put = TxnOp::put(
             path,
             serde_json::to_vec(&event)?,
             Some(PutOptions::new().with_lease(lease)),
-        )
-        .await?;
+        );
+        self.txn(Txn::new().and_then([put])).await?;
         Ok(())
     }
 
@@ -550,10 +596,7 @@ impl Datastore for EtcdDatastore {
 
     async fn events(&self) -> Result<Vec<Event>> {
         let p = format!("{}/events/", self.prefix);
-        let resp = self
-            .client()
-            .get(p, Some(GetOptions::new().with_prefix()))
-            .await?;
+        let resp = self.range(p, true).await?;
         resp.kvs()
             .iter()
             .map(|kv| Ok(serde_json::from_slice(kv.value())?))
