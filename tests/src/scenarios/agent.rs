@@ -19,8 +19,10 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use super::{
-    check_tcp, check_udp, ms, say, spawn_ready, stage, tunnel_phase, wait_new_owner, Bins, Options,
-    Outcome,
+    ms, say,
+    stage::{spawn_ready, stage},
+    tracker::{check_tcp, check_udp, tunnel_phase, wait_new_owner},
+    Bins, Options, Outcome,
 };
 use crate::{
     cluster::{wait_until, Cluster},
@@ -194,7 +196,7 @@ pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome
         None => out.check(false, "no other node took the EIP"),
     }
     std::thread::sleep(opts.after);
-    let arp = super::report_of(watch)?;
+    let arp = super::stage::report_of(watch)?;
     let fault_ms = (t0 - watch_start).as_secs_f64() * 1000.0;
     let answer = |mac: &str| {
         arp["answers"]

@@ -1,0 +1,176 @@
+//! `gateway-link-down`, and the management link that keeps the owner's
+//! datastore reachable while its underlay is down.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::{
+    ds_watch::record_datastore,
+    ms, say,
+    stage::stage,
+    tracker::{check_event, check_tcp, check_udp, tunnel_phase, wait_new_owner},
+    Bins, Options, Outcome,
+};
+use crate::{
+    cluster::{wait_until, Cluster},
+    topology::FABRIC_UNDERLAY_IP,
+};
+
+/// Gives node `i` a management link to the fabric that carries only its
+/// TCP to and from etcd (policy routing on both ends), so the underlay port
+/// can die while the datastore stays reachable.
+pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
+    let node = &cluster.topo.nodes[i];
+    let fab = &cluster.topo.fabric;
+    let port = format!("m{}", node.index);
+    crate::link_veth(&node.ns, "mgmt0", fab, &port)?;
+    let (fab_ip, node_ip) = (
+        format!("10.11.{}.1", node.index),
+        format!("10.11.{}.2", node.index),
+    );
+    fab.addr(&port, &format!("{fab_ip}/30"))?;
+    node.ns.addr("mgmt0", &format!("{node_ip}/30"))?;
+    for (ns, dev) in [(&node.ns, "mgmt0"), (fab, port.as_str())] {
+        ns.exec(&[
+            "sysctl",
+            "-qw",
+            "net.ipv4.conf.all.rp_filter=0",
+            &format!("net.ipv4.conf.{dev}.rp_filter=0"),
+        ])?;
+    }
+    let etcd = FABRIC_UNDERLAY_IP.to_string();
+    // Node: its etcd traffic (source: its underlay address) via mgmt0.
+    node.ns.ip(&[
+        "route", "add", "default", "via", &fab_ip, "dev", "mgmt0", "table", "100",
+    ])?;
+    node.ns.ip(&[
+        "rule", "add", "to", &etcd, "ipproto", "tcp", "dport", "2379", "lookup", "100", "priority",
+        "100",
+    ])?;
+    // Fabric: etcd's replies to that node via the management port.
+    fab.ip(&[
+        "route",
+        "add",
+        &node.ip.to_string(),
+        "via",
+        &node_ip,
+        "dev",
+        &port,
+        "table",
+        "100",
+    ])?;
+    fab.ip(&[
+        "rule",
+        "add",
+        "to",
+        &node.ip.to_string(),
+        "ipproto",
+        "tcp",
+        "sport",
+        "2379",
+        "lookup",
+        "100",
+        "priority",
+        "100",
+    ])?;
+    Ok(())
+}
+
+/// `gateway-link-down`: the underlay dies, the agent and its datastore stay.
+pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
+    let mut st = stage(bins, opts, 1)?;
+    let mut out = Outcome {
+        scenario: "gateway-link-down".into(),
+        ..Default::default()
+    };
+    let old = st.owner;
+    let old_name = st.cluster.topo.nodes[old].name.clone();
+    add_management_link(&st.cluster, old)?;
+    say(&format!(
+        "{old_name}: etcd traffic now on a separate management link"
+    ));
+    std::thread::sleep(opts.settle);
+    // The agent must still be healthy (its heartbeat on the management link).
+    let agent_ok = st.cluster.agent_state(old).is_ok();
+    out.check(agent_ok, format!("{old_name}'s agent does not answer"));
+
+    let t0 = Instant::now();
+    st.cluster.topo.cut_node(old)?;
+    say(&format!(
+        "fault: {old_name}'s underlay link cut; agent and datastore stay up"
+    ));
+    say("note: only the datapath probes can see this fault (the heartbeats go on)");
+    let bound = opts.probe_bound();
+    let moved = wait_new_owner(&st.tracker, old, t0, bound);
+    let new = match moved {
+        Some((at, node)) => {
+            out.detection_ms = Some(ms(at - t0));
+            say(&format!(
+                "{} announces the EIP {} ms after the fault",
+                st.cluster.topo.nodes[node].name,
+                ms(at - t0)
+            ));
+            Some(node)
+        }
+        None => {
+            out.check(
+                false,
+                format!(
+                    "no other node announced the EIP within {} ms (probe detection + monitor period + slack)",
+                    ms(bound)
+                ),
+            );
+            None
+        }
+    };
+    out.extra.insert("old_owner".into(), json!(old_name));
+    if let Some(n) = new {
+        out.extra
+            .insert("new_owner".into(), json!(st.cluster.topo.nodes[n].name));
+        // The old owner, alive and reading the datastore, withdraws.
+        let silent = wait_until("the old owner withdraws", Duration::from_secs(5), || {
+            Ok(!st.tracker.now(old).announced)
+        });
+        out.check(
+            silent.is_ok(),
+            format!("{old_name} still announces after the move"),
+        );
+        check_event(&mut out, &st.cluster, &old_name, "Failed");
+    }
+    out.check(
+        st.tracker.now(old).reachable,
+        format!("{old_name}'s agent died during the link failure"),
+    );
+    // Its heartbeats went on over the management link: the heartbeat path
+    // must not be what moved the EIP.
+    let phase = tunnel_phase(&st.cluster, &old_name);
+    out.extra.insert("old_owner_phase".into(), json!(phase));
+    out.check(
+        phase.as_deref() != Some("HeartbeatTimeout"),
+        format!("{old_name} went HeartbeatTimeout: its datastore link was cut too"),
+    );
+    std::thread::sleep(opts.after);
+    let now = Instant::now();
+    out.dual_announce_total_ms = st.tracker.dual_ms(t0, now);
+    out.dual_announce_ms = st.tracker.dual_ms(t0 + opts.eviction(), now);
+    let udp = st.traffic.stop_udp()?;
+    check_udp(&mut out, &udp, &st.eip, bound);
+    let tcp = st.traffic.stop_tcp()?;
+    check_tcp(&mut out, &tcp);
+    let end = st.tracker.announcers_now();
+    out.check(
+        end.len() == 1,
+        format!("{} nodes announce the EIP at the end", end.len()),
+    );
+    out.check(
+        out.dual_announce_ms == 0,
+        format!(
+            "two nodes announced the EIP for {} ms after the eviction timeout",
+            out.dual_announce_ms
+        ),
+    );
+    record_datastore(&mut out, &st.ds, &st.eip, &old_name, t0);
+    st.finish(out)
+}
