@@ -185,7 +185,12 @@ impl Cluster {
             cluster.upstream = Some(Upstream { frr, ns });
         }
         for i in 0..spec.controllers {
-            let c = cluster.spawn_controller(i)?;
+            let mut c = cluster.spawn_controller(i)?;
+            if i == 0 {
+                // Agents started before decide to read every pod (etcd's
+                // pod index is complete only once a controller said so).
+                c.wait_for_line("datastore indexes complete", Duration::from_secs(30))?;
+            }
             cluster.controllers.push(Some(c));
         }
         if spec.bgp && !spec.reflector_in_controller {

@@ -101,6 +101,10 @@ struct Published {
     /// Of those, the ones that did not concern this node (other nodes'
     /// pods only): no reconcile.
     batches_skipped: u64,
+    /// Pods the view holds: the node's own where the datastore sends an
+    /// agent only those (Kubernetes, etcd with its pod index), every pod
+    /// of the cluster otherwise.
+    view_pods: usize,
     last_error: Option<String>,
     fenced: bool,
     announced: Vec<IpAddr>,
@@ -294,11 +298,13 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             let start = async { Ok(ViewCache::start(ds.as_ref()).await?) };
             match ds_call(&fence, &s.timers, start).await {
                 Ok(c) => {
+                    let mut p = published.lock().unwrap();
+                    p.datastore_lists += 1;
+                    p.view_pods = c.view.pods.len();
                     cache = Some(c);
                     last_view = ClusterView::default();
                     relist_due = false;
                     dirty = true;
-                    published.lock().unwrap().datastore_lists += 1;
                 }
                 Err(e) => {
                     // Keep the last view (or the live cache, on a periodic
@@ -463,6 +469,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     Ok(changed) => {
                         let mut p = published.lock().unwrap();
                         p.watch_batches += 1;
+                        p.view_pods = cache.as_ref().map_or(0, |c| c.view.pods.len());
                         if concerns(&changed, &s.node) {
                             dirty = true;
                         } else {

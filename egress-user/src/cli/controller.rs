@@ -69,7 +69,7 @@ async fn connect_scoped(
                 None => ds,
             }))
         }
-        Backend::Etcd => args.connect().await,
+        Backend::Etcd => args.connect_scoped(pods_of_node).await,
     }
 }
 

@@ -34,6 +34,12 @@ pub struct DatastoreArgs {
 
 impl DatastoreArgs {
     pub async fn connect(&self) -> Result<Arc<dyn Datastore>> {
+        self.connect_scoped(None).await
+    }
+
+    /// As [`connect`](Self::connect); with `pods_of_node`, pod lists and
+    /// watches cover that node's pods only (an agent's handle).
+    pub async fn connect_scoped(&self, pods_of_node: Option<&str>) -> Result<Arc<dyn Datastore>> {
         match self.datastore {
             Backend::Etcd => {
                 let ds = EtcdDatastore::connect(&self.etcd_endpoints, &self.etcd_prefix)
@@ -41,7 +47,10 @@ impl DatastoreArgs {
                     .with_context(|| {
                         format!("connecting to etcd at {}", self.etcd_endpoints.join(","))
                     })?;
-                Ok(Arc::new(ds))
+                Ok(Arc::new(match pods_of_node {
+                    Some(node) => ds.pods_of_node(node),
+                    None => ds,
+                }))
             }
             Backend::Kubernetes => anyhow::bail!(
                 "--datastore kubernetes is not wired into the binary yet; use --datastore etcd"

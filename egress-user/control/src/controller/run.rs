@@ -439,6 +439,9 @@ pub async fn run_controller_with_stats(
     use std::sync::atomic::Ordering::Relaxed;
     cfg.timers.validate()?;
     tokio::pin!(shutdown);
+    // Every replica, before it campaigns (the writes are conditional, so
+    // replicas may race); again on leading while it has not succeeded.
+    let mut indexes_complete = complete_indexes(ds.as_ref(), &cfg.identity).await;
     'campaign: loop {
         // Campaign.
         let lead = loop {
@@ -473,6 +476,9 @@ pub async fn run_controller_with_stats(
             continue;
         }
         println!("controller {} leading, term {}", cfg.identity, lead.term);
+        if !indexes_complete {
+            indexes_complete = complete_indexes(ds.as_ref(), &cfg.identity).await;
+        }
         let mut monitor = HeartbeatMonitor::new(Instant::now());
         // None: list every kind before the next pass (at first, and after a
         // watch failed or fell behind).
@@ -559,6 +565,24 @@ pub async fn run_controller_with_stats(
                     None => break,
                 },
             }
+        }
+    }
+}
+
+/// Brings the datastore's indexes up to date with objects written before
+/// they existed (etcd's pods by node: until it is complete, agents read
+/// every pod, as before). Says so on stdout once done.
+async fn complete_indexes(ds: &dyn Datastore, identity: &str) -> bool {
+    match ds.complete_indexes().await {
+        Ok(()) => {
+            println!("controller {identity} datastore indexes complete");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(
+                "completing the datastore's indexes failed: {e}; trying again when leading"
+            );
+            false
         }
     }
 }

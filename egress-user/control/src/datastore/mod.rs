@@ -278,6 +278,13 @@ pub trait Datastore: Send + Sync {
     fn relist_period(&self) -> Duration {
         Duration::from_secs(300)
     }
+
+    /// Brings the backend's secondary indexes up to date with objects
+    /// written before they existed (etcd: pods by node); the leading
+    /// controller calls it once. Nothing to do elsewhere.
+    async fn complete_indexes(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Fills the bookkeeping fields of a new object's metadata.

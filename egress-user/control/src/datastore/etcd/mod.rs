@@ -8,6 +8,10 @@
 //! - `PREFIX/leaders/<election>`: the leader's identity, attached to its
 //!   lease; the key's create revision is the term.
 //! - `PREFIX/events/<time>-<n>`: events, attached to a one-hour lease.
+//! - `PREFIX/pod-index/<node>/<namespace>/<name>`: pods by node (see
+//!   [`pod_index`]).
+
+mod pod_index;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -29,6 +33,10 @@ pub struct EtcdDatastore {
     seq: AtomicU64,
     /// (leader key, term, election) every status write is conditioned on.
     fence: std::sync::Mutex<Option<(String, i64, String)>>,
+    /// Lists and watches of pods cover this node's only (an agent's handle).
+    pod_node: Option<String>,
+    /// Whether they come from the pod index (decided by each pod list).
+    pod_index_used: std::sync::Mutex<bool>,
 }
 
 /// Attempts of a request, in all, while the member the client's balancer
@@ -105,7 +113,27 @@ impl EtcdDatastore {
             prefix: prefix.trim_end_matches('/').to_string(),
             seq: AtomicU64::new(0),
             fence: std::sync::Mutex::new(None),
+            pod_node: None,
+            pod_index_used: std::sync::Mutex::new(false),
         })
+    }
+
+    /// A handle whose pod lists and watches cover `node`'s pods only (the
+    /// agent's: its maps hold no other), once the pod index is complete.
+    pub fn pods_of_node(mut self, node: impl Into<String>) -> Self {
+        self.pod_node = Some(node.into());
+        self
+    }
+
+    /// Where `kind`'s objects are listed (`listing`) and watched from by
+    /// this handle.
+    async fn read_prefix(&self, kind: Kind, listing: bool) -> Result<String> {
+        if kind == Kind::Pod {
+            if let Some(node) = self.pods_from_index(listing).await? {
+                return Ok(self.pod_index_prefix(node));
+            }
+        }
+        Ok(self.kind_prefix(kind))
     }
 
     fn kind_prefix(&self, kind: Kind) -> String {
@@ -227,12 +255,10 @@ impl EtcdDatastore {
                     *term,
                 ));
             }
-            let txn = Txn::new().when(when).and_then([TxnOp::put(
-                path.clone(),
-                serde_json::to_vec(&new)?,
-                None,
-            )]);
-            let resp = self.txn(txn).await?;
+            let bytes = serde_json::to_vec(&new)?;
+            let mut ops = self.pod_index_ops(kind, key, Some(&cur.value), Some((&new, &bytes)));
+            ops.push(TxnOp::put(path.clone(), bytes, None));
+            let resp = self.txn(Txn::new().when(when).and_then(ops)).await?;
             if !resp.succeeded() {
                 if let Some((key, term, election)) = fence {
                     let r = self.range(key, false).await?;
@@ -261,7 +287,9 @@ impl EtcdDatastore {
 #[async_trait]
 impl Datastore for EtcdDatastore {
     async fn list(&self, kind: Kind) -> Result<(Vec<Stored>, u64)> {
-        let resp = self.range(self.kind_prefix(kind), true).await?;
+        let resp = self
+            .range(self.read_prefix(kind, true).await?, true)
+            .await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
         let items = resp
             .kvs()
@@ -275,12 +303,12 @@ impl Datastore for EtcdDatastore {
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision as i64 + 1);
+        let prefix = self.read_prefix(kind, false).await?;
         let stream = again(|| {
-            let (mut c, key, opts) = (self.client(), self.kind_prefix(kind), opts.clone());
+            let (mut c, key, opts) = (self.client(), prefix.clone(), opts.clone());
             async move { Ok(c.watch(key, Some(opts)).await?) }
         })
         .await?;
-        let prefix = self.kind_prefix(kind);
         let me = KeyMapper {
             prefix,
             namespaced: kind.namespaced(),
@@ -343,9 +371,12 @@ impl Datastore for EtcdDatastore {
         if let Some(m) = object.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");
         }
+        let bytes = serde_json::to_vec(&object)?;
+        let mut ops = self.pod_index_ops(kind, &key, None, Some((&object, &bytes)));
+        ops.push(TxnOp::put(path.clone(), bytes, None));
         let txn = Txn::new()
-            .when([Compare::create_revision(path.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(path, serde_json::to_vec(&object)?, None)]);
+            .when([Compare::create_revision(path, CompareOp::Equal, 0)])
+            .and_then(ops);
         let resp = self.txn(txn).await?;
         if !resp.succeeded() {
             return Err(DatastoreError::AlreadyExists { kind, key });
@@ -384,15 +415,40 @@ impl Datastore for EtcdDatastore {
 
     async fn delete(&self, kind: Kind, key: &ObjectKey, revision: Option<u64>) -> Result<()> {
         let path = self.object_key(kind, key);
-        let cmp = match revision {
-            Some(r) => Compare::mod_revision(path.clone(), CompareOp::Equal, r as i64),
-            None => Compare::create_revision(path.clone(), CompareOp::Greater, 0),
+        // A pod's index entry goes with it: its node comes from the stored
+        // pod, deleted only while still that version.
+        let mut attempts = 16;
+        let resp = loop {
+            let (cmp, index_ops) = if kind == Kind::Pod {
+                let Some(cur) = self.get(kind, key).await? else {
+                    return Err(DatastoreError::NotFound {
+                        kind,
+                        key: key.clone(),
+                    });
+                };
+                let at = revision.unwrap_or(cur.revision) as i64;
+                let cmp = Compare::mod_revision(path.clone(), CompareOp::Equal, at);
+                (cmp, self.pod_index_ops(kind, key, Some(&cur.value), None))
+            } else {
+                let cmp = match revision {
+                    Some(r) => Compare::mod_revision(path.clone(), CompareOp::Equal, r as i64),
+                    None => Compare::create_revision(path.clone(), CompareOp::Greater, 0),
+                };
+                (cmp, Vec::new())
+            };
+            let mut ops = index_ops;
+            ops.push(TxnOp::delete(path.clone(), None));
+            let txn = Txn::new()
+                .when([cmp])
+                .and_then(ops)
+                .or_else([TxnOp::get(path.clone(), None)]);
+            let resp = self.txn(txn).await?;
+            attempts -= 1;
+            // A pod changed between the read and the delete: read it again.
+            if resp.succeeded() || revision.is_some() || kind != Kind::Pod || attempts == 0 {
+                break resp;
+            }
         };
-        let txn = Txn::new()
-            .when([cmp])
-            .and_then([TxnOp::delete(path.clone(), None)])
-            .or_else([TxnOp::get(path, None)]);
-        let resp = self.txn(txn).await?;
         if resp.succeeded() {
             return Ok(());
         }
@@ -580,6 +636,14 @@ impl Datastore for EtcdDatastore {
             Some(PutOptions::new().with_lease(lease)),
         );
         self.txn(Txn::new().and_then([put])).await?;
+        Ok(())
+    }
+
+    async fn complete_indexes(&self) -> Result<()> {
+        let copied = self.complete_pod_index().await?;
+        if copied > 0 {
+            tracing::info!(copied, "pods written before the pod index copied into it");
+        }
         Ok(())
     }
 
