@@ -5,12 +5,14 @@
 //! - [`register`]: the node's own records (node, EgressTunnel).
 //! - [`node_ports`]: node-IP port blocks against the node's ephemeral ports.
 //! - [`uplink_addr`]: the node addresses read from the uplink.
+//! - `published`: what the admin endpoint shows of the agent.
 //! - [`runtime`]: the loop that ties datastore, fence, netlink and maps together.
 
 pub mod adapt;
 pub mod bgp;
 pub mod metrics;
 pub mod node_ports;
+mod published;
 pub mod register;
 pub mod routes;
 pub mod runtime;

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use super::{
     adapt::{desired_maps, NodeFacts},
+    published::{admin_handler, Published},
     register::{
         addresses_changed, node_addresses, publish_awaiting_reconfirmation, register,
         SelfDescription,
@@ -44,7 +45,7 @@ use super::{
     uplink_addr,
 };
 use crate::{
-    admin::{self, Response},
+    admin,
     datapath::{apply, lease, links, Datapath, DesiredMaps, PinnedMaps},
     node::{
         vxlan::{self, VxlanSpec},
@@ -87,48 +88,6 @@ const REGISTER_RETRY_FIRST: Duration = Duration::from_millis(250);
 const REGISTER_RETRY_MAX: Duration = Duration::from_secs(5);
 /// How soon a failed list of the datastore is tried again.
 const LIST_RETRY: Duration = Duration::from_secs(1);
-
-/// What the admin endpoint shows.
-#[derive(Default, serde::Serialize)]
-struct Published {
-    ready: bool,
-    reconciles: u64,
-    /// Full lists of the datastore (the view cache started): one at start,
-    /// one per failed watch and per `Datastore::relist_period`, none per change.
-    datastore_lists: u64,
-    /// Batches of watch events applied to the view.
-    watch_batches: u64,
-    /// Of those, the ones that did not concern this node (other nodes'
-    /// pods only): no reconcile.
-    batches_skipped: u64,
-    /// Pods the view holds: the node's own where the datastore sends an
-    /// agent only those (Kubernetes, etcd with its pod index), every pod
-    /// of the cluster otherwise.
-    view_pods: usize,
-    last_error: Option<String>,
-    fenced: bool,
-    announced: Vec<IpAddr>,
-    policies: usize,
-    written: usize,
-    removed: usize,
-    /// Policy id (the key of its counters) -> kind/namespace/name.
-    policy_names: BTreeMap<u32, String>,
-    /// What this run took over from the previous one's pinned state.
-    resumed: Resumed,
-    /// When the heartbeat was last renewed (for the metrics).
-    #[serde(skip)]
-    last_renewal: Option<std::time::Instant>,
-}
-
-/// Pinned state a (re)started agent found and kept, for `/state`.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-struct Resumed {
-    /// The fence started from the previous run's announce lease.
-    announce_lease: bool,
-    /// Pod-veth links taken over (program swapped in place) / created.
-    pod_links_taken_over: u32,
-    pod_links_new: u32,
-}
 
 /// Every EIP assignment in the view, for the fence.
 pub fn assignments(view: &ClusterView) -> Vec<Assignment> {
@@ -661,67 +620,6 @@ fn announce_new(
             Err(e) => tracing::warn!(eip = %eip, error = %e, "gratuitous announcement failed"),
         }
     }
-}
-
-type Learned = Arc<Mutex<BTreeMap<egress_bgp::types::Prefix, super::routes::Learned>>>;
-
-fn admin_handler(
-    published: Arc<Mutex<Published>>,
-    learned: Option<Learned>,
-    speaker: Option<egress_bgp::speaker::SpeakerHandle>,
-    pin_dir: PathBuf,
-) -> admin::Handler {
-    Arc::new(move |path: String| {
-        let published = published.clone();
-        let learned = learned.clone();
-        let speaker = speaker.clone();
-        let pin_dir = pin_dir.clone();
-        Box::pin(async move {
-            // Asked before the lock is taken: the speaker answers over a channel.
-            let bgp = match (&speaker, path.as_str()) {
-                (Some(h), "/metrics") => h.status().await.ok(),
-                _ => None,
-            };
-            let p = published.lock().unwrap();
-            match path.as_str() {
-                "/metrics" => {
-                    let facts = super::metrics::AgentFacts {
-                        policy_names: p.policy_names.clone(),
-                        announced_eips: p.announced.len(),
-                        fenced: p.fenced,
-                        reconciles: p.reconciles,
-                        datastore_lists: p.datastore_lists,
-                        watch_batches: p.watch_batches,
-                        bgp_learned_routes: learned.map(|l| l.lock().unwrap().len()).unwrap_or(0),
-                        heartbeat_renewal_age: p.last_renewal.map(|t| t.elapsed()),
-                        bgp,
-                    };
-                    Response::ok(
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        super::metrics::render(&pin_dir, &facts),
-                    )
-                }
-                "/healthz" => Response::ok("text/plain", "ok\n".into()),
-                "/readyz" if p.ready => Response::ok("text/plain", "ok\n".into()),
-                "/readyz" => Response::unavailable("the first reconcile has not finished"),
-                "/state" => {
-                    let mut v = serde_json::to_value(&*p).unwrap_or_default();
-                    let routes: BTreeMap<String, String> = learned
-                        .map(|l| {
-                            l.lock()
-                                .unwrap()
-                                .iter()
-                                .map(|(p, l)| (p.to_string(), l.next_hop.to_string()))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    v["bgp_learned"] = serde_json::json!(routes);
-                    Response::json(&v)
-                }
-                _ => Response::not_found(),
-            }
-        })
-    })
 }
 
 #[cfg(test)]
