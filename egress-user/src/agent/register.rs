@@ -39,13 +39,18 @@ pub fn mac_string(mac: &[u8; 6]) -> String {
         .join(":")
 }
 
-/// Writes the node record and the EgressTunnel's `status.tunnel` (never the
-/// phase: the controller sets it once the tunnel is registered and, on a
-/// gateway candidate, its heartbeat is seen).
+/// Writes the node record (where the datastore keeps one: not on
+/// Kubernetes) and the EgressTunnel's `status.tunnel` (never the phase: the
+/// controller sets it once the tunnel is registered and, on a gateway
+/// candidate, its heartbeat is seen).
 pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
-    typed::apply(ds, Kind::Node, typed::node_object(&me.node))
-        .await
-        .with_context(|| format!("registering node {}", me.node.name))?;
+    // On Kubernetes the Node is the kubelet's (and writing it is refused):
+    // its addresses and labels are already there.
+    if ds.writes_cluster_records() {
+        typed::apply(ds, Kind::Node, typed::node_object(&me.node))
+            .await
+            .with_context(|| format!("registering node {}", me.node.name))?;
+    }
     let key = ObjectKey::cluster(&me.node.name);
     if ds.get(Kind::EgressTunnel, &key).await?.is_none() {
         let tunnel = json!({
@@ -220,6 +225,34 @@ mod tests {
             st.phase,
             egress_control::api::TunnelPhase::HeartbeatTimeout,
             "the agent never writes the phase"
+        );
+    }
+
+    #[tokio::test]
+    async fn on_a_datastore_that_keeps_nodes_itself_only_the_tunnel_is_written() {
+        // As on Kubernetes: the Node is the kubelet's, and writing it fails.
+        let ds = MemoryDatastore::with_external_records();
+        let me = SelfDescription {
+            node: NodeRecord {
+                name: "w1".into(),
+                addresses: vec!["10.10.0.1".into()],
+                ready: true,
+                ..Default::default()
+            },
+            tunnel_ip: "10.10.0.1".parse().unwrap(),
+            ipv6: Some("fd00:10::1".parse().unwrap()),
+            mac: [2, 0, 0, 0, 0, 1],
+            parent: "eth0".into(),
+        };
+        register(&ds, &me)
+            .await
+            .expect("registering writes no Node");
+        let view = typed::load_view(&ds).await.unwrap();
+        assert!(view.nodes.is_empty());
+        let st = view.tunnel("w1").unwrap().status.clone().unwrap();
+        assert_eq!(
+            (st.tunnel.ipv4.as_str(), st.tunnel.ipv6.as_str()),
+            ("10.10.0.1", "fd00:10::1")
         );
     }
 

@@ -688,6 +688,10 @@ impl Datastore for KubeDatastore {
             .collect())
     }
 
+    fn writes_cluster_records(&self) -> bool {
+        false
+    }
+
     /// Watches resume from the last resourceVersion (bookmarks keep it
     /// fresh) and the API server ends one it can no longer serve with 410,
     /// which makes the consumer list: as informers, the consumer need not

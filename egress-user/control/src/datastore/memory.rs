@@ -37,6 +37,9 @@ pub struct MemoryDatastore {
     state: Arc<Mutex<State>>,
     tx: broadcast::Sender<WatchEvent>,
     fence: Fence,
+    /// Nodes, pods and namespaces come from outside, as on Kubernetes:
+    /// writing them is refused.
+    external_records: bool,
 }
 
 impl Default for MemoryDatastore {
@@ -52,7 +55,26 @@ impl MemoryDatastore {
             state: Arc::default(),
             tx,
             fence: Arc::default(),
+            external_records: false,
         }
+    }
+
+    /// A store whose nodes, pods and namespaces come from outside, as on
+    /// Kubernetes (see [`Datastore::writes_cluster_records`]).
+    pub fn with_external_records() -> Self {
+        Self {
+            external_records: true,
+            ..Self::new()
+        }
+    }
+
+    fn refuse_external(&self, kind: Kind) -> Result<()> {
+        if self.external_records && !kind.is_custom() {
+            return Err(DatastoreError::Other(format!(
+                "{kind} objects come from the cluster itself"
+            )));
+        }
+        Ok(())
     }
 
     /// Another handle on the same data with its own fence (a second replica).
@@ -61,6 +83,7 @@ impl MemoryDatastore {
             state: self.state.clone(),
             tx: self.tx.clone(),
             fence: Arc::default(),
+            external_records: self.external_records,
         }
     }
 
@@ -91,6 +114,10 @@ impl MemoryDatastore {
 
 #[async_trait]
 impl Datastore for MemoryDatastore {
+    fn writes_cluster_records(&self) -> bool {
+        !self.external_records
+    }
+
     async fn list(&self, kind: Kind) -> Result<(Vec<Stored>, u64)> {
         let st = self.state.lock().unwrap();
         let items = st
@@ -137,6 +164,7 @@ impl Datastore for MemoryDatastore {
     }
 
     async fn create(&self, kind: Kind, mut object: Value) -> Result<Stored> {
+        self.refuse_external(kind)?;
         let key = key_of(kind, &object)?;
         let mut st = self.state.lock().unwrap();
         if st.objects.contains_key(&(kind, key.clone())) {
@@ -159,6 +187,7 @@ impl Datastore for MemoryDatastore {
     }
 
     async fn update(&self, kind: Kind, mut object: Value, revision: u64) -> Result<Stored> {
+        self.refuse_external(kind)?;
         let key = key_of(kind, &object)?;
         let mut st = self.state.lock().unwrap();
         let Some(cur) = st.objects.get(&(kind, key.clone())).cloned() else {
@@ -189,6 +218,7 @@ impl Datastore for MemoryDatastore {
     }
 
     async fn delete(&self, kind: Kind, key: &ObjectKey, revision: Option<u64>) -> Result<()> {
+        self.refuse_external(kind)?;
         let mut st = self.state.lock().unwrap();
         let Some(cur) = st.objects.get(&(kind, key.clone())) else {
             return Err(DatastoreError::NotFound {

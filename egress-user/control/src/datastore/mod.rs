@@ -279,6 +279,14 @@ pub trait Datastore: Send + Sync {
         Duration::from_secs(300)
     }
 
+    /// Whether nodes, pods and namespaces are written through this
+    /// datastore (etcd, memory: the agents and `egress pod` write them) or
+    /// come from the cluster itself (Kubernetes: the kubelet and the API
+    /// server keep them, and writing them is refused).
+    fn writes_cluster_records(&self) -> bool {
+        true
+    }
+
     /// Brings the backend's secondary indexes up to date with objects
     /// written before they existed (etcd: pods by node); the leading
     /// controller calls it once. Nothing to do elsewhere.

@@ -367,6 +367,11 @@ async fn records_are_read_only_on_kubernetes() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("come from Kubernetes"), "{e}");
+    // So an agent registering itself leaves its Node to the kubelet.
+    assert!(!ds.writes_cluster_records());
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w1"}});
+    let e = ds.update(Kind::Node, node, 1).await.unwrap_err();
+    assert!(e.to_string().contains("come from Kubernetes"), "{e}");
 }
 
 #[tokio::test]
