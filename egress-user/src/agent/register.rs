@@ -62,7 +62,12 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
         match ds.create(Kind::EgressTunnel, tunnel).await {
             Ok(_) => {}
             Err(DatastoreError::AlreadyExists { .. }) => {}
-            Err(e) => return Err(e).context("creating the EgressTunnel"),
+            Err(e) => {
+                return Err(e).context(
+                    "creating the EgressTunnel (the controller creates one for every node; \
+                     on Kubernetes the agent waits for it)",
+                )
+            }
         }
     }
     let status = json!({

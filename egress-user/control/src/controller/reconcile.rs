@@ -58,6 +58,9 @@ pub struct Plan {
     /// `portBlocks`, `portBlockSize`), for every node with an EgressTunnel:
     /// empty grants for a node that holds none.
     pub tunnels: BTreeMap<String, TunnelGrants>,
+    /// Nodes without an EgressTunnel: the controller creates one for each
+    /// (on Kubernetes the agent may not; on etcd it may have done so first).
+    pub new_tunnels: Vec<String>,
     pub events: Vec<Event>,
     /// The failovers this plan makes: EIPs leaving a node that can no
     /// longer hold them (each also has an `EipMoved` event).
@@ -215,6 +218,24 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
             plan.tunnels.insert(n.clone(), TunnelGrants::default());
         }
     }
+    plan.new_tunnels = view
+        .nodes
+        .iter()
+        .filter(|n| !plan.tunnels.contains_key(&n.name))
+        .map(|n| n.name.clone())
+        .collect();
+    // Nodes whose agent registered its tunnel (an address in its status):
+    // only they hold port blocks (no agent, no datapath, no use for them).
+    let registered: BTreeSet<&str> = view
+        .tunnels
+        .iter()
+        .filter(|t| {
+            t.status
+                .as_ref()
+                .is_some_and(|s| !s.tunnel.ipv4.is_empty() || !s.tunnel.ipv6.is_empty())
+        })
+        .filter_map(|t| t.metadata.name.as_deref())
+        .collect();
 
     // Gateways in order of age: on overlapping pools the older one keeps them.
     let mut gateways: Vec<&EgressGateway> = view.gateways.iter().collect();
@@ -327,13 +348,13 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
     }
 
     // The worker nodes of each policy's pods (for port-block demand), once.
-    // Grants are recorded in the worker's EgressTunnel: a node without one
-    // (no agent, no datapath) gets none.
+    // Grants are recorded in the worker's EgressTunnel: a node whose agent
+    // has not registered it (no agent, no datapath) gets none.
     let index = PolicyIndex::new(&policies);
     let mut by_index: Vec<BTreeSet<&str>> = vec![BTreeSet::new(); policies.len()];
     let mut ns_labels: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
     for pod in &view.pods {
-        if pod.node.is_empty() || pod.ips.is_empty() || !plan.tunnels.contains_key(&pod.node) {
+        if pod.node.is_empty() || pod.ips.is_empty() || !registered.contains(pod.node.as_str()) {
             continue;
         }
         let nsl = ns_labels

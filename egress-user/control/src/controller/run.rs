@@ -109,6 +109,21 @@ pub async fn write_plan_stored(
 ) -> Result<Vec<Stored>> {
     use futures::stream::{self, TryStreamExt};
     use std::collections::BTreeMap;
+    let mut created = Vec::new();
+    for node in &plan.new_tunnels {
+        let tunnel = json!({
+            "apiVersion": crate::api::API_VERSION,
+            "kind": "EgressTunnel",
+            "metadata": { "name": node },
+            "spec": {},
+        });
+        match ds.create(Kind::EgressTunnel, tunnel).await {
+            Ok(s) => created.push(s),
+            // Its agent (etcd) got there first.
+            Err(crate::datastore::DatastoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let gw_cur: BTreeMap<&str, _> = view
         .gateways
         .iter()
@@ -186,7 +201,10 @@ pub async fn write_plan_stored(
     for e in &plan.events {
         ds.record_event(e.clone()).await?;
     }
-    Ok(written.into_iter().flatten().collect())
+    Ok(created
+        .into_iter()
+        .chain(written.into_iter().flatten())
+        .collect())
 }
 
 /// Status writes in flight at once.

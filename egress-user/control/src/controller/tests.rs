@@ -603,6 +603,53 @@ async fn node_ip_blocks_come_only_from_the_reserved_range() {
     );
 }
 
+/// Every node gets an EgressTunnel from the controller (on Kubernetes the
+/// agent may not create one); only a node whose agent registered its
+/// tunnel (an address in its status) draws port blocks.
+#[tokio::test]
+async fn the_controller_creates_a_tunnel_per_node_and_grants_only_registered_ones() {
+    let ds = one_eip_gateway(&["w1"]).await;
+    // w2 and w3: Nodes without a tunnel (no agent yet, or one that may not create it).
+    for w in ["w2", "w3"] {
+        ds.create(Kind::Node, node_object(&node(w, "-")))
+            .await
+            .unwrap();
+    }
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({}), "web", None),
+    )
+    .await
+    .unwrap();
+    for (name, on, ip) in [("a", "w1", "10.244.1.2"), ("b", "w2", "10.244.2.2")] {
+        ds.create(Kind::Pod, pod_object(&pod(name, "web", on, ip)))
+            .await
+            .unwrap();
+    }
+    let plan = pass(&ds).await;
+    assert_eq!(plan.new_tunnels, ["w2", "w3"]);
+    let view = load_view(&ds).await.unwrap();
+    for w in ["w2", "w3"] {
+        let t = view.tunnel(w).expect("created by the controller");
+        assert!(t.status.as_ref().is_none_or(|s| s.tunnel.ipv4.is_empty()));
+    }
+    let eip = |n: &str| (n.to_string(), "10.0.0.1".to_string());
+    let plan = pass(&ds).await;
+    assert!(plan.new_tunnels.is_empty());
+    assert_eq!(
+        grants(&ds).await,
+        BTreeMap::from([(eip("w1"), vec![1])]),
+        "w2 has a tunnel now, but no agent registered it"
+    );
+    // w2's agent registers (its address in the status): w2 draws a block.
+    set_phase(&ds, "w2", TunnelPhase::Ready).await;
+    pass(&ds).await;
+    assert_eq!(
+        grants(&ds).await,
+        BTreeMap::from([(eip("w1"), vec![1]), (eip("w2"), vec![2])])
+    );
+}
+
 #[tokio::test]
 async fn port_blocks_on_demand_and_taken_back() {
     let ds = one_eip_gateway(&["w1", "w2"]).await;
