@@ -1,0 +1,67 @@
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
+use crate::{client_prefix, wait_until, CLUSTER};
+
+/// `kind` as a client of our reflector next to one of our clients: each
+/// gets the other's route.
+pub(crate) fn client_of_our_reflector(kind: Kind) -> Result<()> {
+    let mut lan = Lan::new()?;
+    let rr = ip(1);
+    let _rr = Router::start(
+        Kind::Ours,
+        lan.node("rr", rr)?,
+        RouterCfg {
+            me: rr,
+            cluster_id: Some(CLUSTER),
+            neighbors: vec![
+                Neighbor {
+                    addr: ip(11),
+                    client: true,
+                },
+                Neighbor {
+                    addr: ip(12),
+                    client: true,
+                },
+            ],
+            announce: vec![],
+        },
+    )?;
+    let theirs = Router::start(
+        kind,
+        lan.node("peer", ip(11))?,
+        RouterCfg {
+            me: ip(11),
+            cluster_id: None,
+            neighbors: vec![Neighbor {
+                addr: rr,
+                client: false,
+            }],
+            announce: vec![client_prefix(11)],
+        },
+    )?;
+    let ours = Router::start(
+        Kind::Ours,
+        lan.node("c", ip(12))?,
+        RouterCfg {
+            me: ip(12),
+            cluster_id: None,
+            neighbors: vec![Neighbor {
+                addr: rr,
+                client: false,
+            }],
+            announce: vec![client_prefix(12)],
+        },
+    )?;
+    wait_until(
+        "our client's route at theirs",
+        Duration::from_secs(30),
+        || Ok(theirs.routes()?.contains_key(&client_prefix(12))),
+    )?;
+    wait_until("their route at our client", Duration::from_secs(30), || {
+        Ok(ours.routes()?.contains_key(&client_prefix(11)))
+    })?;
+    Ok(())
+}

@@ -1,0 +1,71 @@
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+
+use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
+use crate::{wait_until, CLUSTER};
+
+/// IPv6 unicast over an IPv4 session (MP_REACH_NLRI, RFC 4760): a client
+/// of ours announces an IPv6 prefix (next hop: the IPv4-mapped form of its
+/// address); FRR upstream gets it through our reflector.
+pub(crate) fn ipv6_routes_reach_frr() -> Result<()> {
+    let mut lan = Lan::new()?;
+    let rr = ip(1);
+    let up = ip(254);
+    let frr = Router::start(
+        Kind::Frr,
+        lan.node("up", up)?,
+        RouterCfg {
+            me: up,
+            cluster_id: None,
+            neighbors: vec![Neighbor {
+                addr: rr,
+                client: false,
+            }],
+            announce: vec![],
+        },
+    )?;
+    let _rr = Router::start(
+        Kind::Ours,
+        lan.node("rr", rr)?,
+        RouterCfg {
+            me: rr,
+            cluster_id: Some(CLUSTER),
+            neighbors: vec![
+                Neighbor {
+                    addr: ip(11),
+                    client: true,
+                },
+                Neighbor {
+                    addr: up,
+                    client: false,
+                },
+            ],
+            announce: vec![],
+        },
+    )?;
+    let _c = Router::start(
+        Kind::Ours,
+        lan.node("c", ip(11))?,
+        RouterCfg {
+            me: ip(11),
+            cluster_id: None,
+            neighbors: vec![Neighbor {
+                addr: rr,
+                client: false,
+            }],
+            announce: vec!["2001:db8:11::/48".into()],
+        },
+    )?;
+    wait_until("the IPv6 prefix at FRR", Duration::from_secs(30), || {
+        let v: Value = serde_json::from_str(&frr.vtysh("show bgp ipv6 unicast json")?)?;
+        Ok(v["routes"].get("2001:db8:11::/48").is_some())
+    })?;
+    let v: Value =
+        serde_json::from_str(&frr.vtysh("show bgp ipv6 unicast 2001:db8:11::/48 json")?)?;
+    let text = v.to_string();
+    // 10.99.0.11 as an IPv4-mapped IPv6 address, as FRR prints it.
+    assert!(text.contains("::ffff:a63:b"), "next hop: {text}");
+    Ok(())
+}

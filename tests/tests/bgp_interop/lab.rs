@@ -1,0 +1,374 @@
+mod config; // each kind's configuration file
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use egress_tests::{link_veth, run, unique_name, Netns, Proc};
+use serde_json::Value;
+
+use crate::wait_until;
+
+fn speaker_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BGP_SPEAKER_BIN") {
+        return Ok(p.into());
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/examples/bgp-speaker
+    let exe = std::env::current_exe()?;
+    let candidate = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|p| p.join("examples/bgp-speaker"))
+        .context("no target folder")?;
+    anyhow::ensure!(
+        candidate.exists(),
+        "{} is missing: run `cargo build -p egress-bgp --examples` (or set BGP_SPEAKER_BIN)",
+        candidate.display()
+    );
+    Ok(candidate)
+}
+
+/// A scratch folder, removed on drop; world-writable for FRR's own user.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(label: &str) -> Result<Dir> {
+        let p = std::env::temp_dir().join(unique_name(label));
+        std::fs::create_dir_all(&p)?;
+        run(&["chmod", "0777", p.to_str().context("path")?])?;
+        Ok(Dir(p))
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One L2 segment (a bridge in its own namespace) that every router joins.
+pub(crate) struct Lan {
+    ns: Netns,
+    ports: usize,
+}
+
+pub(crate) fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 99, 0, n)
+}
+
+impl Lan {
+    pub(crate) fn new() -> Result<Lan> {
+        let ns = Netns::new("lan")?;
+        ns.bridge("br0")?;
+        Ok(Lan { ns, ports: 0 })
+    }
+
+    pub(crate) fn node(&mut self, label: &str, addr: Ipv4Addr) -> Result<Netns> {
+        let ns = Netns::new(label)?;
+        self.ports += 1;
+        let port = format!("p{}", self.ports);
+        link_veth(&ns, "eth0", &self.ns, &port)?;
+        self.ns.ip(&["link", "set", &port, "master", "br0"])?;
+        ns.addr("eth0", &format!("{addr}/24"))?;
+        Ok(ns)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Ours,
+    Frr,
+    Bird,
+    Gobgp,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Neighbor {
+    pub(crate) addr: Ipv4Addr,
+    /// The neighbour is a route reflector client of this router.
+    pub(crate) client: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct RouterCfg {
+    pub(crate) me: Ipv4Addr,
+    /// Set on reflectors.
+    pub(crate) cluster_id: Option<&'static str>,
+    pub(crate) neighbors: Vec<Neighbor>,
+    pub(crate) announce: Vec<String>,
+}
+
+/// A running BGP router of any kind, with its own namespace.
+pub(crate) struct Router {
+    kind: Kind,
+    ns: Netns,
+    dir: Dir,
+    pub(crate) cfg: RouterCfg,
+    proc: Option<Proc>,
+    /// TCP-MD5 key used with every neighbour.
+    password: Option<&'static str>,
+    /// Ours only: the neighbours are added through the handle once running
+    /// (as a reflector adds the nodes of the datastore) and the password is
+    /// the speaker's default key rather than each peer's own.
+    late_peers: bool,
+}
+
+impl Router {
+    pub(crate) fn start(kind: Kind, ns: Netns, cfg: RouterCfg) -> Result<Router> {
+        Self::start_with_password(kind, ns, cfg, None)
+    }
+
+    pub(crate) fn start_with_password(
+        kind: Kind,
+        ns: Netns,
+        cfg: RouterCfg,
+        password: Option<&'static str>,
+    ) -> Result<Router> {
+        let dir = Dir::new(match kind {
+            Kind::Ours => "ours",
+            Kind::Frr => "frr",
+            Kind::Bird => "bird",
+            Kind::Gobgp => "gobgp",
+        })?;
+        let mut r = Router {
+            kind,
+            ns,
+            dir,
+            cfg,
+            proc: None,
+            password,
+            late_peers: false,
+        };
+        r.write_config()?;
+        r.spawn()?;
+        Ok(r)
+    }
+
+    /// Our speaker with its neighbours added at run time, under the
+    /// speaker-wide default TCP-MD5 key.
+    pub(crate) fn start_ours_with_late_peers(
+        ns: Netns,
+        cfg: RouterCfg,
+        password: &'static str,
+    ) -> Result<Router> {
+        let mut r = Router {
+            kind: Kind::Ours,
+            ns,
+            dir: Dir::new("ours")?,
+            cfg,
+            proc: None,
+            password: Some(password),
+            late_peers: true,
+        };
+        r.write_config()?;
+        r.spawn()?;
+        Ok(r)
+    }
+
+    pub(crate) fn spawn(&mut self) -> Result<()> {
+        let d = self.dir.path().to_string();
+        let proc = match self.kind {
+            Kind::Ours => {
+                // The previous run's status must not pass for this one's.
+                let _ = std::fs::remove_file(self.dir.file("status.json"));
+                let bin = speaker_bin()?;
+                let cfg = self.dir.file("speaker.json");
+                let mut p = self
+                    .ns
+                    .spawn(&[bin.to_str().context("bin")?, cfg.to_str().context("cfg")?])?;
+                p.wait_for_line("ready", Duration::from_secs(10))?;
+                p
+            }
+            Kind::Frr => {
+                let _ = std::fs::remove_file(self.dir.file("bgpd.pid"));
+                egress_tests::frr::spawn_bgpd(&self.ns, &d)?
+            }
+            Kind::Bird => {
+                let conf = format!("{d}/bird.conf");
+                let sock = format!("{d}/bird.ctl");
+                self.ns.spawn(&["bird", "-f", "-c", &conf, "-s", &sock])?
+            }
+            Kind::Gobgp => {
+                let conf = format!("{d}/gobgp.toml");
+                self.ns.spawn(&[
+                    "gobgpd",
+                    "-f",
+                    &conf,
+                    "--api-hosts",
+                    "127.0.0.1:50051",
+                    "-l",
+                    "warn",
+                ])?
+            }
+        };
+        self.proc = Some(proc);
+        // Ready when the management interface answers.
+        wait_until(
+            &format!("{:?} to answer", self.kind),
+            Duration::from_secs(15),
+            || Ok(self.established().is_ok()),
+        )?;
+        if self.kind == Kind::Gobgp {
+            for p in &self.cfg.announce {
+                self.ns
+                    .exec(&["gobgp", "global", "rib", "add", p, "-a", "ipv4"])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, as a crash would: no NOTIFICATION, TCP just goes away.
+    pub(crate) fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    pub(crate) fn ours_doc(&self) -> Result<Value> {
+        let text = std::fs::read_to_string(self.dir.file("status.json"))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// Neighbours with an Established session.
+    pub(crate) fn established(&self) -> Result<BTreeSet<Ipv4Addr>> {
+        let mut up = BTreeSet::new();
+        match self.kind {
+            Kind::Ours => {
+                for p in self.ours_doc()?["status"]["peers"]
+                    .as_array()
+                    .context("peers")?
+                {
+                    if p["state"] == "Established" {
+                        up.insert(p["address"].as_str().context("address")?.parse()?);
+                    }
+                }
+            }
+            Kind::Frr => {
+                let out = self.vtysh("show bgp ipv4 unicast summary json")?;
+                let v: Value = serde_json::from_str(&out)?;
+                if let Some(peers) = v["peers"].as_object() {
+                    for (a, p) in peers {
+                        if p["state"] == "Established" {
+                            up.insert(a.parse()?);
+                        }
+                    }
+                }
+            }
+            Kind::Bird => {
+                let out = self.birdc(&["show", "protocols"])?;
+                for n in &self.cfg.neighbors {
+                    let name = bird_proto(n.addr);
+                    if out
+                        .lines()
+                        .any(|l| l.starts_with(&name) && l.contains("Established"))
+                    {
+                        up.insert(n.addr);
+                    }
+                }
+            }
+            Kind::Gobgp => {
+                let out = self.ns.exec(&["gobgp", "neighbor"])?;
+                for l in out.lines().skip(1) {
+                    let mut f = l.split_whitespace();
+                    if let (Some(a), true) = (f.next(), l.contains("Establ")) {
+                        up.insert(a.parse()?);
+                    }
+                }
+            }
+        }
+        Ok(up)
+    }
+
+    pub(crate) fn vtysh(&self, cmd: &str) -> Result<String> {
+        self.ns
+            .exec(&["vtysh", "--vty_socket", self.dir.path(), "-c", cmd])
+    }
+
+    pub(crate) fn birdc(&self, args: &[&str]) -> Result<String> {
+        let sock = self.dir.file("bird.ctl");
+        let mut argv = vec!["birdc", "-s", sock.to_str().context("sock")?];
+        argv.extend_from_slice(args);
+        self.ns.exec(&argv)
+    }
+
+    /// prefix -> the neighbours it was learned from (empty for our own).
+    pub(crate) fn routes(&self) -> Result<BTreeMap<String, BTreeSet<Ipv4Addr>>> {
+        let mut out: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+        match self.kind {
+            Kind::Ours => {
+                let doc = self.ours_doc()?;
+                for (prefix, v) in doc["routes"].as_object().context("routes")? {
+                    let e = out.entry(prefix.clone()).or_default();
+                    if let Some(from) = v[1].as_str() {
+                        e.insert(from.parse()?);
+                    }
+                }
+            }
+            Kind::Frr => {
+                let v: Value = serde_json::from_str(&self.vtysh("show bgp ipv4 unicast json")?)?;
+                for (prefix, paths) in v["routes"].as_object().context("routes")? {
+                    let e = out.entry(prefix.clone()).or_default();
+                    for p in paths.as_array().context("paths")? {
+                        if let Some(Ok(a)) = p["peerId"].as_str().map(|s| s.parse()) {
+                            e.insert(a);
+                        }
+                    }
+                }
+            }
+            Kind::Gobgp => {
+                let text = self
+                    .ns
+                    .exec(&["gobgp", "-j", "global", "rib", "-a", "ipv4"])?;
+                let v: Value = serde_json::from_str(&text)?;
+                for (prefix, paths) in v.as_object().context("rib")? {
+                    let e = out.entry(prefix.clone()).or_default();
+                    for p in paths.as_array().context("paths")? {
+                        if let Some(Ok(a)) = p["neighbor-ip"].as_str().map(|s| s.parse()) {
+                            e.insert(a);
+                        }
+                    }
+                }
+            }
+            Kind::Bird => {
+                // "10.1.0.0/24   unicast [p10_99_0_1 12:00:00.000 from ...] * (100) [i]"
+                // with further paths of the same prefix on indented lines.
+                let text = self.birdc(&["show", "route"])?;
+                let mut current = None;
+                for l in text.lines() {
+                    let first = l.split_whitespace().next().unwrap_or("");
+                    if !l.starts_with(char::is_whitespace) && first.contains('/') {
+                        current = Some(first.to_string());
+                    }
+                    let (Some(prefix), Some(start)) = (&current, l.find('[')) else {
+                        continue;
+                    };
+                    let proto = l[start + 1..].split_whitespace().next().unwrap_or("");
+                    let e = out.entry(prefix.clone()).or_default();
+                    if let Some(a) = self
+                        .cfg
+                        .neighbors
+                        .iter()
+                        .find(|n| bird_proto(n.addr) == proto)
+                    {
+                        e.insert(a.addr);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn bird_proto(a: Ipv4Addr) -> String {
+    format!("p{}", a.to_string().replace('.', "_"))
+}
