@@ -216,13 +216,13 @@ fn controller_rbac_is_least_privilege() {
             assert!(READ.contains(&v.as_str()), "controller may {v} {res}");
         }
     }
-    // it deletes nothing (EgressTunnels of removed nodes are kept)
+    // deleting is for EgressTunnels of removed nodes only
     let deletes: BTreeSet<&str> = cluster
         .iter()
         .filter(|(_, _, v)| v == "delete")
         .map(|(_, r, _)| r.as_str())
         .collect();
-    assert!(deletes.is_empty(), "controller may delete {deletes:?}");
+    assert_eq!(deletes, ["egresstunnels"].into());
     // it creates the EgressTunnels (one per node; the agent may not)
     assert!(cluster
         .iter()

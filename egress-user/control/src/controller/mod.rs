@@ -5,6 +5,7 @@ mod cache;
 mod heartbeat;
 mod reconcile;
 pub(crate) mod run;
+mod stale;
 mod view;
 
 pub(crate) use cache::put_listed;
@@ -19,6 +20,7 @@ pub use run::{
     tick_cached_report, write_plan, write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION,
     MANAGER, PORT_BLOCK_MANAGER,
 };
+pub use stale::StaleTunnels;
 pub use view::{ClusterView, PolicyIndex, PolicyView};
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, S
 
 use super::{
     reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
-    TimerConfig, ViewCache,
+    StaleTunnels, TimerConfig, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
@@ -504,6 +504,7 @@ pub async fn run_controller_with_stats(
         let mut ticker =
             tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
         let mut probe_down = cfg.probe_down.clone();
+        let mut stale = StaleTunnels::default();
         loop {
             let view = match &mut cache {
                 Some(c) => c,
@@ -548,6 +549,10 @@ pub async fn run_controller_with_stats(
                     tracing::warn!("reconcile failed: {e}");
                 }
             }
+            let grace = stale_tunnel_grace(&cfg.timers);
+            for (node, revision) in stale.due(&view.view, std::time::Instant::now(), grace) {
+                remove_stale_tunnel(ds.as_ref(), &node, revision, grace).await;
+            }
             tokio::select! {
                 _ = &mut shutdown => {
                     stats.lost_leadership();
@@ -584,6 +589,31 @@ pub async fn run_controller_with_stats(
                 },
             }
         }
+    }
+}
+
+/// How long a tunnel's node must have been gone before the tunnel is
+/// deleted: four eviction timeouts (a minute with the defaults), well past
+/// the moment a new node's tunnel and Node reach the view in either order.
+fn stale_tunnel_grace(timers: &TimerConfig) -> Duration {
+    timers.eip_eviction_timeout * 4
+}
+
+/// Deletes the EgressTunnel of a removed node (only while it is the
+/// version seen: one that changed meanwhile is looked at again next pass).
+async fn remove_stale_tunnel(ds: &dyn Datastore, node: &str, revision: u64, grace: Duration) {
+    let key = ObjectKey::cluster(node);
+    match ds.delete(Kind::EgressTunnel, &key, Some(revision)).await {
+        Ok(()) => {
+            tracing::info!(node, "deleted the EgressTunnel of a removed node");
+            let msg =
+                format!("node {node} has been gone for {grace:?}: its EgressTunnel is deleted");
+            let _ = ds
+                .record_event(Event::normal(Kind::EgressTunnel, key, "NodeRemoved", msg))
+                .await;
+        }
+        Err(e) if e.is_not_found() => {}
+        Err(e) => tracing::warn!(node, "deleting the EgressTunnel of a removed node: {e}"),
     }
 }
 

@@ -1,0 +1,79 @@
+//! A node that leaves the cluster does not leave its EgressTunnel behind
+//! (etcd, controller, agents in namespaces): once its Node record has been
+//! gone for four eviction timeouts the controller deletes the tunnel and
+//! says so in an event; a node that is present keeps its own. And the
+//! controller creates the tunnel of a node whose agent has not (yet).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use egress_tests::{
+    cluster::{wait_until, Cluster, ClusterSpec, Timers},
+    egress_bin,
+};
+
+fn tunnel_exists(cluster: &Cluster, node: &str) -> Result<bool> {
+    let out = cluster.egress(&["get", "egt", "-o", "json"])?;
+    let v: serde_json::Value = serde_json::from_str(&out).context("egress get egt -o json")?;
+    let items = v["items"].as_array().cloned().unwrap_or_default();
+    Ok(items.iter().any(|t| t["metadata"]["name"] == node))
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
+    let egress = egress_bin()?;
+    let spec = ClusterSpec {
+        timers: Timers {
+            update: "200ms".into(),
+            monitor: "100ms".into(),
+            eviction: "1s".into(),
+            ..Timers::default()
+        },
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress, spec)?;
+    wait_until("w2's tunnel registered", Duration::from_secs(30), || {
+        tunnel_exists(&cluster, "w2")
+    })?;
+
+    // w2 goes: its agent stops, its Node record is deleted.
+    cluster.kill_agent(1);
+    cluster.egress(&["delete", "node", "w2"])?;
+    let gone_at = Instant::now();
+    wait_until("w2's tunnel deleted", Duration::from_secs(30), || {
+        Ok(!tunnel_exists(&cluster, "w2")?)
+    })?;
+    // Not before the grace period (4 x 1 s): a node and its tunnel may reach
+    // the controller's view in either order.
+    assert!(
+        gone_at.elapsed() >= Duration::from_secs(3),
+        "deleted after {:?}",
+        gone_at.elapsed()
+    );
+    let events = cluster.egress(&["get", "events"])?;
+    assert!(
+        events.contains("node w2 has been gone"),
+        "no event for the deletion:\n{events}"
+    );
+    assert!(tunnel_exists(&cluster, "w1")?, "w1 keeps its tunnel");
+
+    // A Node record without an agent (none runs there yet): the controller
+    // creates its tunnel.
+    let dir = std::env::temp_dir().join(egress_tests::unique_name("noderec"));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("node.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: standalone.egress.dev/v1\nkind: Node\nmetadata: {name: w9}\nspec: {addresses: [10.10.0.99], ready: true}\n",
+    )?;
+    let applied = cluster.apply(&file);
+    let _ = std::fs::remove_dir_all(&dir);
+    applied?;
+    wait_until(
+        "w9's tunnel created by the controller",
+        Duration::from_secs(30),
+        || tunnel_exists(&cluster, "w9"),
+    )?;
+    Ok(())
+}
