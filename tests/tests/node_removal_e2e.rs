@@ -2,7 +2,8 @@
 //! (etcd, controller, agents in namespaces): once its Node record has been
 //! gone for four eviction timeouts the controller deletes the tunnel and
 //! says so in an event; a node that is present keeps its own. And the
-//! controller creates the tunnel of a node whose agent has not (yet).
+//! controller creates the tunnel of a node whose agent has not (yet); an
+//! agent whose tunnel is deleted while it runs registers again.
 
 use std::time::{Duration, Instant};
 
@@ -75,5 +76,31 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
         Duration::from_secs(30),
         || tunnel_exists(&cluster, "w9"),
     )?;
+    Ok(())
+}
+
+/// An EgressTunnel deleted by mistake while its agent runs comes back
+/// registered: the agent sees its registration gone from the view and
+/// registers again (before, the node ran unregistered until its agent
+/// restarted: no port blocks, no tunnel endpoint for the others).
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn an_agent_registers_again_when_its_tunnel_is_deleted() -> Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let ip = cluster.topo.nodes[0].ip.to_string();
+    let registered = || -> Result<bool> {
+        let out = cluster.egress(&["get", "egt", "w1", "-o", "json"]);
+        Ok(match out {
+            Ok(out) => {
+                let v: serde_json::Value = serde_json::from_str(&out)?;
+                v["status"]["tunnel"]["ipv4"] == ip.as_str()
+            }
+            Err(_) => false,
+        })
+    };
+    wait_until("w1 registered", Duration::from_secs(30), registered)?;
+    cluster.egress(&["delete", "egt", "w1"])?;
+    wait_until("w1 registered again", Duration::from_secs(30), registered)?;
     Ok(())
 }

@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use egress_control::{
     api::{EipEpoch, NodeRecord},
+    controller::ClusterView,
     datastore::{typed, Datastore, DatastoreError, Kind, ObjectKey, StatusPatch},
 };
 use egress_failover::fence::Announcement;
@@ -170,6 +171,26 @@ pub fn node_addresses(tunnel_ip: Ipv4Addr, ipv6: Option<Ipv6Addr>) -> Vec<String
         .collect()
 }
 
+/// Whether the datastore no longer holds what the agent registered: its
+/// EgressTunnel (or, where the agent writes it, its node record) was
+/// deleted, or the tunnel's registered fields differ (an operator's
+/// mistake, a restore from backup). The agent then registers again instead
+/// of running unregistered (no port blocks, no tunnel endpoint for peers)
+/// until its next restart.
+pub fn registration_lost(view: &ClusterView, me: &SelfDescription, writes_node: bool) -> bool {
+    if writes_node && view.node(&me.node.name).is_none() {
+        return true;
+    }
+    let Some(st) = view.tunnel(&me.node.name).and_then(|t| t.status.as_ref()) else {
+        return true;
+    };
+    let t = &st.tunnel;
+    t.ipv4 != me.tunnel_ip.to_string()
+        || t.ipv6 != me.ipv6.map(|a| a.to_string()).unwrap_or_default()
+        || t.mac != mac_string(&me.mac)
+        || t.parent.name != me.parent
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +251,49 @@ mod tests {
             st.phase,
             egress_control::api::TunnelPhase::HeartbeatTimeout,
             "the agent never writes the phase"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_registration_that_the_datastore_lost_is_noticed() {
+        let ds = MemoryDatastore::new();
+        let me = SelfDescription {
+            node: NodeRecord {
+                name: "w1".into(),
+                addresses: vec!["10.10.0.1".into()],
+                ready: true,
+                ..Default::default()
+            },
+            tunnel_ip: "10.10.0.1".parse().unwrap(),
+            ipv6: None,
+            mac: [2, 0, 0, 0, 0, 1],
+            parent: "eth0".into(),
+        };
+        let lost = |ds: &MemoryDatastore| {
+            let ds = ds.clone();
+            let me = me.clone();
+            async move { registration_lost(&typed::load_view(&ds).await.unwrap(), &me, true) }
+        };
+        assert!(lost(&ds).await, "nothing registered yet");
+        register(&ds, &me).await.unwrap();
+        assert!(!lost(&ds).await);
+        // The tunnel deleted (and created again empty, as the controller does).
+        let key = ObjectKey::cluster("w1");
+        ds.delete(Kind::EgressTunnel, &key, None).await.unwrap();
+        assert!(lost(&ds).await);
+        let empty = json!({"apiVersion": egress_control::api::API_VERSION, "kind": "EgressTunnel",
+                           "metadata": {"name": "w1"}, "spec": {}});
+        ds.create(Kind::EgressTunnel, empty).await.unwrap();
+        assert!(lost(&ds).await);
+        register(&ds, &me).await.unwrap();
+        assert!(!lost(&ds).await);
+        // The node record deleted: lost where the agent writes it.
+        ds.delete(Kind::Node, &key, None).await.unwrap();
+        assert!(lost(&ds).await);
+        let view = typed::load_view(&ds).await.unwrap();
+        assert!(
+            !registration_lost(&view, &me, false),
+            "not where the kubelet keeps it"
         );
     }
 

@@ -40,7 +40,7 @@ use super::{
     published::{admin_handler, Published},
     register::{
         addresses_changed, node_addresses, publish_awaiting_reconfirmation, register,
-        SelfDescription,
+        registration_lost, SelfDescription,
     },
     uplink_addr,
 };
@@ -230,8 +230,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let shutdown = super::super::cli::agent::shutdown_signal();
     tokio::pin!(shutdown);
     let mut dirty = true;
-    // When to register the node's addresses again (they changed).
+    // When to register again (the addresses changed, or the datastore lost
+    // the registration), and when it was last done.
     let mut register_at: Option<Instant> = None;
+    let mut last_registered = Instant::now();
     // The fence's deadline passed: reconcile from the last view at once,
     // without waiting for a datastore that may be unreachable.
     let mut fence_due = false;
@@ -279,6 +281,17 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             if let Some(c) = &cache {
                 have_view = true;
                 fence.apply_assignments(std::time::Instant::now(), assignments(&c.view));
+                // Not again while the last registration's own events may
+                // still be on their way.
+                if register_at.is_none()
+                    && last_registered.elapsed() >= LIST_RETRY
+                    && registration_lost(&c.view, &me, ds.writes_cluster_records())
+                {
+                    tracing::warn!(
+                        "the datastore no longer holds this node's registration; registering again"
+                    );
+                    register_at = Some(Instant::now());
+                }
             }
             let view = cache.as_ref().map_or(&last_view, |c| &c.view);
             if have_view {
@@ -472,8 +485,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 fence_due = true;
             }
             _ = resync.tick() => dirty = true,
-            // The node's addresses changed (or registering them failed): register.
+            // The node's addresses changed, the datastore lost its
+            // registration, or registering failed: register.
             _ = sleep_until_opt(register_at) => {
+                last_registered = Instant::now();
                 match ds_call(&fence, &s.timers, register(ds.as_ref(), &me)).await {
                     Ok(()) => register_at = None,
                     Err(e) => {
