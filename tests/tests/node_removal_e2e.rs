@@ -1,13 +1,15 @@
 //! A node that leaves the cluster does not leave its EgressTunnel behind
 //! (etcd, controller, agents in namespaces): once its Node record has been
 //! gone for four eviction timeouts the controller deletes the tunnel and
-//! says so in an event; a node that is present keeps its own. And the
+//! its heartbeat, and says so in an event; a node that is present keeps
+//! its own. And the
 //! controller creates the tunnel of a node whose agent has not (yet); an
 //! agent whose tunnel is deleted while it runs registers again.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use egress_control::datastore::{etcd::EtcdDatastore, Datastore};
 use egress_tests::{
     cluster::{wait_until, Cluster, ClusterSpec, Timers},
     egress_bin,
@@ -18,6 +20,21 @@ fn tunnel_exists(cluster: &Cluster, node: &str) -> Result<bool> {
     let v: serde_json::Value = serde_json::from_str(&out).context("egress get egt -o json")?;
     let items = v["items"].as_array().cloned().unwrap_or_default();
     Ok(items.iter().any(|t| t["metadata"]["name"] == node))
+}
+
+/// The nodes with a heartbeat in etcd (read from the fabric namespace,
+/// where etcd listens).
+fn heartbeats(cluster: &Cluster) -> Result<Vec<String>> {
+    let endpoint = cluster.etcd.endpoint();
+    cluster.topo.fabric.enter(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let ds = EtcdDatastore::connect(&[endpoint], "/egress").await?;
+            Ok(ds.heartbeats().await?.into_iter().map(|h| h.node).collect())
+        })
+    })
 }
 
 #[test]
@@ -34,16 +51,24 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
         ..ClusterSpec::default()
     };
     let mut cluster = Cluster::start(&egress, spec)?;
-    wait_until("w2's tunnel registered", Duration::from_secs(30), || {
-        tunnel_exists(&cluster, "w2")
+    // Gateway candidates heartbeat: take the one that does not own the EIP.
+    cluster.apply_examples()?;
+    let owner = cluster.example_eip_owner()?;
+    let (gone, name) = (2..4)
+        .find(|&i| i != owner)
+        .map(|i| (i, cluster.topo.nodes[i].name.clone()))
+        .context("a second gateway node")?;
+    let owner_name = cluster.topo.nodes[owner].name.clone();
+    wait_until("its heartbeat and tunnel", Duration::from_secs(30), || {
+        Ok(tunnel_exists(&cluster, &name)? && heartbeats(&cluster)?.contains(&name))
     })?;
 
-    // w2 goes: its agent stops, its Node record is deleted.
-    cluster.kill_agent(1);
-    cluster.egress(&["delete", "node", "w2"])?;
+    // It goes: its agent stops, its Node record is deleted.
+    cluster.kill_agent(gone);
+    cluster.egress(&["delete", "node", &name])?;
     let gone_at = Instant::now();
-    wait_until("w2's tunnel deleted", Duration::from_secs(30), || {
-        Ok(!tunnel_exists(&cluster, "w2")?)
+    wait_until("its tunnel deleted", Duration::from_secs(30), || {
+        Ok(!tunnel_exists(&cluster, &name)?)
     })?;
     // Not before the grace period (4 x 1 s): a node and its tunnel may reach
     // the controller's view in either order.
@@ -54,8 +79,17 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
     );
     let events = cluster.egress(&["get", "events"])?;
     assert!(
-        events.contains("node w2 has been gone"),
+        events.contains(&format!("node {name} has been gone")),
         "no event for the deletion:\n{events}"
+    );
+    let beating = heartbeats(&cluster)?;
+    assert!(
+        !beating.contains(&name),
+        "its heartbeat is left: {beating:?}"
+    );
+    assert!(
+        beating.contains(&owner_name),
+        "the other's is kept: {beating:?}"
     );
     assert!(tunnel_exists(&cluster, "w1")?, "w1 keeps its tunnel");
 

@@ -204,6 +204,17 @@ async fn heartbeats_and_leader_election() {
     let seen = b.heartbeats().await.unwrap();
     assert_eq!(seen.len(), 1);
     assert_eq!((seen[0].node.as_str(), seen[0].counter), ("n1", h2.counter));
+    // A removed node's heartbeat is forgotten; forgetting it twice is fine.
+    a.renew_heartbeat("n2", Duration::from_secs(5))
+        .await
+        .unwrap();
+    b.forget_heartbeat("n2").await.unwrap();
+    b.forget_heartbeat("n2").await.unwrap();
+    let seen = b.heartbeats().await.unwrap();
+    assert_eq!(
+        seen.iter().map(|h| h.node.as_str()).collect::<Vec<_>>(),
+        ["n1"]
+    );
 
     let ttl = Duration::from_secs(2);
     let la = a

@@ -600,12 +600,16 @@ fn stale_tunnel_grace(timers: &TimerConfig) -> Duration {
 }
 
 /// Deletes the EgressTunnel of a removed node (only while it is the
-/// version seen: one that changed meanwhile is looked at again next pass).
+/// version seen: one that changed meanwhile is looked at again next pass),
+/// and its heartbeat (a Lease on Kubernetes: they piled up too).
 async fn remove_stale_tunnel(ds: &dyn Datastore, node: &str, revision: u64, grace: Duration) {
     let key = ObjectKey::cluster(node);
     match ds.delete(Kind::EgressTunnel, &key, Some(revision)).await {
         Ok(()) => {
             tracing::info!(node, "deleted the EgressTunnel of a removed node");
+            if let Err(e) = ds.forget_heartbeat(node).await {
+                tracing::warn!(node, "deleting the heartbeat of a removed node: {e}");
+            }
             let msg =
                 format!("node {node} has been gone for {grace:?}: its EgressTunnel is deleted");
             let _ = ds

@@ -461,6 +461,18 @@ impl Datastore for KubeDatastore {
         })
     }
 
+    async fn forget_heartbeat(&self, node: &str) -> Result<()> {
+        match self
+            .leases()
+            .delete(&format!("egress-node-{node}"), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if status_code(&e) == Some(404) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
         let list = self
             .leases()

@@ -309,6 +309,11 @@ impl Datastore for MemoryDatastore {
         Ok(hb)
     }
 
+    async fn forget_heartbeat(&self, node: &str) -> Result<()> {
+        self.state.lock().unwrap().heartbeats.remove(node);
+        Ok(())
+    }
+
     async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
         Ok(self
             .state

@@ -241,6 +241,8 @@ pub trait Datastore: Send + Sync {
     /// Renews `node`'s heartbeat (`ttl`: how long it is meant to hold).
     async fn renew_heartbeat(&self, node: &str, ttl: Duration) -> Result<Heartbeat>;
     async fn heartbeats(&self) -> Result<Vec<Heartbeat>>;
+    /// Deletes `node`'s heartbeat (a removed node's): gone already is fine.
+    async fn forget_heartbeat(&self, node: &str) -> Result<()>;
 
     /// Takes the leadership of `election` when nobody holds it (or the
     /// holder's lease ran out); `None` when someone else leads.

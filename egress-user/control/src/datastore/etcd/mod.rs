@@ -518,6 +518,13 @@ impl Datastore for EtcdDatastore {
         })
     }
 
+    async fn forget_heartbeat(&self, node: &str) -> Result<()> {
+        let path = format!("{}/heartbeats/{node}", self.prefix);
+        self.txn(Txn::new().and_then([TxnOp::delete(path, None)]))
+            .await?;
+        Ok(())
+    }
+
     async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
         let p = format!("{}/heartbeats/", self.prefix);
         let resp = self.range(p.clone(), true).await?;

@@ -357,6 +357,27 @@ async fn core_objects_become_records() {
 }
 
 #[tokio::test]
+async fn a_removed_nodes_heartbeat_lease_is_deleted() {
+    let (ds, mut h) = mock();
+    let forget = tokio::spawn(async move {
+        let first = ds.forget_heartbeat("w1").await;
+        // Gone already: fine.
+        let again = ds.forget_heartbeat("w1").await;
+        (first, again)
+    });
+    let seen = answer(&mut h, 200, status(200, "Success")).await;
+    assert_eq!(seen.method, "DELETE");
+    assert_eq!(
+        seen.path_and_query,
+        "/apis/coordination.k8s.io/v1/namespaces/egress-system/leases/egress-node-w1?"
+    );
+    answer(&mut h, 404, status(404, "NotFound")).await;
+    let (first, again) = forget.await.unwrap();
+    first.unwrap();
+    again.unwrap();
+}
+
+#[tokio::test]
 async fn records_are_read_only_on_kubernetes() {
     let (ds, _h) = mock();
     let e = ds
