@@ -196,10 +196,9 @@ mod tests {
     use super::*;
     use egress_control::datastore::memory::MemoryDatastore;
 
-    #[tokio::test]
-    async fn registration_writes_node_and_tunnel_facts_not_the_phase() {
-        let ds = MemoryDatastore::new();
-        let me = SelfDescription {
+    /// Node w1 at 10.10.0.1 on eth0, with this IPv6 address.
+    fn w1(ipv6: Option<&str>) -> SelfDescription {
+        SelfDescription {
             node: NodeRecord {
                 name: "w1".into(),
                 addresses: vec!["10.10.0.1".into()],
@@ -207,10 +206,16 @@ mod tests {
                 ..Default::default()
             },
             tunnel_ip: "10.10.0.1".parse().unwrap(),
-            ipv6: Some("fd00:10::1".parse().unwrap()),
+            ipv6: ipv6.map(|a| a.parse().unwrap()),
             mac: [2, 0, 0, 0, 0, 1],
             parent: "eth0".into(),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn registration_writes_node_and_tunnel_facts_not_the_phase() {
+        let ds = MemoryDatastore::new();
+        let me = w1(Some("fd00:10::1"));
         register(&ds, &me).await.unwrap();
         let view = typed::load_view(&ds).await.unwrap();
         let st = view.tunnel("w1").unwrap().status.clone().unwrap();
@@ -257,18 +262,7 @@ mod tests {
     #[tokio::test]
     async fn a_registration_that_the_datastore_lost_is_noticed() {
         let ds = MemoryDatastore::new();
-        let me = SelfDescription {
-            node: NodeRecord {
-                name: "w1".into(),
-                addresses: vec!["10.10.0.1".into()],
-                ready: true,
-                ..Default::default()
-            },
-            tunnel_ip: "10.10.0.1".parse().unwrap(),
-            ipv6: None,
-            mac: [2, 0, 0, 0, 0, 1],
-            parent: "eth0".into(),
-        };
+        let me = w1(None);
         let lost = |ds: &MemoryDatastore| {
             let ds = ds.clone();
             let me = me.clone();
@@ -301,18 +295,7 @@ mod tests {
     async fn on_a_datastore_that_keeps_nodes_itself_only_the_tunnel_is_written() {
         // As on Kubernetes: the Node is the kubelet's, and writing it fails.
         let ds = MemoryDatastore::with_external_records();
-        let me = SelfDescription {
-            node: NodeRecord {
-                name: "w1".into(),
-                addresses: vec!["10.10.0.1".into()],
-                ready: true,
-                ..Default::default()
-            },
-            tunnel_ip: "10.10.0.1".parse().unwrap(),
-            ipv6: Some("fd00:10::1".parse().unwrap()),
-            mac: [2, 0, 0, 0, 0, 1],
-            parent: "eth0".into(),
-        };
+        let me = w1(Some("fd00:10::1"));
         register(&ds, &me)
             .await
             .expect("registering writes no Node");
