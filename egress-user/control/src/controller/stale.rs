@@ -18,7 +18,14 @@ pub struct StaleTunnels {
 impl StaleTunnels {
     /// The tunnels (name, revision) whose node has been missing from the
     /// view for `grace` at `now`; forgets tunnels whose node came back.
+    /// A view with no node at all deletes nothing: that is a datastore
+    /// that lost its nodes (or a view that lacks them), not a cluster
+    /// whose every node left.
     pub fn due(&mut self, view: &ClusterView, now: Instant, grace: Duration) -> Vec<(String, u64)> {
+        if view.nodes.is_empty() {
+            self.absent_since.clear();
+            return Vec::new();
+        }
         let nodes: std::collections::BTreeSet<&str> =
             view.nodes.iter().map(|n| n.name.as_str()).collect();
         let mut due = Vec::new();
@@ -94,5 +101,10 @@ mod tests {
         assert!(stale.due(&both, t0 + grace / 2, grace).is_empty());
         assert!(stale.due(&gone, t0 + grace, grace).is_empty());
         assert_eq!(stale.due(&gone, t0 + 2 * grace, grace).len(), 1);
+        // No node at all: nothing goes, however long.
+        let mut stale = StaleTunnels::default();
+        let none = view(&[], &["w1", "w2"]);
+        assert!(stale.due(&none, t0, grace).is_empty());
+        assert!(stale.due(&none, t0 + 10 * grace, grace).is_empty());
     }
 }
