@@ -5,10 +5,12 @@
 //! - [`datastore`]: one trait, backends for memory, etcd and Kubernetes.
 //! - [`controller`]: pure reconcile functions and the leader-elected loop.
 //! - [`agent_state`]: a node's desired dataplane, as a pure function.
+//! - [`registration`]: the records an agent keeps about its own node.
 
 pub mod agent_state;
 pub mod api;
 pub mod controller;
 pub mod datastore;
 pub mod manifest;
+pub mod registration;
 pub mod validate;

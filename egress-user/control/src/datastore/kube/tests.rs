@@ -496,3 +496,77 @@ async fn an_agents_datastore_lists_and_watches_only_its_nodes_pods() {
     );
     reader.abort();
 }
+
+/// An agent registering on Kubernetes: its Node is the kubelet's (no
+/// request for it), its EgressTunnel is the controller's to create (the
+/// agent's RBAC has no `create`): the agent reads it and writes its facts
+/// to the status subresource under its own field manager.
+#[tokio::test]
+async fn an_agent_registers_through_the_api_server_without_touching_its_node() {
+    use crate::api::NodeRecord;
+    use crate::registration::{register, SelfDescription};
+    let me = SelfDescription {
+        node: NodeRecord {
+            name: "w1".into(),
+            addresses: vec!["10.10.0.1".into()],
+            ready: true,
+            ..Default::default()
+        },
+        tunnel_ip: "10.10.0.1".parse().unwrap(),
+        ipv6: Some("fd00:10::1".parse().unwrap()),
+        mac: [2, 0, 0, 0, 0, 1],
+        parent: "eth0".into(),
+    };
+    let tunnel = json!({"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressTunnel",
+                        "metadata": {"name": "w1", "resourceVersion": "3"}, "spec": {}});
+
+    // The controller created the tunnel: one read, one status write.
+    let (ds, mut h) = mock();
+    let who = me.clone();
+    let reg = tokio::spawn(async move { register(&ds, &who).await.map_err(|e| format!("{e:#}")) });
+    let seen = answer(&mut h, 200, tunnel.clone()).await;
+    assert_eq!(
+        (seen.method.as_str(), seen.path_and_query.as_str()),
+        (
+            "GET",
+            "/apis/egressgateway.egress.dev/v1beta1/egresstunnels/w1"
+        )
+    );
+    let seen = answer(&mut h, 200, tunnel.clone()).await;
+    assert_eq!(seen.method, "PATCH");
+    assert!(
+        seen.path_and_query
+            .starts_with("/apis/egressgateway.egress.dev/v1beta1/egresstunnels/w1/status?")
+            && seen.path_and_query.contains("fieldManager=egress-agent"),
+        "{}",
+        seen.path_and_query
+    );
+    assert_eq!(seen.content_type, "application/apply-patch+yaml");
+    assert_eq!(seen.body["status"]["tunnel"]["ipv4"], "10.10.0.1");
+    assert_eq!(seen.body["status"]["tunnel"]["ipv6"], "fd00:10::1");
+    assert!(
+        seen.body["status"].get("phase").is_none(),
+        "the phase is the controller's"
+    );
+    reg.await.unwrap().unwrap();
+
+    // Not created yet: the create is refused (RBAC), and the error says
+    // who creates it; the agent tries again later.
+    let (ds, mut h) = mock();
+    let reg = tokio::spawn(async move { register(&ds, &me).await.map_err(|e| format!("{e:#}")) });
+    let seen = answer(&mut h, 404, status(404, "NotFound")).await;
+    assert_eq!(seen.method, "GET");
+    let seen = answer(&mut h, 403, status(403, "Forbidden")).await;
+    assert_eq!(
+        (seen.method.as_str(), seen.path_and_query.as_str()),
+        (
+            "POST",
+            "/apis/egressgateway.egress.dev/v1beta1/egresstunnels?"
+        )
+    );
+    let e = reg.await.unwrap().unwrap_err();
+    assert!(
+        e.contains("the controller creates one for every node"),
+        "{e}"
+    );
+}

@@ -1,0 +1,122 @@
+//! The records an agent keeps about its own node: the node record (labels,
+//! addresses, pod CIDRs; where the datastore keeps one, not on Kubernetes)
+//! and its EgressTunnel (tunnel endpoint, MAC, parent interface). The
+//! agent reports facts; the controller alone decides the tunnel's phase
+//! (Ready, HeartbeatTimeout, ...) from them and from the heartbeats.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::{
+    api::NodeRecord,
+    controller::ClusterView,
+    datastore::{typed, Datastore, DatastoreError, Kind, ObjectKey, StatusPatch},
+};
+
+/// Field manager of the agent's writes.
+pub const MANAGER: &str = "egress-agent";
+
+/// What the agent says about itself.
+#[derive(Clone, Debug)]
+pub struct SelfDescription {
+    pub node: NodeRecord,
+    pub tunnel_ip: Ipv4Addr,
+    /// The node's IPv6 address on the underlay, if it has one: a useNodeIP
+    /// policy's IPv6 address (the tunnel itself runs over IPv4).
+    pub ipv6: Option<Ipv6Addr>,
+    pub mac: [u8; 6],
+    pub parent: String,
+}
+
+pub fn mac_string(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Writes the node record (where the datastore keeps one: not on
+/// Kubernetes) and the EgressTunnel's `status.tunnel` (never the phase: the
+/// controller sets it once the tunnel is registered and, on a gateway
+/// candidate, its heartbeat is seen).
+pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
+    // On Kubernetes the Node is the kubelet's (and writing it is refused):
+    // its addresses and labels are already there.
+    if ds.writes_cluster_records() {
+        typed::apply(ds, Kind::Node, typed::node_object(&me.node))
+            .await
+            .with_context(|| format!("registering node {}", me.node.name))?;
+    }
+    let key = ObjectKey::cluster(&me.node.name);
+    if ds.get(Kind::EgressTunnel, &key).await?.is_none() {
+        let tunnel = json!({
+            "apiVersion": crate::api::API_VERSION,
+            "kind": "EgressTunnel",
+            "metadata": { "name": me.node.name },
+            "spec": {},
+        });
+        match ds.create(Kind::EgressTunnel, tunnel).await {
+            Ok(_) => {}
+            Err(DatastoreError::AlreadyExists { .. }) => {}
+            Err(e) => {
+                return Err(e).context(
+                    "creating the EgressTunnel (the controller creates one for every node; \
+                     on Kubernetes the agent waits for it)",
+                )
+            }
+        }
+    }
+    let status = json!({
+        "tunnel": {
+            "ipv4": me.tunnel_ip.to_string(),
+            "ipv6": me.ipv6.map(|a| a.to_string()).unwrap_or_default(),
+            "mac": mac_string(&me.mac),
+            "parent": { "name": me.parent },
+        },
+    });
+    ds.write_status(
+        Kind::EgressTunnel,
+        &key,
+        &StatusPatch {
+            manager: MANAGER.into(),
+            owned: vec!["tunnel".into()],
+            status,
+        },
+    )
+    .await
+    .context("writing the EgressTunnel status")?;
+    Ok(())
+}
+
+/// The node record's addresses: the tunnel endpoint, then the IPv6 address.
+pub fn node_addresses(tunnel_ip: Ipv4Addr, ipv6: Option<Ipv6Addr>) -> Vec<String> {
+    std::iter::once(IpAddr::V4(tunnel_ip))
+        .chain(ipv6.map(IpAddr::V6))
+        .map(|a| a.to_string())
+        .collect()
+}
+
+/// Whether the datastore no longer holds what the agent registered: its
+/// EgressTunnel (or, where the agent writes it, its node record) was
+/// deleted, or the tunnel's registered fields differ (an operator's
+/// mistake, a restore from backup). The agent then registers again instead
+/// of running unregistered (no port blocks, no tunnel endpoint for peers)
+/// until its next restart.
+pub fn registration_lost(view: &ClusterView, me: &SelfDescription, writes_node: bool) -> bool {
+    if writes_node && view.node(&me.node.name).is_none() {
+        return true;
+    }
+    let Some(st) = view.tunnel(&me.node.name).and_then(|t| t.status.as_ref()) else {
+        return true;
+    };
+    let t = &st.tunnel;
+    t.ipv4 != me.tunnel_ip.to_string()
+        || t.ipv6 != me.ipv6.map(|a| a.to_string()).unwrap_or_default()
+        || t.mac != mac_string(&me.mac)
+        || t.parent.name != me.parent
+}
+
+#[cfg(test)]
+mod tests;
