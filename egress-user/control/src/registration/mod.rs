@@ -119,4 +119,4 @@ pub fn registration_lost(view: &ClusterView, me: &SelfDescription, writes_node: 
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,7 +4,7 @@ use super::*;
 use crate::datastore::memory::MemoryDatastore;
 
 /// Node w1 at 10.10.0.1 on eth0, with this IPv6 address.
-fn w1(ipv6: Option<&str>) -> SelfDescription {
+pub(crate) fn w1(ipv6: Option<&str>) -> SelfDescription {
     SelfDescription {
         node: NodeRecord {
             name: "w1".into(),

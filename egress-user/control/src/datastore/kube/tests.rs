@@ -503,20 +503,8 @@ async fn an_agents_datastore_lists_and_watches_only_its_nodes_pods() {
 /// to the status subresource under its own field manager.
 #[tokio::test]
 async fn an_agent_registers_through_the_api_server_without_touching_its_node() {
-    use crate::api::NodeRecord;
-    use crate::registration::{register, SelfDescription};
-    let me = SelfDescription {
-        node: NodeRecord {
-            name: "w1".into(),
-            addresses: vec!["10.10.0.1".into()],
-            ready: true,
-            ..Default::default()
-        },
-        tunnel_ip: "10.10.0.1".parse().unwrap(),
-        ipv6: Some("fd00:10::1".parse().unwrap()),
-        mac: [2, 0, 0, 0, 0, 1],
-        parent: "eth0".into(),
-    };
+    use crate::registration::{register, tests::w1};
+    let me = w1(Some("fd00:10::1"));
     let tunnel = json!({"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressTunnel",
                         "metadata": {"name": "w1", "resourceVersion": "3"}, "spec": {}});
 
