@@ -42,10 +42,10 @@ pub async fn connect(
     connect_scoped(args, lease_namespace, None).await
 }
 
-/// As [`connect`], for the agent of `node`: on Kubernetes it lists and
-/// watches only that node's pods (the only ones its maps hold), so the API
-/// server does not send every agent every pod of the cluster. etcd keeps
-/// pods by name, so there the agent still reads them all.
+/// As [`connect`], for the agent of `node`: it lists and watches only that
+/// node's pods (the only ones its maps hold), so the datastore does not
+/// send every agent every pod of the cluster (Kubernetes: a field
+/// selector; etcd: the pod index, once a controller completed it).
 pub async fn connect_for_node(
     args: &DatastoreArgs,
     lease_namespace: &str,
