@@ -7,7 +7,7 @@
 //! line read on stdin (or, with the best routes, in `status_file`,
 //! rewritten every 50 ms). SIGTERM: stop for restart (connections closed
 //! without NOTIFICATION, so graceful-restart helpers keep our routes);
-//! SIGINT: Cease to every peer.
+//! SIGINT: Cease to every peer. With RUST_LOG set, logs to stderr.
 //!
 //! ```json
 //! {"asn": 65000, "router_id": "10.0.0.1", "cluster_id": "1.1.1.1",
@@ -89,6 +89,13 @@ fn yes() -> bool {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Quiet unless asked (RUST_LOG=info): the tests print a child's stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let path = std::env::args()
         .nth(1)
         .ok_or("usage: bgp-speaker CONFIG.json")?;

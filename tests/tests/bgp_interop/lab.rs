@@ -121,6 +121,8 @@ pub(crate) struct Router {
     /// (as a reflector adds the nodes of the datastore) and the password is
     /// the speaker's default key rather than each peer's own.
     late_peers: bool,
+    /// Whether the router has run before: a restart, not a first start.
+    restarted: bool,
 }
 
 impl Router {
@@ -148,6 +150,7 @@ impl Router {
             proc: None,
             password,
             late_peers: false,
+            restarted: false,
         };
         r.write_config()?;
         r.spawn()?;
@@ -169,6 +172,7 @@ impl Router {
             proc: None,
             password: Some(password),
             late_peers: true,
+            restarted: false,
         };
         r.write_config()?;
         r.spawn()?;
@@ -196,7 +200,16 @@ impl Router {
             Kind::Bird => {
                 let conf = format!("{d}/bird.conf");
                 let sock = format!("{d}/bird.ctl");
-                self.ns.spawn(&["bird", "-f", "-c", &conf, "-s", &sock])?
+                // BIRD claims preserved forwarding state (the F bit) only
+                // when started in recovery mode (-R), as a supervisor
+                // restarting it for graceful restart does. Without the F
+                // bit, RFC 4724 4.2 has the helper drop its stale routes
+                // at once.
+                let mut args = vec!["bird", "-f", "-c", &conf, "-s", &sock];
+                if self.restarted {
+                    args.push("-R");
+                }
+                self.ns.spawn(&args)?
             }
             Kind::Gobgp => {
                 let conf = format!("{d}/gobgp.toml");
@@ -212,6 +225,7 @@ impl Router {
             }
         };
         self.proc = Some(proc);
+        self.restarted = true;
         // Ready when the management interface answers.
         wait_until(
             &format!("{:?} to answer", self.kind),

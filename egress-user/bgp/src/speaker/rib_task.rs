@@ -440,10 +440,16 @@ impl RibTask {
                 }
                 HelperAction::DeleteRoutes => self.rib.peer_down(peer, false),
                 HelperAction::PurgeStale(f) => {
-                    self.rib.purge_stale(peer, Some(f));
+                    let n = self.rib.purge_stale(peer, Some(f));
+                    if n > 0 {
+                        tracing::info!(%peer, family = ?f, routes = n, "stale routes dropped");
+                    }
                 }
                 HelperAction::PurgeAllStale => {
-                    self.rib.purge_stale(peer, None);
+                    let n = self.rib.purge_stale(peer, None);
+                    if n > 0 {
+                        tracing::info!(%peer, routes = n, "stale routes dropped");
+                    }
                 }
                 HelperAction::StartRestartTimer(d) => {
                     self.start_timer(Some(peer), TimerKind::Restart, d)
