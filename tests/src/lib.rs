@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod etcd;
 pub mod frr;
+pub mod kube_api;
 mod netns;
 mod process;
 pub mod scenarios;

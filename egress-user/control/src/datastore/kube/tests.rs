@@ -558,3 +558,12 @@ async fn an_agent_registers_through_the_api_server_without_touching_its_node() {
         "{e}"
     );
 }
+
+/// kube's `rustls-tls` feature brings no crypto provider of its own: without
+/// one chosen (`ring` here), building any client panicked, so every
+/// `--datastore kubernetes` process died at start.
+#[tokio::test]
+async fn a_client_builds_from_a_kubeconfig_style_config() {
+    let cfg = ::kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+    assert!(Client::try_from(cfg).is_ok());
+}

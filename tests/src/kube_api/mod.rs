@@ -1,0 +1,457 @@
+//! A Kubernetes API server for the tests, in memory: the real one cannot be
+//! installed here, so the egress binaries' Kubernetes datastore is run
+//! against this one at the HTTP level. It serves, with the API server's
+//! rules, the requests the datastore makes: lists (label and field
+//! selectors), watches (chunked JSON lines from a resourceVersion), get,
+//! create (generateName too), replace (409 on a stale resourceVersion),
+//! merge patches, server-side apply of status by field manager, and
+//! deletes with a resourceVersion precondition. See [`store`] for the rules.
+//!
+//! Anything else is answered 404 or 415 and logged in [`FakeApiServer::requests`],
+//! so a request the datastore starts to make shows up as a failure, not a
+//! silent success. Core objects keep the status they are created with: the
+//! test plays the kubelet and writes Nodes and Pods whole.
+
+pub mod store;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use axum::{
+    body::{Body, Bytes},
+    http::{header::CONTENT_TYPE, HeaderMap, Method, StatusCode, Uri},
+    response::Response,
+    Router,
+};
+use serde_json::{json, Value};
+
+use crate::Netns;
+use store::{ApiError, ApiResult, Resource, Selector, Store};
+
+struct Shared {
+    store: Mutex<Store>,
+    /// The store's revision after each change; watches wait on it.
+    changed: tokio::sync::watch::Sender<u64>,
+    requests: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn change<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        let mut s = self.store.lock().expect("store lock");
+        let out = f(&mut s);
+        self.changed.send_replace(s.revision());
+        out
+    }
+}
+
+/// The running server; stopped when dropped.
+pub struct FakeApiServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    kubeconfig: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeApiServer {
+    /// Listens on `addr` inside `ns` (plain HTTP, no authentication).
+    pub fn start_in(ns: &Netns, addr: SocketAddr) -> Result<Self> {
+        let listener = ns.enter(move || bind(addr))?;
+        Self::serve(listener)
+    }
+
+    /// Listens on `addr` in this process's namespace (port 0: any).
+    pub fn start(addr: SocketAddr) -> Result<Self> {
+        Self::serve(bind(addr)?)
+    }
+
+    fn serve(listener: std::net::TcpListener) -> Result<Self> {
+        let addr = listener.local_addr()?;
+        let (changed, _) = tokio::sync::watch::channel(0);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            changed,
+            requests: Mutex::new(Vec::new()),
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+                tokio::select! {
+                    r = axum::serve(l, app) => r.expect("serving"),
+                    _ = stopped => {}
+                }
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        });
+        let kubeconfig =
+            std::env::temp_dir().join(format!("{}.kubeconfig", crate::unique_name("kube")));
+        std::fs::write(&kubeconfig, kubeconfig_text(addr))?;
+        Ok(Self {
+            shared,
+            addr,
+            kubeconfig,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig file for this server (for `KUBECONFIG`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Changes the stored objects directly, as the kubelet or kubectl
+    /// would; watches see the change.
+    pub fn change<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        self.shared.change(f)
+    }
+
+    /// Reads the stored objects.
+    pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
+        f(&self.shared.store.lock().expect("store lock"))
+    }
+
+    /// Every request so far, as `METHOD path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        self.shared.requests.lock().expect("requests lock").clone()
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+fn kubeconfig_text(addr: SocketAddr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+         users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+         current-context: fake\n"
+    )
+}
+
+/// What a path names.
+#[derive(Debug, PartialEq)]
+enum Target {
+    Collection {
+        r: Resource,
+        ns: String,
+    },
+    Object {
+        r: Resource,
+        ns: String,
+        name: String,
+        status: bool,
+    },
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (gv, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => (v.to_string(), rest),
+        ["apis", g, v, rest @ ..] => (format!("{g}/{v}"), rest),
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, plural, more @ ..] if *plural != "status" => (ns.to_string(), {
+            let mut v = vec![*plural];
+            v.extend_from_slice(more);
+            v
+        }),
+        _ => (String::new(), rest.to_vec()),
+    };
+    let r = |p: &str| Resource::new(&gv, p);
+    Some(match rest.as_slice() {
+        [plural] => Target::Collection { r: r(plural), ns },
+        [plural, name] => Target::Object {
+            r: r(plural),
+            ns,
+            name: name.to_string(),
+            status: false,
+        },
+        [plural, name, "status"] => Target::Object {
+            r: r(plural),
+            ns,
+            name: name.to_string(),
+            status: true,
+        },
+        _ => return None,
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(uri: &Uri, name: &str) -> Option<String> {
+    uri.query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn json_response(code: u16, v: &Value) -> Response {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(v).expect("serialisable")))
+        .expect("a response")
+}
+
+fn answer(code: u16, r: ApiResult<Value>) -> Response {
+    match r {
+        Ok(v) => json_response(code, &v),
+        Err(e) => json_response(e.code, &e.status()),
+    }
+}
+
+fn bad(code: u16, reason: &'static str, message: String) -> Response {
+    json_response(
+        code,
+        &ApiError {
+            code,
+            reason,
+            message,
+        }
+        .status(),
+    )
+}
+
+fn body_json(body: &Bytes) -> Result<Value, String> {
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))
+}
+
+async fn handle(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let line = format!(
+        "{method} {}",
+        uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
+    );
+    shared
+        .requests
+        .lock()
+        .expect("requests lock")
+        .push(line.clone());
+    let Some(target) = parse_path(uri.path()) else {
+        return bad(404, "NotFound", format!("not served here: {line}"));
+    };
+    let body = match body_json(&body) {
+        Ok(b) => b,
+        Err(why) => return bad(400, "BadRequest", why),
+    };
+    let ctype = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    match (method, target) {
+        (Method::GET, Target::Collection { r, ns }) => {
+            let sel = match Selector::parse(
+                query(&uri, "labelSelector").as_deref(),
+                query(&uri, "fieldSelector").as_deref(),
+            ) {
+                Ok(s) => s,
+                Err(e) => return json_response(e.code, &e.status()),
+            };
+            if matches!(query(&uri, "watch").as_deref(), Some("true" | "1")) {
+                let since = query(&uri, "resourceVersion")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let timeout = query(&uri, "timeoutSeconds")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(300u64);
+                return watch(shared, r, ns, sel, since, Duration::from_secs(timeout));
+            }
+            let st = shared.store.lock().expect("store lock");
+            answer(
+                200,
+                st.list(&r, &ns, &sel).map(|(items, rev)| {
+                    let kind = store::info(&r).map(|i| i.kind).unwrap_or_default();
+                    json!({"apiVersion": r.group_version, "kind": format!("{kind}List"),
+                           "metadata": {"resourceVersion": rev.to_string()}, "items": items})
+                }),
+            )
+        }
+        (Method::POST, Target::Collection { r, ns }) => {
+            answer(201, shared.change(|s| s.create(&r, &ns, body)))
+        }
+        (Method::GET, Target::Object { r, ns, name, .. }) => answer(
+            200,
+            shared.store.lock().expect("store lock").get(&r, &ns, &name),
+        ),
+        (
+            Method::PUT,
+            Target::Object {
+                r,
+                ns,
+                name,
+                status: false,
+            },
+        ) => answer(200, shared.change(|s| s.replace(&r, &ns, &name, body))),
+        (
+            Method::PATCH,
+            Target::Object {
+                r,
+                ns,
+                name,
+                status,
+            },
+        ) => {
+            if ctype.starts_with("application/merge-patch+json") && !status {
+                answer(200, shared.change(|s| s.merge(&r, &ns, &name, &body)))
+            } else if ctype.starts_with("application/apply-patch+yaml") && status {
+                let manager = query(&uri, "fieldManager").unwrap_or_default();
+                let force = query(&uri, "force").as_deref() == Some("true");
+                answer(
+                    200,
+                    shared.change(|s| s.apply_status(&r, &ns, &name, &manager, force, &body)),
+                )
+            } else {
+                bad(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "{ctype} on {} is not served here",
+                        if status { "status" } else { "the object" }
+                    ),
+                )
+            }
+        }
+        (
+            Method::DELETE,
+            Target::Object {
+                r,
+                ns,
+                name,
+                status: false,
+            },
+        ) => {
+            let pre = body
+                .pointer("/preconditions/resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            answer(
+                200,
+                shared.change(|s| s.delete(&r, &ns, &name, pre.as_deref())),
+            )
+        }
+        (m, _) => bad(
+            405,
+            "MethodNotAllowed",
+            format!("{m} not served here: {line}"),
+        ),
+    }
+}
+
+/// A watch: every change after `since`, then new ones as they come, each
+/// a JSON line; ends after `timeout`, as the API server ends a watch.
+fn watch(
+    shared: Arc<Shared>,
+    r: Resource,
+    ns: String,
+    sel: Selector,
+    since: u64,
+    timeout: Duration,
+) -> Response {
+    if store::info(&r).is_none() {
+        return bad(404, "NotFound", format!("no resource {r:?}"));
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let rx = shared.changed.subscribe();
+    let state = (
+        shared,
+        rx,
+        since,
+        std::collections::VecDeque::<Value>::new(),
+    );
+    let stream = futures::stream::unfold(state, move |(shared, mut rx, mut since, mut queue)| {
+        let (r, ns, sel) = (r.clone(), ns.clone(), sel.clone());
+        async move {
+            loop {
+                if let Some(ev) = queue.pop_front() {
+                    let mut line = serde_json::to_vec(&ev).expect("serialisable");
+                    line.push(b'\n');
+                    return Some((
+                        Ok::<_, std::io::Error>(Bytes::from(line)),
+                        (shared, rx, since, queue),
+                    ));
+                }
+                {
+                    let st = shared.store.lock().expect("store lock");
+                    for (t, obj) in st.events_after(&r, &ns, &sel, since) {
+                        queue.push_back(json!({"type": t, "object": obj}));
+                    }
+                    since = st.revision();
+                    rx.mark_unchanged();
+                }
+                if !queue.is_empty() {
+                    continue;
+                }
+                match tokio::time::timeout_at(deadline, rx.changed()).await {
+                    Ok(Ok(())) => {}
+                    _ => return None,
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .expect("a response")
+}
+
+#[cfg(test)]
+mod tests;
