@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::{
     etcd::EtcdServer,
+    kube_api::FakeApiServer,
     netns::PinDir,
     process::Proc,
     topology::{eip, Topology, FABRIC_UNDERLAY_IP},
@@ -93,6 +94,11 @@ pub struct ClusterSpec {
     /// Label the workers as gateway candidates too: a node that is worker
     /// and gateway at once (its pods' traffic skips the tunnel).
     pub workers_are_gateways: bool,
+    /// The Kubernetes datastore, against the in-memory API server
+    /// ([`crate::kube_api`]) in the fabric, instead of etcd. The test plays
+    /// the kubelet: Nodes (labels, addresses, pod CIDRs, Ready) and Pods are
+    /// written to the API server directly, as Kubernetes would have them.
+    pub kubernetes: bool,
 }
 
 impl Default for ClusterSpec {
@@ -108,9 +114,19 @@ impl Default for ClusterSpec {
             reflector_in_controller: false,
             agent_eviction: None,
             workers_are_gateways: false,
+            kubernetes: false,
         }
     }
 }
+
+/// Where the cluster's objects live.
+pub enum DatastoreServer {
+    Etcd(EtcdServer),
+    Kubernetes(FakeApiServer),
+}
+
+/// Port of the in-memory API server, on the fabric's underlay address.
+pub const API_SERVER_PORT: u16 = 6443;
 
 /// The FRR upstream router's address on the underlay.
 pub const UPSTREAM_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 10, 0, 253);
@@ -130,7 +146,7 @@ pub const CONTROLLER_METRICS_PORT: u16 = 9477;
 
 pub struct Cluster {
     pub topo: Topology,
-    pub etcd: EtcdServer,
+    pub datastore: DatastoreServer,
     pub controllers: Vec<Option<Proc>>,
     pub agents: Vec<Option<Proc>>,
     pub reflector: Option<Proc>,
@@ -158,10 +174,18 @@ impl Cluster {
                 topo.add_pod(w, &format!("p{}{}", w + 1, p + 1))?;
             }
         }
-        let etcd = EtcdServer::start_in(topo.fabric.name(), &FABRIC_UNDERLAY_IP.to_string())?;
+        let datastore = if spec.kubernetes {
+            let addr = std::net::SocketAddr::from((FABRIC_UNDERLAY_IP, API_SERVER_PORT));
+            DatastoreServer::Kubernetes(FakeApiServer::start_in(&topo.fabric, addr)?)
+        } else {
+            DatastoreServer::Etcd(EtcdServer::start_in(
+                topo.fabric.name(),
+                &FABRIC_UNDERLAY_IP.to_string(),
+            )?)
+        };
         let mut cluster = Self {
             topo,
-            etcd,
+            datastore,
             controllers: Vec::new(),
             agents: Vec::new(),
             reflector: None,
@@ -172,6 +196,11 @@ impl Cluster {
             agent_probes: spec.timers.probe.is_some()
                 && agent_has_flag(egress, "--probe-interval-ms"),
         };
+        if let DatastoreServer::Kubernetes(api) = &cluster.datastore {
+            crate::kube_objects::add_nodes(api, &cluster.topo, |name| {
+                name.starts_with('g') || spec.workers_are_gateways
+            })?;
+        }
         if spec.bgp && spec.upstream_frr {
             let ns = crate::Netns::new("up")?;
             crate::link_veth(&ns, "eth0", &cluster.topo.fabric, "up0")?;
@@ -214,13 +243,52 @@ impl Cluster {
         Ok(cluster)
     }
 
-    fn etcd_flags(&self) -> Vec<String> {
-        vec![
-            "--datastore".into(),
-            "etcd".into(),
-            "--etcd-endpoints".into(),
-            self.etcd.endpoint(),
-        ]
+    /// The cluster's etcd; panics on a Kubernetes cluster.
+    pub fn etcd(&self) -> &EtcdServer {
+        match &self.datastore {
+            DatastoreServer::Etcd(e) => e,
+            DatastoreServer::Kubernetes(_) => panic!("this cluster runs on Kubernetes, not etcd"),
+        }
+    }
+
+    pub fn etcd_mut(&mut self) -> &mut EtcdServer {
+        match &mut self.datastore {
+            DatastoreServer::Etcd(e) => e,
+            DatastoreServer::Kubernetes(_) => panic!("this cluster runs on Kubernetes, not etcd"),
+        }
+    }
+
+    /// The cluster's API server; panics on an etcd cluster.
+    pub fn api_server(&self) -> &FakeApiServer {
+        match &self.datastore {
+            DatastoreServer::Kubernetes(k) => k,
+            DatastoreServer::Etcd(_) => panic!("this cluster runs on etcd, not Kubernetes"),
+        }
+    }
+
+    /// The command line of `egress ARGS` against the cluster's datastore.
+    fn egress_argv(&self, args: &[String]) -> Vec<String> {
+        let mut argv = Vec::new();
+        if let DatastoreServer::Kubernetes(api) = &self.datastore {
+            argv.extend([
+                "env".to_string(),
+                format!("KUBECONFIG={}", api.kubeconfig().display()),
+            ]);
+        }
+        argv.push(self.egress.to_string_lossy().into_owned());
+        argv.extend(args.iter().cloned());
+        match &self.datastore {
+            DatastoreServer::Etcd(etcd) => argv.extend([
+                "--datastore".into(),
+                "etcd".into(),
+                "--etcd-endpoints".into(),
+                etcd.endpoint(),
+            ]),
+            DatastoreServer::Kubernetes(_) => {
+                argv.extend(["--datastore".into(), "kubernetes".into()])
+            }
+        }
+        argv
     }
 
     fn spawn_controller(&self, i: usize) -> Result<Proc> {
@@ -261,10 +329,8 @@ impl Cluster {
                 args.extend(["--bgp-peer".into(), format!("{UPSTREAM_IP},asn=64512")]);
             }
         }
-        args.extend(self.etcd_flags());
-        let egress = self.egress.to_string_lossy().into_owned();
-        let mut argv: Vec<&str> = vec![&egress];
-        argv.extend(args.iter().map(String::as_str));
+        let argv = self.egress_argv(&args);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut p = self.topo.fabric.spawn(&argv)?;
         p.wait_for_line("started", Duration::from_secs(20))?;
         Ok(p)
@@ -273,11 +339,9 @@ impl Cluster {
     /// Starts the route reflector in the fabric; the nodes registered in
     /// the datastore become its clients.
     pub fn spawn_reflector(&self) -> Result<Proc> {
-        let egress = self.egress.to_string_lossy().into_owned();
         let rid = FABRIC_UNDERLAY_IP.to_string();
         let listen = format!("{rid}:179");
         let mut argv: Vec<&str> = vec![
-            &egress,
             "reflector",
             "--bgp-listen",
             &listen,
@@ -295,8 +359,9 @@ impl Cluster {
         if self.upstream.is_some() {
             argv.extend(["--bgp-peer", &upstream_peer]);
         }
-        let flags = self.etcd_flags();
-        argv.extend(flags.iter().map(String::as_str));
+        let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        let argv = self.egress_argv(&args);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut p = self.topo.fabric.spawn(&argv)?;
         p.wait_for_line("ready bgp=", Duration::from_secs(20))?;
         Ok(p)
@@ -353,10 +418,8 @@ impl Cluster {
         if self.agent_probes {
             args.extend(probe_flags(t.probe));
         }
-        args.extend(self.etcd_flags());
-        let egress = self.egress.to_string_lossy().into_owned();
-        let mut argv: Vec<&str> = vec![&egress];
-        argv.extend(args.iter().map(String::as_str));
+        let argv = self.egress_argv(&args);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         node.ns.spawn(&argv)
     }
 
@@ -371,17 +434,18 @@ impl Cluster {
 
     /// Runs an `egress` CLI command against the cluster's datastore (from the fabric).
     pub fn egress(&self, args: &[&str]) -> Result<String> {
-        let egress = self.egress.to_string_lossy().into_owned();
-        let flags = self.etcd_flags();
-        let mut argv: Vec<&str> = vec![&egress];
-        argv.extend_from_slice(args);
-        argv.extend(flags.iter().map(String::as_str));
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let argv = self.egress_argv(&args);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         self.topo.fabric.exec(&argv)
     }
 
     /// Registers pod `name` (namespace default) of `node` with `labels`
     /// (`k=v,...`) and addresses `ips` (comma-separated), as `egress pod add`.
     pub fn add_pod(&self, name: &str, labels: &str, node: &str, ips: &str) -> Result<String> {
+        if let DatastoreServer::Kubernetes(api) = &self.datastore {
+            return crate::kube_objects::put_pod(api, name, labels, node, ips);
+        }
         self.egress(&[
             "pod", "add", name, "-n", "default", "-l", labels, "--node", node, "--ip", ips,
         ])

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod frr;
 pub mod kube_api;
+pub mod kube_objects;
 mod netns;
 mod process;
 pub mod scenarios;

@@ -83,7 +83,7 @@ fn pod_ip(i: u64) -> String {
 
 /// Range requests etcd has answered (every code), from its /metrics.
 fn etcd_ranges(cluster: &Cluster) -> Result<u64> {
-    let addr = cluster.etcd.endpoint().replace("http://", "");
+    let addr = cluster.etcd().endpoint().replace("http://", "");
     let body = cluster.fabric_http(&addr, "/metrics")?;
     let n: f64 = body
         .lines()

@@ -32,10 +32,10 @@ fn a_datastore_restart_costs_no_process_and_loses_no_change() -> Result<()> {
     // rather than wait for the restart. Meanwhile w2's agent starts again:
     // it cannot register until etcd is back, and must wait for it rather
     // than exit.
-    cluster.etcd.stop();
+    cluster.etcd_mut().stop();
     cluster.restart_agent_unready(1)?;
     std::thread::sleep(Duration::from_secs(7));
-    cluster.etcd.start_again()?;
+    cluster.etcd_mut().start_again()?;
     cluster.agents[1]
         .as_mut()
         .context("w2's agent")?

@@ -13,7 +13,7 @@ use egress_tests::{
 fn heartbeats(cluster: &Cluster) -> anyhow::Result<Vec<(String, u64)>> {
     let out = cluster.topo.fabric.exec(&[
         "etcdctl",
-        &format!("--endpoints={}", cluster.etcd.endpoint()),
+        &format!("--endpoints={}", cluster.etcd().endpoint()),
         "get",
         "--prefix",
         "/egress/heartbeats/",

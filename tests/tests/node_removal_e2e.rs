@@ -25,7 +25,7 @@ fn tunnel_exists(cluster: &Cluster, node: &str) -> Result<bool> {
 /// The nodes with a heartbeat in etcd (read from the fabric namespace,
 /// where etcd listens).
 fn heartbeats(cluster: &Cluster) -> Result<Vec<String>> {
-    let endpoint = cluster.etcd.endpoint();
+    let endpoint = cluster.etcd().endpoint();
     cluster.topo.fabric.enter(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

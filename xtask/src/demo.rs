@@ -339,7 +339,7 @@ fn print_keep(cluster: &Cluster, egress: &Path) {
     }
     println!(
         "  {e} get EgressGateway --etcd-endpoints {}",
-        cluster.etcd.endpoint()
+        cluster.etcd().endpoint()
     );
     println!("Remove everything with: ip -all netns delete (only these namespaces: ip netns list | grep eg{})", std::process::id());
 }

@@ -37,7 +37,16 @@ struct Shared {
     store: Mutex<Store>,
     /// The store's revision after each change; watches wait on it.
     changed: tokio::sync::watch::Sender<u64>,
-    requests: Mutex<Vec<String>>,
+    requests: Mutex<Vec<Request>>,
+}
+
+/// One request the server received.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Who sent it (each node of a test cluster has its own address).
+    pub peer: std::net::IpAddr,
+    /// `METHOD path?query`.
+    pub line: String,
 }
 
 impl Shared {
@@ -88,6 +97,7 @@ impl FakeApiServer {
                 .expect("a runtime");
             rt.block_on(async move {
                 let l = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+                let app = app.into_make_service_with_connect_info::<SocketAddr>();
                 tokio::select! {
                     r = axum::serve(l, app) => r.expect("serving"),
                     _ = stopped => {}
@@ -127,8 +137,8 @@ impl FakeApiServer {
         f(&self.shared.store.lock().expect("store lock"))
     }
 
-    /// Every request so far, as `METHOD path?query`.
-    pub fn requests(&self) -> Vec<String> {
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Request> {
         self.shared.requests.lock().expect("requests lock").clone()
     }
 }
@@ -270,6 +280,7 @@ fn body_json(body: &Bytes) -> Result<Value, String> {
 
 async fn handle(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -283,7 +294,10 @@ async fn handle(
         .requests
         .lock()
         .expect("requests lock")
-        .push(line.clone());
+        .push(Request {
+            peer: peer.ip(),
+            line: line.clone(),
+        });
     let Some(target) = parse_path(uri.path()) else {
         return bad(404, "NotFound", format!("not served here: {line}"));
     };

@@ -107,8 +107,8 @@ async fn a_watch_from_a_list_revision_sees_what_follows_and_only_its_nodes_pods(
     let reqs = s.requests();
     assert!(
         reqs.iter()
-            .filter(|r| r.contains("/api/v1/pods"))
-            .all(|r| r.contains("fieldSelector=spec.nodeName%3Dw1")),
+            .filter(|r| r.line.contains("/api/v1/pods"))
+            .all(|r| r.line.contains("fieldSelector=spec.nodeName%3Dw1")),
         "{reqs:?}"
     );
 }

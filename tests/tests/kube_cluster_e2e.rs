@@ -1,0 +1,121 @@
+//! The whole cluster on the Kubernetes datastore: the controller and one
+//! agent per node, as separate processes, talk to an API server over HTTP
+//! (the in-memory one of `egress_tests::kube_api`: a real one cannot be
+//! installed here) while the datapath runs on the real kernel. The test
+//! plays the kubelet: it writes the Nodes and Pods.
+//!
+//! Before this test, every `--datastore kubernetes` process panicked at
+//! start (no TLS crypto provider), and an agent could not register (it
+//! wrote its Node; nothing created its EgressTunnel): none of the unit
+//! tests ran a process against an API server.
+
+use std::{net::IpAddr, time::Duration};
+
+use anyhow::{ensure, Result};
+use egress_tests::{
+    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Timers},
+    egress_bin,
+    topology::{eip, FABRIC_UNDERLAY_IP},
+};
+
+fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> Result<String> {
+    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
+    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
+    let egress = egress_bin()?;
+    let spec = ClusterSpec {
+        kubernetes: true,
+        timers: Timers {
+            update: "500ms".into(),
+            monitor: "250ms".into(),
+            eviction: "3s".into(),
+            ..Timers::default()
+        },
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress, spec)?;
+    cluster.apply_examples()?;
+    let eip = eip(0).to_string();
+    let owner = cluster.example_eip_owner()?;
+    ensure!(
+        cluster.topo.nodes[owner].name.starts_with('g'),
+        "a worker announces the EIP"
+    );
+    wait_until("w1 applies the policy", Duration::from_secs(30), || {
+        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
+    })?;
+
+    // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
+    assert_eq!(source_seen(&cluster, 0, 0)?, eip);
+    let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
+    assert_eq!(source_seen(&cluster, 0, 1)?, p12);
+    // The kubelet relabels p12 to app=web: it follows.
+    cluster.add_pod("p12", "app=web", "w1", &p12)?;
+    wait_until("p12 leaves with the EIP", Duration::from_secs(30), || {
+        Ok(source_seen(&cluster, 0, 1)? == eip)
+    })?;
+
+    // The owner's agent dies: its heartbeat Lease stops, the controller
+    // moves the EIP to the other gateway, and p11 leaves with it there.
+    cluster.kill_agent(owner);
+    wait_until(
+        "another gateway announces the EIP",
+        Duration::from_secs(30),
+        || Ok(matches!(cluster.announcers(&eip).as_slice(), [n] if *n != owner)),
+    )?;
+    wait_until(
+        "p11 leaves with the EIP again",
+        Duration::from_secs(30),
+        || Ok(source_seen(&cluster, 0, 0)? == eip),
+    )?;
+
+    // What the agents asked of the API server: never a write of what
+    // Kubernetes keeps (Nodes, Pods, Namespaces), and pods only of their
+    // own node.
+    let api = cluster.api_server();
+    let requests = api.requests();
+    let node_ips: Vec<(IpAddr, String)> = cluster
+        .topo
+        .nodes
+        .iter()
+        .map(|n| (IpAddr::V4(n.ip), n.name.clone()))
+        .collect();
+    let mut agent_requests = 0;
+    for r in &requests {
+        let Some((_, node)) = node_ips.iter().find(|(ip, _)| *ip == r.peer) else {
+            assert_eq!(r.peer, IpAddr::V4(FABRIC_UNDERLAY_IP), "{r:?}");
+            continue;
+        };
+        agent_requests += 1;
+        let core_write = !r.line.starts_with("GET ")
+            && [
+                "/api/v1/nodes",
+                "/api/v1/pods",
+                "/api/v1/namespaces/default ",
+            ]
+            .iter()
+            .any(|p| r.line.contains(p));
+        assert!(
+            !core_write,
+            "agent of {node} wrote a core object: {}",
+            r.line
+        );
+        if r.line.contains("/api/v1/pods") {
+            assert!(
+                r.line
+                    .contains(&format!("fieldSelector=spec.nodeName%3D{node}")),
+                "agent of {node} read pods beyond its node: {}",
+                r.line
+            );
+        }
+    }
+    assert!(
+        agent_requests > 0,
+        "no request came from an agent: {requests:?}"
+    );
+    Ok(())
+}
