@@ -122,7 +122,43 @@ impl Default for ClusterSpec {
 /// Where the cluster's objects live.
 pub enum DatastoreServer {
     Etcd(EtcdServer),
-    Kubernetes(FakeApiServer),
+    Kubernetes(KubeApi),
+}
+
+/// The API server and a kubeconfig per caller: the agents and the
+/// controllers with the chart's RBAC, the CLI as a cluster admin.
+pub struct KubeApi {
+    pub server: FakeApiServer,
+    agent: PathBuf,
+    controller: PathBuf,
+    admin: PathBuf,
+}
+
+impl KubeApi {
+    fn start(fabric: &crate::Netns) -> Result<Self> {
+        let rbac = crate::chart_rbac::chart_rbac()?;
+        let addr = std::net::SocketAddr::from((FABRIC_UNDERLAY_IP, API_SERVER_PORT));
+        let server = FakeApiServer::start_in(fabric, addr)?;
+        let sa = |n: &str| format!("system:serviceaccount:{}:{n}", crate::chart_rbac::NAMESPACE);
+        Ok(Self {
+            agent: server.add_caller("agent-token", &sa("egress-agent"), Some(rbac.agent))?,
+            controller: server.add_caller(
+                "controller-token",
+                &sa("egress-controller"),
+                Some(rbac.controller),
+            )?,
+            admin: server.add_caller("admin-token", "kubernetes-admin", None)?,
+            server,
+        })
+    }
+}
+
+/// Who runs an `egress` command (which kubeconfig it gets on Kubernetes).
+#[derive(Clone, Copy)]
+enum Caller {
+    Agent,
+    Controller,
+    Admin,
 }
 
 /// Port of the in-memory API server, on the fabric's underlay address.
@@ -175,8 +211,7 @@ impl Cluster {
             }
         }
         let datastore = if spec.kubernetes {
-            let addr = std::net::SocketAddr::from((FABRIC_UNDERLAY_IP, API_SERVER_PORT));
-            DatastoreServer::Kubernetes(FakeApiServer::start_in(&topo.fabric, addr)?)
+            DatastoreServer::Kubernetes(KubeApi::start(&topo.fabric)?)
         } else {
             DatastoreServer::Etcd(EtcdServer::start_in(
                 topo.fabric.name(),
@@ -196,8 +231,8 @@ impl Cluster {
             agent_probes: spec.timers.probe.is_some()
                 && agent_has_flag(egress, "--probe-interval-ms"),
         };
-        if let DatastoreServer::Kubernetes(api) = &cluster.datastore {
-            crate::kube_objects::add_nodes(api, &cluster.topo, |name| {
+        if let DatastoreServer::Kubernetes(k) = &cluster.datastore {
+            crate::kube_objects::add_nodes(&k.server, &cluster.topo, |name| {
                 name.starts_with('g') || spec.workers_are_gateways
             })?;
         }
@@ -261,18 +296,23 @@ impl Cluster {
     /// The cluster's API server; panics on an etcd cluster.
     pub fn api_server(&self) -> &FakeApiServer {
         match &self.datastore {
-            DatastoreServer::Kubernetes(k) => k,
+            DatastoreServer::Kubernetes(k) => &k.server,
             DatastoreServer::Etcd(_) => panic!("this cluster runs on etcd, not Kubernetes"),
         }
     }
 
     /// The command line of `egress ARGS` against the cluster's datastore.
-    fn egress_argv(&self, args: &[String]) -> Vec<String> {
+    fn egress_argv(&self, caller: Caller, args: &[String]) -> Vec<String> {
         let mut argv = Vec::new();
-        if let DatastoreServer::Kubernetes(api) = &self.datastore {
+        if let DatastoreServer::Kubernetes(k) = &self.datastore {
+            let config = match caller {
+                Caller::Agent => &k.agent,
+                Caller::Controller => &k.controller,
+                Caller::Admin => &k.admin,
+            };
             argv.extend([
                 "env".to_string(),
-                format!("KUBECONFIG={}", api.kubeconfig().display()),
+                format!("KUBECONFIG={}", config.display()),
             ]);
         }
         argv.push(self.egress.to_string_lossy().into_owned());
@@ -329,7 +369,7 @@ impl Cluster {
                 args.extend(["--bgp-peer".into(), format!("{UPSTREAM_IP},asn=64512")]);
             }
         }
-        let argv = self.egress_argv(&args);
+        let argv = self.egress_argv(Caller::Controller, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut p = self.topo.fabric.spawn(&argv)?;
         p.wait_for_line("started", Duration::from_secs(20))?;
@@ -360,7 +400,7 @@ impl Cluster {
             argv.extend(["--bgp-peer", &upstream_peer]);
         }
         let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
-        let argv = self.egress_argv(&args);
+        let argv = self.egress_argv(Caller::Controller, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut p = self.topo.fabric.spawn(&argv)?;
         p.wait_for_line("ready bgp=", Duration::from_secs(20))?;
@@ -418,7 +458,7 @@ impl Cluster {
         if self.agent_probes {
             args.extend(probe_flags(t.probe));
         }
-        let argv = self.egress_argv(&args);
+        let argv = self.egress_argv(Caller::Agent, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         node.ns.spawn(&argv)
     }
@@ -435,7 +475,7 @@ impl Cluster {
     /// Runs an `egress` CLI command against the cluster's datastore (from the fabric).
     pub fn egress(&self, args: &[&str]) -> Result<String> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let argv = self.egress_argv(&args);
+        let argv = self.egress_argv(Caller::Admin, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         self.topo.fabric.exec(&argv)
     }
@@ -443,8 +483,8 @@ impl Cluster {
     /// Registers pod `name` (namespace default) of `node` with `labels`
     /// (`k=v,...`) and addresses `ips` (comma-separated), as `egress pod add`.
     pub fn add_pod(&self, name: &str, labels: &str, node: &str, ips: &str) -> Result<String> {
-        if let DatastoreServer::Kubernetes(api) = &self.datastore {
-            return crate::kube_objects::put_pod(api, name, labels, node, ips);
+        if let DatastoreServer::Kubernetes(k) = &self.datastore {
+            return crate::kube_objects::put_pod(&k.server, name, labels, node, ips);
         }
         self.egress(&[
             "pod", "add", name, "-n", "default", "-l", labels, "--node", node, "--ip", ips,

@@ -2,7 +2,9 @@
 //! agent per node, as separate processes, talk to an API server over HTTP
 //! (the in-memory one of `egress_tests::kube_api`: a real one cannot be
 //! installed here) while the datapath runs on the real kernel. The test
-//! plays the kubelet: it writes the Nodes and Pods.
+//! plays the kubelet: it writes the Nodes and Pods. The agents and the
+//! controller each run with the RBAC the Helm chart gives their service
+//! account (`egress_tests::chart_rbac`), the CLI as a cluster admin.
 //!
 //! Before this test, every `--datastore kubernetes` process panicked at
 //! start (no TLS crypto provider), and an agent could not register (it
@@ -84,6 +86,15 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
         .iter()
         .map(|n| (IpAddr::V4(n.ip), n.name.clone()))
         .collect();
+    // Each process ran with the chart's RBAC for its service account.
+    let refused: Vec<_> = requests
+        .iter()
+        .filter(|r| r.status == 401 || r.status == 403)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "requests the chart's RBAC refuses: {refused:#?}"
+    );
     let mut agent_requests = 0;
     for r in &requests {
         let Some((_, node)) = node_ips.iter().find(|(ip, _)| *ip == r.peer) else {

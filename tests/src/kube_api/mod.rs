@@ -12,6 +12,7 @@
 //! silent success. Core objects keep the status they are created with: the
 //! test plays the kubelet and writes Nodes and Pods whole.
 
+pub mod authz;
 pub mod store;
 
 use std::{
@@ -31,6 +32,7 @@ use axum::{
 use serde_json::{json, Value};
 
 use crate::Netns;
+use authz::{Attributes, Rule};
 use store::{ApiError, ApiResult, Resource, Selector, Store};
 
 struct Shared {
@@ -38,6 +40,15 @@ struct Shared {
     /// The store's revision after each change; watches wait on it.
     changed: tokio::sync::watch::Sender<u64>,
     requests: Mutex<Vec<Request>>,
+    /// Bearer token -> caller. Empty: every request is allowed.
+    callers: Mutex<std::collections::HashMap<String, Caller>>,
+}
+
+#[derive(Clone)]
+struct Caller {
+    name: String,
+    /// None: allowed everything (a cluster admin).
+    rules: Option<Vec<Rule>>,
 }
 
 /// One request the server received.
@@ -45,8 +56,12 @@ struct Shared {
 pub struct Request {
     /// Who sent it (each node of a test cluster has its own address).
     pub peer: std::net::IpAddr,
+    /// The caller's name ("" without callers).
+    pub who: String,
     /// `METHOD path?query`.
     pub line: String,
+    /// The HTTP status of the answer (for a watch: of its start).
+    pub status: u16,
 }
 
 impl Shared {
@@ -86,6 +101,7 @@ impl FakeApiServer {
             store: Mutex::new(Store::default()),
             changed,
             requests: Mutex::new(Vec::new()),
+            callers: Mutex::new(Default::default()),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = Router::new().fallback(handle).with_state(shared.clone());
@@ -107,7 +123,7 @@ impl FakeApiServer {
         });
         let kubeconfig =
             std::env::temp_dir().join(format!("{}.kubeconfig", crate::unique_name("kube")));
-        std::fs::write(&kubeconfig, kubeconfig_text(addr))?;
+        std::fs::write(&kubeconfig, kubeconfig_text(addr, None))?;
         Ok(Self {
             shared,
             addr,
@@ -137,6 +153,25 @@ impl FakeApiServer {
         f(&self.shared.store.lock().expect("store lock"))
     }
 
+    /// A caller known by its bearer `token`, allowed what `rules` grant
+    /// (None: everything); returns a kubeconfig that authenticates as it.
+    /// Once a caller is known, a request without a known token gets 401.
+    pub fn add_caller(&self, token: &str, name: &str, rules: Option<Vec<Rule>>) -> Result<PathBuf> {
+        self.shared.callers.lock().expect("callers lock").insert(
+            token.into(),
+            Caller {
+                name: name.into(),
+                rules,
+            },
+        );
+        let path = self.kubeconfig.with_extension(format!(
+            "{}.kubeconfig",
+            token.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+        ));
+        std::fs::write(&path, kubeconfig_text(self.addr, Some(token)))?;
+        Ok(path)
+    }
+
     /// Every request so far.
     pub fn requests(&self) -> Vec<Request> {
         self.shared.requests.lock().expect("requests lock").clone()
@@ -161,10 +196,14 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
     Ok(l)
 }
 
-fn kubeconfig_text(addr: SocketAddr) -> String {
+fn kubeconfig_text(addr: SocketAddr, token: Option<&str>) -> String {
+    let user = match token {
+        Some(t) => format!("\n    token: {t}"),
+        None => " {}".into(),
+    };
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
-         users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+         users:\n- name: fake\n  user:{user}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
          current-context: fake\n"
     )
 }
@@ -290,14 +329,122 @@ async fn handle(
         "{method} {}",
         uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
     );
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_string();
+    let caller = {
+        let callers = shared.callers.lock().expect("callers lock");
+        if callers.is_empty() {
+            Some(Caller {
+                name: String::new(),
+                rules: None,
+            })
+        } else {
+            callers.get(&token).cloned()
+        }
+    };
+    let resp = match &caller {
+        None => bad(401, "Unauthorized", "Unauthorized".into()),
+        Some(c) => match forbidden(c, &method, &uri) {
+            Some(resp) => resp,
+            None => route(&shared, method, &uri, &headers, body, &line),
+        },
+    };
     shared
         .requests
         .lock()
         .expect("requests lock")
         .push(Request {
             peer: peer.ip(),
-            line: line.clone(),
+            who: caller.map(|c| c.name).unwrap_or_default(),
+            line,
+            status: resp.status().as_u16(),
         });
+    resp
+}
+
+/// The request's RBAC attributes, if its path is one the server knows.
+fn attributes(method: &Method, uri: &Uri) -> Option<Attributes> {
+    let target = parse_path(uri.path())?;
+    let group = |r: &Resource| {
+        r.group_version
+            .rsplit_once('/')
+            .map(|(g, _)| g.to_string())
+            .unwrap_or_default()
+    };
+    let watch = matches!(query(uri, "watch").as_deref(), Some("true" | "1"));
+    Some(match target {
+        Target::Collection { r, ns } => Attributes {
+            verb: match (method.as_str(), watch) {
+                ("GET", true) => "watch",
+                ("GET", false) => "list",
+                ("POST", _) => "create",
+                _ => return None,
+            },
+            api_group: group(&r),
+            resource: r.plural.clone(),
+            namespace: ns,
+            name: String::new(),
+        },
+        Target::Object {
+            r,
+            ns,
+            name,
+            status,
+        } => Attributes {
+            verb: match method.as_str() {
+                "GET" => "get",
+                "PUT" => "update",
+                "PATCH" => "patch",
+                "DELETE" => "delete",
+                _ => return None,
+            },
+            api_group: group(&r),
+            resource: if status {
+                format!("{}/status", r.plural)
+            } else {
+                r.plural.clone()
+            },
+            namespace: ns,
+            name,
+        },
+    })
+}
+
+/// A 403 as the API server words it, unless the caller may.
+fn forbidden(caller: &Caller, method: &Method, uri: &Uri) -> Option<Response> {
+    let rules = caller.rules.as_ref()?;
+    let a = attributes(method, uri)?;
+    if authz::allowed(rules, &a) {
+        return None;
+    }
+    let scope = if a.namespace.is_empty() {
+        "at the cluster scope".to_string()
+    } else {
+        format!("in the namespace \"{}\"", a.namespace)
+    };
+    Some(bad(
+        403,
+        "Forbidden",
+        format!(
+            "{} is forbidden: User \"{}\" cannot {} resource \"{}\" in API group \"{}\" {scope}",
+            a.resource, caller.name, a.verb, a.resource, a.api_group
+        ),
+    ))
+}
+
+fn route(
+    shared: &Arc<Shared>,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+    line: &str,
+) -> Response {
+    let uri = uri.clone();
     let Some(target) = parse_path(uri.path()) else {
         return bad(404, "NotFound", format!("not served here: {line}"));
     };
@@ -326,7 +473,14 @@ async fn handle(
                 let timeout = query(&uri, "timeoutSeconds")
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(300u64);
-                return watch(shared, r, ns, sel, since, Duration::from_secs(timeout));
+                return watch(
+                    shared.clone(),
+                    r,
+                    ns,
+                    sel,
+                    since,
+                    Duration::from_secs(timeout),
+                );
             }
             let st = shared.store.lock().expect("store lock");
             answer(

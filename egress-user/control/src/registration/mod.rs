@@ -51,6 +51,15 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
     }
     let key = ObjectKey::cluster(&me.node.name);
     if ds.get(Kind::EgressTunnel, &key).await?.is_none() {
+        // On Kubernetes the tunnel is the controller's to create (one per
+        // Node; the agent's RBAC has no `create`): asking would only be
+        // refused, so the agent waits for it.
+        if !ds.writes_cluster_records() {
+            anyhow::bail!(
+                "EgressTunnel {} does not exist yet: the controller creates one for every node",
+                me.node.name
+            );
+        }
         let tunnel = json!({
             "apiVersion": crate::api::API_VERSION,
             "kind": "EgressTunnel",
@@ -58,14 +67,8 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
             "spec": {},
         });
         match ds.create(Kind::EgressTunnel, tunnel).await {
-            Ok(_) => {}
-            Err(DatastoreError::AlreadyExists { .. }) => {}
-            Err(e) => {
-                return Err(e).context(
-                    "creating the EgressTunnel (the controller creates one for every node; \
-                     on Kubernetes the agent waits for it)",
-                )
-            }
+            Ok(_) | Err(DatastoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e).context("creating the EgressTunnel"),
         }
     }
     let status = json!({

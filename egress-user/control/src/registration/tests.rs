@@ -100,9 +100,19 @@ async fn a_registration_that_the_datastore_lost_is_noticed() {
 
 #[tokio::test]
 async fn on_a_datastore_that_keeps_nodes_itself_only_the_tunnel_is_written() {
-    // As on Kubernetes: the Node is the kubelet's, and writing it fails.
+    // As on Kubernetes: the Node is the kubelet's, and writing it fails;
+    // the tunnel is the controller's to create.
     let ds = MemoryDatastore::with_external_records();
     let me = w1(Some("fd00:10::1"));
+    let e = register(&ds, &me).await.unwrap_err();
+    assert!(
+        format!("{e:#}").contains("the controller creates one"),
+        "{e:#}"
+    );
+    assert!(typed::load_view(&ds).await.unwrap().tunnels.is_empty());
+    let tunnel = serde_json::json!({"apiVersion": crate::api::API_VERSION, "kind": "EgressTunnel",
+                                    "metadata": {"name": "w1"}, "spec": {}});
+    ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
     register(&ds, &me)
         .await
         .expect("registering writes no Node");
