@@ -130,3 +130,62 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
     );
     Ok(())
 }
+
+/// An API server restart that lost the watch history (every watch ends;
+/// resuming from an older resourceVersion gets 410 Gone, so the processes
+/// list again), then the leading controller dies: the other takes its
+/// Lease and handles the next gateway failure.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<()> {
+    let egress = egress_bin()?;
+    let spec = ClusterSpec {
+        kubernetes: true,
+        controllers: 2,
+        timers: Timers {
+            update: "500ms".into(),
+            monitor: "250ms".into(),
+            eviction: "3s".into(),
+            lease: "3s".into(),
+            ..Timers::default()
+        },
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress, spec)?;
+    cluster.wait_leading(0, Duration::from_secs(30))?;
+    cluster.apply_examples()?;
+    let eip = eip(0).to_string();
+    let owner = cluster.example_eip_owner()?;
+    wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
+        Ok(source_seen(&cluster, 0, 0)? == eip)
+    })?;
+
+    let api = cluster.api_server();
+    api.restart(true);
+    let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
+    cluster.add_pod("p12", "app=web", "w1", &p12)?;
+    wait_until(
+        "p12 leaves with the EIP after the restart",
+        Duration::from_secs(30),
+        || Ok(source_seen(&cluster, 0, 1)? == eip),
+    )?;
+    ensure!(
+        cluster.api_server().expired_watches() > 0,
+        "no watch resumed from a compacted resourceVersion: the restart tested nothing"
+    );
+
+    cluster.kill_controller(0);
+    cluster.wait_leading(1, Duration::from_secs(30))?;
+    cluster.kill_agent(owner);
+    wait_until(
+        "the new leader moves the EIP",
+        Duration::from_secs(30),
+        || Ok(matches!(cluster.announcers(&eip).as_slice(), [n] if *n != owner)),
+    )?;
+    wait_until(
+        "p11 leaves with the EIP again",
+        Duration::from_secs(30),
+        || Ok(source_seen(&cluster, 0, 0)? == eip),
+    )?;
+    Ok(())
+}

@@ -14,6 +14,7 @@
 
 pub mod authz;
 pub mod store;
+mod watch;
 
 use std::{
     net::SocketAddr,
@@ -39,6 +40,10 @@ struct Shared {
     store: Mutex<Store>,
     /// The store's revision after each change; watches wait on it.
     changed: tokio::sync::watch::Sender<u64>,
+    /// Bumped by [`FakeApiServer::restart`]: every open watch ends.
+    restarts: tokio::sync::watch::Sender<u64>,
+    /// Watches answered 410 Gone.
+    expired: std::sync::atomic::AtomicU64,
     requests: Mutex<Vec<Request>>,
     /// Bearer token -> caller. Empty: every request is allowed.
     callers: Mutex<std::collections::HashMap<String, Caller>>,
@@ -97,9 +102,12 @@ impl FakeApiServer {
     fn serve(listener: std::net::TcpListener) -> Result<Self> {
         let addr = listener.local_addr()?;
         let (changed, _) = tokio::sync::watch::channel(0);
+        let (restarts, _) = tokio::sync::watch::channel(0);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
             changed,
+            restarts,
+            expired: Default::default(),
             requests: Mutex::new(Vec::new()),
             callers: Mutex::new(Default::default()),
         });
@@ -170,6 +178,23 @@ impl FakeApiServer {
         ));
         std::fs::write(&path, kubeconfig_text(self.addr, Some(token)))?;
         Ok(path)
+    }
+
+    /// As an API server restart: every open watch ends; with `compact`,
+    /// the change history goes too (etcd compacted while it was down), so
+    /// a watch resuming from an older resourceVersion is answered 410 Gone.
+    pub fn restart(&self, compact: bool) {
+        if compact {
+            self.shared.change(Store::compact);
+        }
+        self.shared.restarts.send_modify(|n| *n += 1);
+    }
+
+    /// How many watches were answered 410 Gone.
+    pub fn expired_watches(&self) -> u64 {
+        self.shared
+            .expired
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every request so far.
@@ -473,7 +498,7 @@ fn route(
                 let timeout = query(&uri, "timeoutSeconds")
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(300u64);
-                return watch(
+                return watch::watch(
                     shared.clone(),
                     r,
                     ns,
@@ -561,64 +586,6 @@ fn route(
             format!("{m} not served here: {line}"),
         ),
     }
-}
-
-/// A watch: every change after `since`, then new ones as they come, each
-/// a JSON line; ends after `timeout`, as the API server ends a watch.
-fn watch(
-    shared: Arc<Shared>,
-    r: Resource,
-    ns: String,
-    sel: Selector,
-    since: u64,
-    timeout: Duration,
-) -> Response {
-    if store::info(&r).is_none() {
-        return bad(404, "NotFound", format!("no resource {r:?}"));
-    }
-    let deadline = tokio::time::Instant::now() + timeout;
-    let rx = shared.changed.subscribe();
-    let state = (
-        shared,
-        rx,
-        since,
-        std::collections::VecDeque::<Value>::new(),
-    );
-    let stream = futures::stream::unfold(state, move |(shared, mut rx, mut since, mut queue)| {
-        let (r, ns, sel) = (r.clone(), ns.clone(), sel.clone());
-        async move {
-            loop {
-                if let Some(ev) = queue.pop_front() {
-                    let mut line = serde_json::to_vec(&ev).expect("serialisable");
-                    line.push(b'\n');
-                    return Some((
-                        Ok::<_, std::io::Error>(Bytes::from(line)),
-                        (shared, rx, since, queue),
-                    ));
-                }
-                {
-                    let st = shared.store.lock().expect("store lock");
-                    for (t, obj) in st.events_after(&r, &ns, &sel, since) {
-                        queue.push_back(json!({"type": t, "object": obj}));
-                    }
-                    since = st.revision();
-                    rx.mark_unchanged();
-                }
-                if !queue.is_empty() {
-                    continue;
-                }
-                match tokio::time::timeout_at(deadline, rx.changed()).await {
-                    Ok(Ok(())) => {}
-                    _ => return None,
-                }
-            }
-        }
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(stream))
-        .expect("a response")
 }
 
 #[cfg(test)]

@@ -151,6 +151,8 @@ pub struct Store {
     revision: u64,
     objects: BTreeMap<Key, Value>,
     history: Vec<Change>,
+    /// Changes up to this revision are no longer kept (see [`Store::compact`]).
+    compacted: u64,
     /// Top-level status fields each manager applied last, per object.
     status_owners: HashMap<Key, HashMap<String, BTreeSet<String>>>,
     uids: u64,
@@ -518,19 +520,33 @@ impl Store {
         Ok(gone)
     }
 
+    /// Forgets the changes made so far, as etcd's compaction does: a watch
+    /// from an older resourceVersion is then answered 410 Gone.
+    pub fn compact(&mut self) {
+        self.compacted = self.revision;
+        self.history.clear();
+    }
+
     /// The watch events of `r` after `since` that `sel` lets through, as
     /// (type, object): an object that stops matching the selector is
     /// reported DELETED and one that starts matching ADDED, as the API
-    /// server's watch cache does.
+    /// server's watch cache does. 410 if those changes were compacted.
     pub fn events_after(
         &self,
         r: &Resource,
         ns: &str,
         sel: &Selector,
         since: u64,
-    ) -> Vec<(&'static str, Value)> {
+    ) -> ApiResult<Vec<(&'static str, Value)>> {
+        if since < self.compacted {
+            return Err(ApiError::new(
+                410,
+                "Expired",
+                format!("too old resource version: {since} ({})", self.compacted),
+            ));
+        }
         let start = self.history.partition_point(|c| c.revision <= since);
-        self.history[start..]
+        Ok(self.history[start..]
             .iter()
             .filter(|c| &c.resource == r)
             .filter(|c| ns.is_empty() || meta(&c.new, "namespace").as_deref() == Some(ns))
@@ -547,7 +563,7 @@ impl Store {
                 };
                 Some((t, c.new.clone()))
             })
-            .collect()
+            .collect())
     }
 }
 

@@ -112,13 +112,17 @@ fn a_pod_leaving_a_field_selector_is_deleted_for_its_watchers() {
     let w2 = Selector::parse(None, Some("spec.nodeName=w2")).unwrap();
     let types = |sel: &Selector| -> Vec<&str> {
         s.events_after(&pods(), "", sel, 0)
+            .unwrap()
             .into_iter()
             .map(|(t, _)| t)
             .collect()
     };
     assert_eq!(types(&w1), ["ADDED", "DELETED"]);
     assert_eq!(types(&w2), ["ADDED"]);
-    assert_eq!(s.events_after(&pods(), "", &w1, 1).len(), 1);
+    assert_eq!(s.events_after(&pods(), "", &w1, 1).unwrap().len(), 1);
+    s.compact();
+    assert_eq!(s.events_after(&pods(), "", &w1, 1).unwrap_err().code, 410);
+    assert!(s.events_after(&pods(), "", &w1, 2).unwrap().is_empty());
 }
 
 #[test]
@@ -135,6 +139,7 @@ fn delete_honours_its_precondition() {
     let all = Selector::default();
     let t: Vec<_> = s
         .events_after(&tunnels(), "", &all, 0)
+        .unwrap()
         .into_iter()
         .map(|(t, _)| t)
         .collect();
