@@ -189,3 +189,49 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
     )?;
     Ok(())
 }
+
+/// As the chart runs it: the route reflector inside the controller, its
+/// clients the Kubernetes Nodes. Every agent announces its pod CIDRs and
+/// the EIP's owner the EIP; an FRR upstream router gets them all.
+#[test]
+#[ignore = "needs root: namespaces, BPF, FRR"]
+fn the_reflector_in_the_controller_finds_its_clients_among_the_nodes() -> Result<()> {
+    let egress = egress_bin()?;
+    let spec = ClusterSpec {
+        kubernetes: true,
+        bgp: true,
+        upstream_frr: true,
+        reflector_in_controller: true,
+        ..ClusterSpec::default()
+    };
+    let cluster = Cluster::start(&egress, spec)?;
+    cluster.apply_examples()?;
+    let owner = &cluster.topo.nodes[cluster.example_eip_owner()?];
+    let eip_prefix = format!("{}/32", eip(0));
+    let frr = &cluster.upstream.as_ref().expect("an upstream").frr;
+    wait_until(
+        "FRR has every pod CIDR and the EIP",
+        Duration::from_secs(30),
+        || {
+            let routes = frr.ipv4_routes()?;
+            Ok(cluster
+                .topo
+                .nodes
+                .iter()
+                .all(|n| routes.get(&n.pod_cidr()) == Some(&n.ip.to_string()))
+                && routes.get(&eip_prefix) == Some(&owner.ip.to_string()))
+        },
+    )?;
+    let status: serde_json::Value =
+        serde_json::from_str(&cluster.controller_http(0, "/bgp/status")?)?;
+    let clients = status["peers"]
+        .as_array()
+        .map(|p| {
+            p.iter()
+                .filter(|p| p["client"] == true && p["state"] == "Established")
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(clients, cluster.topo.nodes.len(), "{status}");
+    Ok(())
+}
