@@ -293,6 +293,24 @@ impl Cluster {
         }
     }
 
+    /// Stops the datastore's server (etcd, or the API server): every
+    /// connection breaks and requests are refused until
+    /// [`Cluster::start_datastore_again`].
+    pub fn stop_datastore(&mut self) {
+        match &mut self.datastore {
+            DatastoreServer::Etcd(e) => e.stop(),
+            DatastoreServer::Kubernetes(k) => k.server.stop(),
+        }
+    }
+
+    /// Starts the datastore's server again, on the same data and address.
+    pub fn start_datastore_again(&mut self) -> Result<()> {
+        match &mut self.datastore {
+            DatastoreServer::Etcd(e) => e.start_again(),
+            DatastoreServer::Kubernetes(k) => k.server.start_again(),
+        }
+    }
+
     /// The cluster's API server; panics on an etcd cluster.
     pub fn api_server(&self) -> &FakeApiServer {
         match &self.datastore {

@@ -83,36 +83,24 @@ pub struct FakeApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
     kubeconfig: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// The callers' kubeconfigs (removed with the server).
+    caller_configs: Mutex<Vec<PathBuf>>,
+    /// The network namespace it listens in (None: this process's).
+    ns_path: Option<PathBuf>,
+    running: Option<Running>,
 }
 
-impl FakeApiServer {
-    /// Listens on `addr` inside `ns` (plain HTTP, no authentication).
-    pub fn start_in(ns: &Netns, addr: SocketAddr) -> Result<Self> {
-        let listener = ns.enter(move || bind(addr))?;
-        Self::serve(listener)
-    }
+/// The serving thread, with its own runtime: stopping it closes the
+/// listener and every connection.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
 
-    /// Listens on `addr` in this process's namespace (port 0: any).
-    pub fn start(addr: SocketAddr) -> Result<Self> {
-        Self::serve(bind(addr)?)
-    }
-
-    fn serve(listener: std::net::TcpListener) -> Result<Self> {
-        let addr = listener.local_addr()?;
-        let (changed, _) = tokio::sync::watch::channel(0);
-        let (restarts, _) = tokio::sync::watch::channel(0);
-        let shared = Arc::new(Shared {
-            store: Mutex::new(Store::default()),
-            changed,
-            restarts,
-            expired: Default::default(),
-            requests: Mutex::new(Vec::new()),
-            callers: Mutex::new(Default::default()),
-        });
+impl Running {
+    fn start(shared: Arc<Shared>, listener: std::net::TcpListener) -> Self {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let app = Router::new().fallback(handle).with_state(shared);
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -129,6 +117,40 @@ impl FakeApiServer {
             });
             rt.shutdown_timeout(Duration::from_secs(1));
         });
+        Self { stop, thread }
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+impl FakeApiServer {
+    /// Listens on `addr` inside `ns` (plain HTTP).
+    pub fn start_in(ns: &Netns, addr: SocketAddr) -> Result<Self> {
+        let listener = ns.enter(move || bind(addr))?;
+        Self::serve(listener, Some(ns.path()))
+    }
+
+    /// Listens on `addr` in this process's namespace (port 0: any).
+    pub fn start(addr: SocketAddr) -> Result<Self> {
+        Self::serve(bind(addr)?, None)
+    }
+
+    fn serve(listener: std::net::TcpListener, ns_path: Option<PathBuf>) -> Result<Self> {
+        let addr = listener.local_addr()?;
+        let (changed, _) = tokio::sync::watch::channel(0);
+        let (restarts, _) = tokio::sync::watch::channel(0);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            changed,
+            restarts,
+            expired: Default::default(),
+            requests: Mutex::new(Vec::new()),
+            callers: Mutex::new(Default::default()),
+        });
+        let running = Running::start(shared.clone(), listener);
         let kubeconfig =
             std::env::temp_dir().join(format!("{}.kubeconfig", crate::unique_name("kube")));
         std::fs::write(&kubeconfig, kubeconfig_text(addr, None))?;
@@ -136,9 +158,47 @@ impl FakeApiServer {
             shared,
             addr,
             kubeconfig,
-            stop: Some(stop),
-            thread: Some(thread),
+            caller_configs: Mutex::new(Vec::new()),
+            ns_path,
+            running: Some(running),
         })
+    }
+
+    /// Stops serving, as an API server that went down: connections close,
+    /// new ones are refused. The objects stay for [`FakeApiServer::start_again`].
+    pub fn stop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.stop();
+        }
+    }
+
+    /// Serves again on the same address, with the same objects; the watch
+    /// history is gone (see [`Store::compact`]).
+    pub fn start_again(&mut self) -> Result<()> {
+        if self.running.is_some() {
+            return Ok(());
+        }
+        let addr = self.addr;
+        let listener = match &self.ns_path {
+            Some(path) => {
+                let file = std::fs::File::open(path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                std::thread::spawn(move || {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: a valid namespace fd; affects only this new thread.
+                    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                        return Err(std::io::Error::last_os_error()).context("setns");
+                    }
+                    bind(addr)
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("binding inside the namespace panicked"))??
+            }
+            None => bind(addr)?,
+        };
+        self.shared.change(Store::compact);
+        self.running = Some(Running::start(self.shared.clone(), listener));
+        Ok(())
     }
 
     pub fn url(&self) -> String {
@@ -177,6 +237,10 @@ impl FakeApiServer {
             token.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
         ));
         std::fs::write(&path, kubeconfig_text(self.addr, Some(token)))?;
+        self.caller_configs
+            .lock()
+            .expect("configs lock")
+            .push(path.clone());
         Ok(path)
     }
 
@@ -205,13 +269,11 @@ impl FakeApiServer {
 
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.stop();
         let _ = std::fs::remove_file(&self.kubeconfig);
+        for p in self.caller_configs.lock().expect("configs lock").iter() {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
