@@ -139,6 +139,7 @@ impl KubeApi {
         let rbac = crate::chart_rbac::chart_rbac()?;
         let addr = std::net::SocketAddr::from((FABRIC_UNDERLAY_IP, API_SERVER_PORT));
         let server = FakeApiServer::start_in(fabric, addr)?;
+        server.install_chart_crds()?;
         let sa = |n: &str| format!("system:serviceaccount:{}:{n}", crate::chart_rbac::NAMESPACE);
         Ok(Self {
             agent: server.add_caller("agent-token", &sa("egress-agent"), Some(rbac.agent))?,

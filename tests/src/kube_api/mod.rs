@@ -13,6 +13,7 @@
 //! test plays the kubelet and writes Nodes and Pods whole.
 
 pub mod authz;
+pub mod schema;
 pub mod store;
 mod watch;
 
@@ -214,6 +215,15 @@ impl FakeApiServer {
     /// would; watches see the change.
     pub fn change<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
         self.shared.change(f)
+    }
+
+    /// Installs the CRDs of the chart (`charts/egress-gateway/crds`), as
+    /// `kubectl apply -f` of them: their objects follow their schemas.
+    pub fn install_chart_crds(&self) -> Result<()> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/egress-gateway/crds");
+        let crds = schema::load_crds(&dir)?;
+        self.change(|s| s.install_crds(crds));
+        Ok(())
     }
 
     /// Reads the stored objects.

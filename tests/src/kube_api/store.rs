@@ -153,6 +153,9 @@ pub struct Store {
     history: Vec<Change>,
     /// Changes up to this revision are no longer kept (see [`Store::compact`]).
     compacted: u64,
+    /// Installed CRDs' schemas: their objects are pruned, defaulted and
+    /// validated on every write (see [`super::schema`]).
+    schemas: HashMap<Resource, Value>,
     /// Top-level status fields each manager applied last, per object.
     status_owners: HashMap<Key, HashMap<String, BTreeSet<String>>>,
     uids: u64,
@@ -216,6 +219,32 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 impl Store {
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// As `kubectl apply -f crds/`: writes of these resources follow their schemas.
+    pub fn install_crds(&mut self, schemas: HashMap<Resource, Value>) {
+        self.schemas.extend(schemas);
+    }
+
+    /// The schema's pruning, defaults and validation; 422 when invalid.
+    fn admit(&self, r: &Resource, name: &str, obj: &mut Value) -> ApiResult<()> {
+        let Some(schema) = self.schemas.get(r) else {
+            return Ok(());
+        };
+        let errors = super::schema::admit(schema, obj);
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let kind = info(r).map(|i| i.kind).unwrap_or_default();
+        let group = r.group_version.split('/').next().unwrap_or_default();
+        Err(ApiError::new(
+            422,
+            "Invalid",
+            format!(
+                "{kind}.{group} \"{name}\" is invalid: [{}]",
+                errors.join(", ")
+            ),
+        ))
     }
 
     fn info(r: &Resource) -> ApiResult<ResourceInfo> {
@@ -317,6 +346,10 @@ impl Store {
         set_meta(&mut obj, "creationTimestamp", json!(now()));
         obj["apiVersion"] = json!(r.group_version);
         obj["kind"] = json!(info.kind);
+        if let Err(e) = self.admit(r, &name, &mut obj) {
+            self.revision -= 1;
+            return Err(e);
+        }
         self.objects.insert(key, obj.clone());
         self.record(r, None, obj.clone(), false);
         Ok(obj)
@@ -362,6 +395,7 @@ impl Store {
 
     /// Stores `obj` over `old` with a new revision, keeping identity fields.
     fn put_back(&mut self, r: &Resource, key: Key, old: Value, mut obj: Value) -> ApiResult<Value> {
+        self.admit(r, &key.2, &mut obj)?;
         self.revision += 1;
         for f in ["name", "namespace", "uid", "creationTimestamp"] {
             if let Some(v) = old.pointer(&format!("/metadata/{f}")) {
