@@ -49,6 +49,44 @@ pub fn add_nodes(
     Ok(())
 }
 
+/// A Ready Node with one InternalIP and no agent behind it.
+pub fn put_node(api: &FakeApiServer, name: &str, ip: &str) -> Result<()> {
+    let node = json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}],
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    api.change(|s| s.create(&core("nodes"), "", node))
+        .map(|_| ())
+        .map_err(|e| anyhow!("node {name}: {}", e.message))
+}
+
+/// `kubectl delete node NAME`.
+pub fn delete_node(api: &FakeApiServer, name: &str) -> Result<()> {
+    api.change(|s| s.delete(&core("nodes"), "", name, None))
+        .map(|_| ())
+        .map_err(|e| anyhow!("node {name}: {}", e.message))
+}
+
+/// The nodes whose heartbeat Lease exists (holder of each `egress.dev/heartbeat=true` Lease).
+pub fn heartbeat_nodes(api: &FakeApiServer) -> Result<Vec<String>> {
+    let sel = crate::kube_api::store::Selector::parse(Some("egress.dev/heartbeat=true"), None)
+        .map_err(|e| anyhow!("{}", e.message))?;
+    let leases = Resource::new("coordination.k8s.io/v1", "leases");
+    let (items, _) = api
+        .read(|s| s.list(&leases, "", &sel))
+        .map_err(|e| anyhow!("{}", e.message))?;
+    Ok(items
+        .iter()
+        .filter_map(|l| {
+            l.pointer("/spec/holderIdentity")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect())
+}
+
 /// Creates pod `name` (namespace default) on `node`, or replaces it:
 /// `labels` as `k=v,...`, `ips` comma-separated, the first one `podIP`.
 pub fn put_pod(

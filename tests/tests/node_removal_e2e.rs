@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use egress_control::datastore::{etcd::EtcdDatastore, Datastore};
 use egress_tests::{
-    cluster::{wait_until, Cluster, ClusterSpec, Timers},
+    cluster::{wait_until, Cluster, ClusterSpec, DatastoreServer, Timers},
     egress_bin,
 };
 
@@ -22,9 +22,12 @@ fn tunnel_exists(cluster: &Cluster, node: &str) -> Result<bool> {
     Ok(items.iter().any(|t| t["metadata"]["name"] == node))
 }
 
-/// The nodes with a heartbeat in etcd (read from the fabric namespace,
-/// where etcd listens).
+/// The nodes with a heartbeat in the datastore (etcd is read from the
+/// fabric namespace, where it listens; the API server's Leases directly).
 fn heartbeats(cluster: &Cluster) -> Result<Vec<String>> {
+    if let DatastoreServer::Kubernetes(k) = &cluster.datastore {
+        return egress_tests::kube_objects::heartbeat_nodes(&k.server);
+    }
     let endpoint = cluster.etcd().endpoint();
     cluster.topo.fabric.enter(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -40,6 +43,18 @@ fn heartbeats(cluster: &Cluster) -> Result<Vec<String>> {
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
+    removed_node(false)
+}
+
+/// The same on Kubernetes: `kubectl delete node`, the heartbeat a Lease,
+/// the controller's deletes under the chart's RBAC.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_a_removed_nodes_tunnel_and_lease_are_deleted() -> Result<()> {
+    removed_node(true)
+}
+
+fn removed_node(kubernetes: bool) -> Result<()> {
     let egress = egress_bin()?;
     let spec = ClusterSpec {
         timers: Timers {
@@ -48,6 +63,7 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
             eviction: "1s".into(),
             ..Timers::default()
         },
+        kubernetes,
         ..ClusterSpec::default()
     };
     let mut cluster = Cluster::start(&egress, spec)?;
@@ -65,7 +81,14 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
 
     // It goes: its agent stops, its Node record is deleted.
     cluster.kill_agent(gone);
-    cluster.egress(&["delete", "node", &name])?;
+    match &cluster.datastore {
+        DatastoreServer::Kubernetes(k) => {
+            egress_tests::kube_objects::delete_node(&k.server, &name)?
+        }
+        DatastoreServer::Etcd(_) => {
+            cluster.egress(&["delete", "node", &name])?;
+        }
+    }
     let gone_at = Instant::now();
     wait_until("its tunnel deleted", Duration::from_secs(30), || {
         Ok(!tunnel_exists(&cluster, &name)?)
@@ -95,16 +118,20 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
 
     // A Node record without an agent (none runs there yet): the controller
     // creates its tunnel.
-    let dir = std::env::temp_dir().join(egress_tests::unique_name("noderec"));
-    std::fs::create_dir_all(&dir)?;
-    let file = dir.join("node.yaml");
-    std::fs::write(
-        &file,
-        "apiVersion: standalone.egress.dev/v1\nkind: Node\nmetadata: {name: w9}\nspec: {addresses: [10.10.0.99], ready: true}\n",
-    )?;
-    let applied = cluster.apply(&file);
-    let _ = std::fs::remove_dir_all(&dir);
-    applied?;
+    if let DatastoreServer::Kubernetes(k) = &cluster.datastore {
+        egress_tests::kube_objects::put_node(&k.server, "w9", "10.10.0.99")?;
+    } else {
+        let dir = std::env::temp_dir().join(egress_tests::unique_name("noderec"));
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("node.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: standalone.egress.dev/v1\nkind: Node\nmetadata: {name: w9}\nspec: {addresses: [10.10.0.99], ready: true}\n",
+        )?;
+        let applied = cluster.apply(&file);
+        let _ = std::fs::remove_dir_all(&dir);
+        applied?;
+    }
     wait_until(
         "w9's tunnel created by the controller",
         Duration::from_secs(30),
@@ -120,8 +147,24 @@ fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn an_agent_registers_again_when_its_tunnel_is_deleted() -> Result<()> {
+    registers_again(false)
+}
+
+/// On Kubernetes the agent cannot create its tunnel: the controller
+/// creates it again, then the agent registers in it.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_an_agent_registers_again_when_its_tunnel_is_deleted() -> Result<()> {
+    registers_again(true)
+}
+
+fn registers_again(kubernetes: bool) -> Result<()> {
     let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let spec = ClusterSpec {
+        kubernetes,
+        ..ClusterSpec::default()
+    };
+    let cluster = Cluster::start(&egress, spec)?;
     let ip = cluster.topo.nodes[0].ip.to_string();
     let registered = || -> Result<bool> {
         let out = cluster.egress(&["get", "egt", "w1", "-o", "json"]);
@@ -134,7 +177,9 @@ fn an_agent_registers_again_when_its_tunnel_is_deleted() -> Result<()> {
         })
     };
     wait_until("w1 registered", Duration::from_secs(30), registered)?;
+    // Deleted right after the agent registered: it must not wait for its
+    // next periodic resync (30 s) to notice.
     cluster.egress(&["delete", "egt", "w1"])?;
-    wait_until("w1 registered again", Duration::from_secs(30), registered)?;
+    wait_until("w1 registered again", Duration::from_secs(10), registered)?;
     Ok(())
 }

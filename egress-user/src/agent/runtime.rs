@@ -234,6 +234,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     // the registration), and when it was last done.
     let mut register_at: Option<Instant> = None;
     let mut last_registered = Instant::now();
+    let mut recheck_registration_at: Option<Instant> = None;
     // The fence's deadline passed: reconcile from the last view at once,
     // without waiting for a datastore that may be unreachable.
     let mut fence_due = false;
@@ -281,16 +282,21 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             if let Some(c) = &cache {
                 have_view = true;
                 fence.apply_assignments(std::time::Instant::now(), assignments(&c.view));
-                // Not again while the last registration's own events may
-                // still be on their way.
                 if register_at.is_none()
-                    && last_registered.elapsed() >= LIST_RETRY
                     && registration_lost(&c.view, &me, ds.writes_cluster_records())
                 {
-                    tracing::warn!(
-                        "the datastore no longer holds this node's registration; registering again"
-                    );
-                    register_at = Some(Instant::now());
+                    if last_registered.elapsed() >= LIST_RETRY {
+                        tracing::warn!(
+                            "the datastore no longer holds this node's registration; registering again"
+                        );
+                        register_at = Some(Instant::now());
+                    } else {
+                        // The last registration's own events may still be
+                        // on their way: look again once they had the time
+                        // (a deletion in that window used to wait for the
+                        // next resync, 30 s by default).
+                        recheck_registration_at = Some(last_registered + LIST_RETRY);
+                    }
                 }
             }
             let view = cache.as_ref().map_or(&last_view, |c| &c.view);
@@ -485,6 +491,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 fence_due = true;
             }
             _ = resync.tick() => dirty = true,
+            _ = sleep_until_opt(recheck_registration_at) => {
+                recheck_registration_at = None;
+                dirty = true;
+            }
             // The node's addresses changed, the datastore lost its
             // registration, or registering failed: register.
             _ = sleep_until_opt(register_at) => {
