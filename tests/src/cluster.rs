@@ -294,6 +294,14 @@ impl Cluster {
         }
     }
 
+    /// The TCP port the datastore's server listens on, in the fabric.
+    pub fn datastore_port(&self) -> u16 {
+        match &self.datastore {
+            DatastoreServer::Etcd(_) => 2379,
+            DatastoreServer::Kubernetes(_) => API_SERVER_PORT,
+        }
+    }
+
     /// Stops the datastore's server (etcd, or the API server): every
     /// connection breaks and requests are refused until
     /// [`Cluster::start_datastore_again`].

@@ -51,6 +51,18 @@ fn asked(cluster: &Cluster, node: &str) -> Result<Vec<Value>> {
 #[test]
 #[ignore = "needs root: network namespaces, etcd"]
 fn a_gateway_that_fenced_itself_announces_again_once_reconfirmed() -> Result<()> {
+    fenced_then_reconfirmed(false)
+}
+
+/// The same on Kubernetes: the renewals are Lease patches, the request and
+/// the answer status writes by server-side apply under two field managers.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn on_kubernetes_a_gateway_that_fenced_itself_announces_again_once_reconfirmed() -> Result<()> {
+    fenced_then_reconfirmed(true)
+}
+
+fn fenced_then_reconfirmed(kubernetes: bool) -> Result<()> {
     let egress = egress_tests::egress_bin()?;
     let spec = ClusterSpec {
         workers: 1,
@@ -64,6 +76,7 @@ fn a_gateway_that_fenced_itself_announces_again_once_reconfirmed() -> Result<()>
             probe: None,
         },
         agent_eviction: Some("1500ms".into()),
+        kubernetes,
         ..ClusterSpec::default()
     };
     let cluster = Cluster::start(&egress, spec)?;

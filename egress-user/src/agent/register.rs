@@ -8,6 +8,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 use anyhow::{Context, Result};
 pub use egress_control::registration::{
     mac_string, node_addresses, register, registration_lost, SelfDescription, MANAGER,
+    RECONFIRMATION_MANAGER,
 };
 use egress_control::{
     api::EipEpoch,
@@ -36,7 +37,7 @@ pub async fn publish_awaiting_reconfirmation(
         Kind::EgressTunnel,
         &ObjectKey::cluster(node),
         &StatusPatch {
-            manager: MANAGER.into(),
+            manager: RECONFIRMATION_MANAGER.into(),
             owned: vec![AWAITING_RECONFIRMATION.into()],
             status: json!({ AWAITING_RECONFIRMATION: asked }),
         },

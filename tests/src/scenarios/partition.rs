@@ -19,11 +19,12 @@ pub fn block_datastore(cluster: &Cluster, i: usize, block: bool) -> Result<()> {
     let ip = cluster.topo.nodes[i].ip.to_string();
     let op = if block { "-I" } else { "-D" };
     let fab = &cluster.topo.fabric;
+    let port = cluster.datastore_port().to_string();
     fab.exec(&[
-        "iptables", op, "INPUT", "-s", &ip, "-p", "tcp", "--dport", "2379", "-j", "DROP",
+        "iptables", op, "INPUT", "-s", &ip, "-p", "tcp", "--dport", &port, "-j", "DROP",
     ])?;
     fab.exec(&[
-        "iptables", op, "OUTPUT", "-d", &ip, "-p", "tcp", "--sport", "2379", "-j", "DROP",
+        "iptables", op, "OUTPUT", "-d", &ip, "-p", "tcp", "--sport", &port, "-j", "DROP",
     ])?;
     Ok(())
 }

@@ -406,7 +406,10 @@ async fn ask_reconfirmation(ds: &MemoryDatastore, node: &str, asked: &[(&str, u6
     ds.write_status(
         Kind::EgressTunnel,
         &ObjectKey::cluster(node),
-        &StatusPatch::owning_all("egress-agent", json!({"awaitingReconfirmation": asked})),
+        &StatusPatch::owning_all(
+            crate::registration::RECONFIRMATION_MANAGER,
+            json!({"awaitingReconfirmation": asked}),
+        ),
     )
     .await
     .unwrap();

@@ -15,8 +15,15 @@ use crate::{
     datastore::{typed, Datastore, DatastoreError, Kind, ObjectKey, StatusPatch},
 };
 
-/// Field manager of the agent's writes.
+/// Field manager of the agent's registration (`status.tunnel`).
 pub const MANAGER: &str = "egress-agent";
+/// Field manager of the agent's `status.awaitingReconfirmation`. Its own
+/// name: on Kubernetes a server-side apply removes the fields its manager
+/// applied before and leaves out, so under [`MANAGER`] each of the two
+/// writes deleted the other's field (the request wiped the registration,
+/// the agent registered again and wiped the request, and a fenced gateway
+/// was never reconfirmed).
+pub const RECONFIRMATION_MANAGER: &str = "egress-agent-reconfirmation";
 
 /// What the agent says about itself.
 #[derive(Clone, Debug)]
