@@ -11,3 +11,12 @@ fn traffic_does_not_stop_when_agents_restart() -> anyhow::Result<()> {
     let bins = Bins::beside_test()?;
     run_and_report(&bins, "agent-restart", &Options::fast()).map(|_| ())
 }
+
+/// The same on Kubernetes: the restarted agents find their EgressTunnels
+/// (they may not create them) and resume from their pinned state.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_traffic_does_not_stop_when_agents_restart() -> anyhow::Result<()> {
+    let bins = Bins::beside_test()?;
+    run_and_report(&bins, "agent-restart", &Options::fast().on_kubernetes()).map(|_| ())
+}

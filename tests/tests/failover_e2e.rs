@@ -12,9 +12,40 @@ use egress_tests::scenarios::{run_and_report, Bins, Options};
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn scenario(name: &str) -> anyhow::Result<()> {
+    run(name, &Options::fast())
+}
+
+fn run(name: &str, opts: &Options) -> anyhow::Result<()> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let bins = Bins::beside_test()?;
-    run_and_report(&bins, name, &Options::fast()).map(|_| ())
+    run_and_report(&bins, name, opts).map(|_| ())
+}
+
+/// The scenarios whose datastore traffic matters, on Kubernetes: the
+/// heartbeats are Lease patches, the controllers' election a Lease, the
+/// statuses server-side applies, every process under the chart's RBAC.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_gateway_kill() -> anyhow::Result<()> {
+    run("gateway-kill", &Options::fast().on_kubernetes())
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_gateway_link_down() -> anyhow::Result<()> {
+    run("gateway-link-down", &Options::fast().on_kubernetes())
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_datastore_partition() -> anyhow::Result<()> {
+    run("datastore-partition", &Options::fast().on_kubernetes())
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_controller_kill() -> anyhow::Result<()> {
+    run("controller-kill", &Options::fast().on_kubernetes())
 }
 
 #[test]

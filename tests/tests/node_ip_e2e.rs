@@ -20,8 +20,24 @@ use serde_json::Value;
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections() -> Result<()> {
+    node_ip_policy(false)
+}
+
+/// The same on Kubernetes, where the node's addresses (the policy's, per
+/// family) come from the Node's InternalIPs and the tunnel's status.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_a_node_ip_policy_leaves_with_the_node_address() -> Result<()> {
+    node_ip_policy(true)
+}
+
+fn node_ip_policy(kubernetes: bool) -> Result<()> {
     let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let spec = ClusterSpec {
+        kubernetes,
+        ..ClusterSpec::default()
+    };
+    let cluster = Cluster::start(&egress, spec)?;
     let ex = examples_dir();
     cluster.apply(&ex.join("gateway.yaml"))?;
     let policy = std::fs::read_to_string(ex.join("policy.yaml"))?

@@ -79,6 +79,16 @@ impl Shared {
     }
 }
 
+/// Reads a server's objects; outlives nothing but the objects.
+#[derive(Clone)]
+pub struct StoreReader(Arc<Shared>);
+
+impl StoreReader {
+    pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
+        f(&self.0.store.lock().expect("store lock"))
+    }
+}
+
 /// The running server; stopped when dropped.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
@@ -224,6 +234,11 @@ impl FakeApiServer {
         let crds = schema::load_crds(&dir)?;
         self.change(|s| s.install_crds(crds));
         Ok(())
+    }
+
+    /// A handle that reads the stored objects from another thread.
+    pub fn reader(&self) -> StoreReader {
+        StoreReader(self.shared.clone())
     }
 
     /// Reads the stored objects.

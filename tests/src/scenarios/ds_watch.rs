@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{ms, say, Outcome};
 use crate::{
-    cluster::{wait_until, Cluster},
+    cluster::{wait_until, Cluster, DatastoreServer},
     topology::FABRIC_UNDERLAY_IP,
 };
 
@@ -104,10 +104,81 @@ pub(super) struct DsWatch {
     track: Arc<Mutex<Vec<(Instant, DsState)>>>,
 }
 
+impl DsState {
+    /// From the EgressTunnel and EgressGateway objects.
+    fn of(tunnels: &[Value], gateways: &[Value]) -> Self {
+        let mut st = DsState::default();
+        for o in tunnels {
+            st.phases.push((
+                o["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                o["status"]["phase"].as_str().unwrap_or("").to_owned(),
+            ));
+        }
+        for gw in gateways {
+            for n in gw["status"]["nodeList"].as_array().into_iter().flatten() {
+                let node = n["name"].as_str().unwrap_or("").to_owned();
+                for e in n["eips"].as_array().into_iter().flatten() {
+                    for fam in ["ipv4", "ipv6"] {
+                        if let Some(ip) = e[fam].as_str().filter(|s| !s.is_empty()) {
+                            st.assignments.push((
+                                ip.to_owned(),
+                                node.clone(),
+                                e["epoch"].as_u64().unwrap_or(0),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        st.phases.sort();
+        st.assignments.sort();
+        st
+    }
+}
+
+/// Reads the tunnels and gateways: etcd over its JSON gateway (from the
+/// fabric namespace), or the API server's store.
+enum Source {
+    Etcd(String),
+    Kubernetes(crate::kube_api::StoreReader),
+}
+
+impl Source {
+    fn read(&self) -> Option<DsState> {
+        match self {
+            Source::Etcd(endpoint) => {
+                let tunnels = etcd_range(endpoint, "/egress/objects/egresstunnels/")?;
+                let gateways = etcd_range(endpoint, "/egress/objects/egressgateways/")?;
+                Some(DsState::of(&tunnels, &gateways))
+            }
+            Source::Kubernetes(reader) => {
+                let list = |plural: &str| {
+                    let r = crate::kube_api::store::Resource::new(
+                        "egressgateway.egress.dev/v1beta1",
+                        plural,
+                    );
+                    reader.read(|s| {
+                        s.list(&r, "", &Default::default())
+                            .ok()
+                            .map(|(items, _)| items)
+                    })
+                };
+                Some(DsState::of(
+                    &list("egresstunnels")?,
+                    &list("egressgateways")?,
+                ))
+            }
+        }
+    }
+}
+
 impl DsWatch {
     pub(super) fn start(cluster: &Cluster) -> Result<Self> {
         let file = std::fs::File::open(cluster.topo.fabric.path())?;
-        let endpoint = format!("{FABRIC_UNDERLAY_IP}:2379");
+        let source = match &cluster.datastore {
+            DatastoreServer::Etcd(_) => Source::Etcd(format!("{FABRIC_UNDERLAY_IP}:2379")),
+            DatastoreServer::Kubernetes(k) => Source::Kubernetes(k.server.reader()),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let track = Arc::new(Mutex::new(Vec::new()));
         let (stop2, track2) = (stop.clone(), track.clone());
@@ -119,34 +190,7 @@ impl DsWatch {
             }
             let mut last: Option<DsState> = None;
             while !stop2.load(Ordering::Relaxed) {
-                let tunnels = etcd_range(&endpoint, "/egress/objects/egresstunnels/");
-                let gateways = etcd_range(&endpoint, "/egress/objects/egressgateways/");
-                if let (Some(t), Some(g)) = (tunnels, gateways) {
-                    let mut st = DsState::default();
-                    for o in &t {
-                        st.phases.push((
-                            o["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                            o["status"]["phase"].as_str().unwrap_or("").to_owned(),
-                        ));
-                    }
-                    for gw in &g {
-                        for n in gw["status"]["nodeList"].as_array().into_iter().flatten() {
-                            let node = n["name"].as_str().unwrap_or("").to_owned();
-                            for e in n["eips"].as_array().into_iter().flatten() {
-                                for fam in ["ipv4", "ipv6"] {
-                                    if let Some(ip) = e[fam].as_str().filter(|s| !s.is_empty()) {
-                                        st.assignments.push((
-                                            ip.to_owned(),
-                                            node.clone(),
-                                            e["epoch"].as_u64().unwrap_or(0),
-                                        ));
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    st.phases.sort();
-                    st.assignments.sort();
+                if let Some(st) = source.read() {
                     if last.as_ref() != Some(&st) {
                         track2.lock().unwrap().push((Instant::now(), st.clone()));
                         last = Some(st);
@@ -161,7 +205,7 @@ impl DsWatch {
             track,
         };
         wait_until(
-            "the datastore watcher reads etcd",
+            "the datastore watcher reads the datastore",
             Duration::from_secs(5),
             || Ok(!w.track.lock().unwrap().is_empty()),
         )?;

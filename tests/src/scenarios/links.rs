@@ -41,13 +41,14 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
         ])?;
     }
     let etcd = FABRIC_UNDERLAY_IP.to_string();
-    // Node: its etcd traffic (source: its underlay address) via mgmt0.
+    let ds_port = cluster.datastore_port().to_string();
+    // Node: its datastore traffic (source: its underlay address) via mgmt0.
     node.ns.ip(&[
         "route", "add", "default", "via", &fab_ip, "dev", "mgmt0", "table", "100",
     ])?;
     node.ns.ip(&[
-        "rule", "add", "to", &etcd, "ipproto", "tcp", "dport", "2379", "lookup", "100", "priority",
-        "100",
+        "rule", "add", "to", &etcd, "ipproto", "tcp", "dport", &ds_port, "lookup", "100",
+        "priority", "100",
     ])?;
     // Fabric: etcd's replies to that node via the management port.
     fab.ip(&[
@@ -69,7 +70,7 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
         "ipproto",
         "tcp",
         "sport",
-        "2379",
+        &ds_port,
         "lookup",
         "100",
         "priority",

@@ -127,6 +127,9 @@ pub struct Options {
     /// about 13 s of retransmissions (tcp_retries2 is converted to a time
     /// with the capped backoff), which a 15 s failover exceeds.
     pub tcp_rto_max_ms: Option<u32>,
+    /// Run the cluster on the Kubernetes datastore (the in-memory API
+    /// server) instead of etcd.
+    pub kubernetes: bool,
 }
 
 impl Options {
@@ -150,6 +153,15 @@ impl Options {
             after: Duration::from_secs(3),
             slack: Duration::from_secs(2),
             tcp_rto_max_ms: None,
+            kubernetes: false,
+        }
+    }
+
+    /// The same options on the Kubernetes datastore.
+    pub fn on_kubernetes(&self) -> Self {
+        Self {
+            kubernetes: true,
+            ..self.clone()
         }
     }
 

@@ -37,6 +37,7 @@ pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<S
         pods_per_worker: 1,
         controllers,
         timers: opts.timers.clone(),
+        kubernetes: opts.kubernetes,
         ..ClusterSpec::default()
     };
     let cluster = Cluster::start(&bins.egress, spec)?;
