@@ -271,7 +271,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 Err(e) => {
                     // Keep the last view (or the live cache, on a periodic
                     // relist); the fence alone decides what may still be announced.
-                    tracing::warn!(error = %e, "listing the datastore failed; keeping the last view");
+                    tracing::warn!(error = %format!("{e:#}"), "listing the datastore failed; keeping the last view");
                     published.lock().unwrap().last_error = Some(e.to_string());
                 }
             }
@@ -356,7 +356,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                         p.removed = report.total_removed();
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "writing the maps failed");
+                        tracing::error!(error = %format!("{e:#}"), "writing the maps failed");
                         published.lock().unwrap().last_error = Some(e.to_string());
                     }
                 }
@@ -382,7 +382,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     let want =
                         super::bgp::wanted_routes(&s.pod_cidrs, &eips, IpAddr::V4(tunnel_ip));
                     if let Err(e) = bgp.sync(&want).await {
-                        tracing::warn!(error = %e, "BGP announcements not in step");
+                        tracing::warn!(error = %format!("{e:#}"), "BGP announcements not in step");
                     }
                 }
                 announced = now_announced;
@@ -405,7 +405,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                             asked_published = Some(asked);
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "asking for reconfirmation failed; retrying");
+                            tracing::warn!(error = %format!("{e:#}"), "asking for reconfirmation failed; retrying");
                         }
                     }
                 }
@@ -455,7 +455,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "datastore watch failed; listing again");
+                        tracing::warn!(error = %format!("{e:#}"), "datastore watch failed; listing again");
                         if let Some(c) = cache.take() {
                             last_view = c.view;
                         }
@@ -481,7 +481,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                             tracing::warn!(error = %format!("{e:#}"), "extending the datapath's announce lease failed");
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "heartbeat renewal failed"),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "heartbeat renewal failed"),
                 }
                 // Renewals move the fence's deadline; the announcements may change.
                 dirty = true;
@@ -642,7 +642,9 @@ fn announce_new(
         }
         match crate::datapath::announce::announce_eip(uplink, *eip, 2) {
             Ok(()) => tracing::info!(eip = %eip, "took over; announced with gratuitous ARP/NA"),
-            Err(e) => tracing::warn!(eip = %eip, error = %e, "gratuitous announcement failed"),
+            Err(e) => {
+                tracing::warn!(eip = %eip, error = %format!("{e:#}"), "gratuitous announcement failed")
+            }
         }
     }
 }

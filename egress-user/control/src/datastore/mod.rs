@@ -101,6 +101,38 @@ impl WatchEvent {
     }
 }
 
+/// The status fields each field manager writes, per kind. On Kubernetes a
+/// server-side apply removes the fields its manager applied before and
+/// leaves out, so a manager that writes different fields of one kind in
+/// different places deletes its own writes (it happened twice: the port
+/// blocks and the reconfirmation requests). Other backends keep such
+/// fields, so only a Kubernetes cluster would show it; in debug builds
+/// (every test) a backend refuses the write with this error instead.
+#[derive(Debug, Default)]
+pub struct ManagerFields(std::sync::Mutex<std::collections::HashMap<(Kind, String), Vec<String>>>);
+
+impl ManagerFields {
+    pub fn check(&self, kind: Kind, patch: &StatusPatch) -> Result<()> {
+        if !cfg!(debug_assertions) {
+            return Ok(());
+        }
+        let mut owned = patch.owned.clone();
+        owned.sort();
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let first = seen
+            .entry((kind, patch.manager.clone()))
+            .or_insert_with(|| owned.clone());
+        if *first == owned {
+            return Ok(());
+        }
+        Err(DatastoreError::Other(format!(
+            "field manager {:?} writes {kind} status fields {owned:?} here and {first:?} elsewhere: \
+             on Kubernetes each apply would delete the other's fields; give each set its own manager",
+            patch.manager
+        )))
+    }
+}
+
 /// A status write: `manager` owns the top-level `status` keys in `owned`;
 /// each is set from `status` or removed when `status` lacks it.
 #[derive(Clone, Debug, PartialEq)]
@@ -352,4 +384,32 @@ pub fn key_of(kind: Kind, value: &Value) -> Result<ObjectKey> {
 
 pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_manager_that_writes_two_sets_of_fields_of_one_kind_is_refused() {
+        let m = ManagerFields::default();
+        let tunnel = StatusPatch::owning_all("egress-agent", json!({"tunnel": {}}));
+        let asked = StatusPatch::owning_all("egress-agent", json!({"awaitingReconfirmation": []}));
+        m.check(Kind::EgressTunnel, &tunnel).unwrap();
+        m.check(Kind::EgressTunnel, &tunnel).unwrap();
+        // Another kind, another manager: their own sets.
+        m.check(Kind::EgressGateway, &asked).unwrap();
+        let other = StatusPatch::owning_all(
+            "egress-agent-reconfirmation",
+            json!({"awaitingReconfirmation": []}),
+        );
+        m.check(Kind::EgressTunnel, &other).unwrap();
+        let e = m.check(Kind::EgressTunnel, &asked).unwrap_err().to_string();
+        assert!(
+            e.contains("egress-agent") && e.contains("its own manager"),
+            "{e}"
+        );
+    }
 }

@@ -37,6 +37,8 @@ pub struct EtcdDatastore {
     pod_node: Option<String>,
     /// Whether they come from the pod index (decided by each pod list).
     pod_index_used: std::sync::Mutex<bool>,
+    /// Each field manager's status fields (checked in debug builds).
+    manager_fields: ManagerFields,
 }
 
 /// Attempts of a request, in all, while the member the client's balancer
@@ -115,6 +117,7 @@ impl EtcdDatastore {
             fence: std::sync::Mutex::new(None),
             pod_node: None,
             pod_index_used: std::sync::Mutex::new(false),
+            manager_fields: ManagerFields::default(),
         })
     }
 
@@ -481,6 +484,7 @@ impl Datastore for EtcdDatastore {
         if !kind.has_status() {
             return Err(DatastoreError::NoStatus { kind });
         }
+        self.manager_fields.check(kind, patch)?;
         self.modify(kind, key, |cur| {
             let mut v = cur.value.clone();
             patch.apply_to(&mut v);
