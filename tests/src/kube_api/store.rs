@@ -266,6 +266,14 @@ impl Store {
         Ok((r.clone(), ns.to_string(), name.to_string()))
     }
 
+    /// The stored object at `key`, or 404.
+    fn current(&self, r: &Resource, key: &Key) -> ApiResult<Value> {
+        self.objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| not_found(r, &key.2))
+    }
+
     fn record(&mut self, r: &Resource, old: Option<Value>, new: Value, deleted: bool) {
         self.history.push(Change {
             revision: self.revision,
@@ -365,11 +373,7 @@ impl Store {
     ) -> ApiResult<Value> {
         let info = Self::info(r)?;
         let key = Self::key(r, ns, name)?;
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| not_found(r, name))?;
+        let old = self.current(r, &key)?;
         if let Some(rv) = rv_of(&obj) {
             if Some(rv) != rv_of(&old) {
                 return Err(conflict(r, name));
@@ -417,11 +421,7 @@ impl Store {
     /// PATCH with `application/merge-patch+json`.
     pub fn merge(&mut self, r: &Resource, ns: &str, name: &str, patch: &Value) -> ApiResult<Value> {
         let key = Self::key(r, ns, name)?;
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| not_found(r, name))?;
+        let old = self.current(r, &key)?;
         let mut obj = old.clone();
         merge_patch(&mut obj, patch);
         if let Some(rv) = patch
@@ -461,11 +461,7 @@ impl Store {
             ));
         }
         let key = Self::key(r, ns, name)?;
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| not_found(r, name))?;
+        let old = self.current(r, &key)?;
         let applied: Map<String, Value> = match body.get("status") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -524,11 +520,7 @@ impl Store {
         precondition_rv: Option<&str>,
     ) -> ApiResult<Value> {
         let key = Self::key(r, ns, name)?;
-        let old = self
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| not_found(r, name))?;
+        let old = self.current(r, &key)?;
         if let Some(rv) = precondition_rv {
             if Some(rv) != meta(&old, "resourceVersion").as_deref() {
                 return Err(ApiError::new(
