@@ -47,8 +47,15 @@ pub fn require_root() -> Result<()> {
 /// Runs scenario `name` (or every one with `all`). With `default_timers` the
 /// product's defaults (5 s / 5 s / 15 s, lease 15 s) are used; otherwise the
 /// short timers of the e2e tests (250 ms / 250 ms / 1.5 s, lease 2 s).
-/// `probe` sets the datapath probes (interval ms, multiplier).
-pub fn run(root: &Path, name: &str, default_timers: bool, probe: Option<(u64, u32)>) -> Result<()> {
+/// `probe` sets the datapath probes (interval ms, multiplier);
+/// `kubernetes` runs the cluster on the Kubernetes datastore.
+pub fn run(
+    root: &Path,
+    name: &str,
+    default_timers: bool,
+    probe: Option<(u64, u32)>,
+    kubernetes: bool,
+) -> Result<()> {
     let names: Vec<&str> = match name {
         "all" => SCENARIOS.to_vec(),
         n if SCENARIOS.contains(&n) => vec![n],
@@ -65,6 +72,7 @@ pub fn run(root: &Path, name: &str, default_timers: bool, probe: Option<(u64, u3
         Options::fast()
     };
     opts.timers.probe = probe;
+    opts.kubernetes = kubernetes;
     let mut failed = Vec::new();
     for n in names {
         step(&format!("scenario {n}"));

@@ -58,6 +58,10 @@ enum Task {
         probe_interval_ms: Option<u64>,
         #[arg(long, default_value_t = 3)]
         probe_detect_multiplier: u32,
+        /// On the Kubernetes datastore (the tests' in-memory API server, the
+        /// chart's RBAC) instead of etcd.
+        #[arg(long)]
+        kubernetes: bool,
     },
     /// Benchmarks (not part of the tests): `datapath`, `control-plane`, `failover`, `bgp`.
     Bench {
@@ -112,11 +116,13 @@ fn main() {
             default_timers,
             probe_interval_ms,
             probe_detect_multiplier,
+            kubernetes,
         } => e2e::run(
             &root,
             &name,
             default_timers,
             probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
+            kubernetes,
         ),
         Task::Bench { what, routes, only } => match what.as_str() {
             "datapath" => bench_datapath::run(&root),
