@@ -361,8 +361,9 @@ mod tests {
         let write = |owned: &[&str], status: serde_json::Value| {
             let ds = &ds;
             let key = &key;
+            // One manager per set of fields, as server-side apply needs.
             let p = StatusPatch {
-                manager: "test".into(),
+                manager: format!("test-{}", owned.join("-")),
                 owned: owned.iter().map(|s| s.to_string()).collect(),
                 status,
             };

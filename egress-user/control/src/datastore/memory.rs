@@ -40,6 +40,8 @@ pub struct MemoryDatastore {
     /// Nodes, pods and namespaces come from outside, as on Kubernetes:
     /// writing them is refused.
     external_records: bool,
+    /// Each field manager's status fields (checked in debug builds).
+    manager_fields: Arc<ManagerFields>,
 }
 
 impl Default for MemoryDatastore {
@@ -56,6 +58,7 @@ impl MemoryDatastore {
             tx,
             fence: Arc::default(),
             external_records: false,
+            manager_fields: Arc::default(),
         }
     }
 
@@ -84,6 +87,7 @@ impl MemoryDatastore {
             tx: self.tx.clone(),
             fence: Arc::default(),
             external_records: self.external_records,
+            manager_fields: self.manager_fields.clone(),
         }
     }
 
@@ -259,6 +263,7 @@ impl Datastore for MemoryDatastore {
         if !kind.has_status() {
             return Err(DatastoreError::NoStatus { kind });
         }
+        self.manager_fields.check(kind, patch)?;
         let mut st = self.state.lock().unwrap();
         let fence = self.fence.lock().unwrap().clone();
         if let Some((election, term)) = fence {
