@@ -287,13 +287,6 @@ impl Cluster {
         }
     }
 
-    pub fn etcd_mut(&mut self) -> &mut EtcdServer {
-        match &mut self.datastore {
-            DatastoreServer::Etcd(e) => e,
-            DatastoreServer::Kubernetes(_) => panic!("this cluster runs on Kubernetes, not etcd"),
-        }
-    }
-
     /// The TCP port the datastore's server listens on, in the fabric.
     pub fn datastore_port(&self) -> u16 {
         match &self.datastore {

@@ -31,31 +31,49 @@ pub fn add_nodes(
         if is_gateway(&n.name) {
             labels["egress-gateway"] = json!("true");
         }
-        let node = json!({
-            "metadata": {"name": n.name, "labels": labels},
-            "spec": {"podCIDR": n.pod_cidr(), "podCIDRs": [n.pod_cidr(), n.pod_cidr6()]},
-            "status": {
-                "addresses": [
-                    {"type": "InternalIP", "address": n.ip.to_string()},
-                    {"type": "InternalIP", "address": n.ip6.to_string()},
-                    {"type": "Hostname", "address": n.name},
-                ],
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-            },
-        });
-        api.change(|s| s.create(&core("nodes"), "", node))
-            .map_err(|e| anyhow!("node {}: {}", n.name, e.message))?;
+        let cidrs = [n.pod_cidr(), n.pod_cidr6()];
+        create_node(
+            api,
+            &n.name,
+            labels,
+            &cidrs,
+            &[n.ip.to_string(), n.ip6.to_string()],
+        )?;
     }
     Ok(())
 }
 
 /// A Ready Node with one InternalIP and no agent behind it.
 pub fn put_node(api: &FakeApiServer, name: &str, ip: &str) -> Result<()> {
+    let labels = json!({"kubernetes.io/hostname": name});
+    create_node(api, name, labels, &[], &[ip.to_string()])
+}
+
+/// A Ready Node as the kubelet registers it: `ips` as InternalIPs, then its
+/// hostname; `pod_cidrs` in `podCIDRs` (the first also in `podCIDR`).
+fn create_node(
+    api: &FakeApiServer,
+    name: &str,
+    labels: Value,
+    pod_cidrs: &[String],
+    ips: &[String],
+) -> Result<()> {
+    let mut addresses: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"type": "InternalIP", "address": ip}))
+        .collect();
+    addresses.push(json!({"type": "Hostname", "address": name}));
+    let mut spec = json!({"podCIDRs": pod_cidrs});
+    if let Some(first) = pod_cidrs.first() {
+        spec["podCIDR"] = json!(first);
+    }
     let node = json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-        "spec": {},
-        "status": {"addresses": [{"type": "InternalIP", "address": ip}],
-                   "conditions": [{"type": "Ready", "status": "True"}]},
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+        "status": {
+            "addresses": addresses,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        },
     });
     api.change(|s| s.create(&core("nodes"), "", node))
         .map(|_| ())

@@ -212,10 +212,6 @@ impl FakeApiServer {
         Ok(())
     }
 
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
     /// A kubeconfig file for this server (for `KUBECONFIG`).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

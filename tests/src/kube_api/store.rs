@@ -285,11 +285,7 @@ impl Store {
     }
 
     pub fn get(&self, r: &Resource, ns: &str, name: &str) -> ApiResult<Value> {
-        let key = Self::key(r, ns, name)?;
-        self.objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| not_found(r, name))
+        self.current(r, &Self::key(r, ns, name)?)
     }
 
     /// The objects of `r` (in namespace `ns`, or all with ""), and the revision of the list.
