@@ -25,8 +25,19 @@ pub const DROP_NO_GATEWAY: u32 = 9;
 /// translation, whose first fragment this node has not seen (lost, or
 /// overtaken): there is nothing to translate it with.
 pub const DROP_FRAGMENT: u32 = 10;
+/// Fail closed: a selected pod's packet to a policy destination in an IP
+/// protocol the datapath does not translate (SCTP, GRE, ESP, ...). The
+/// pod gets ICMP "administratively prohibited" back.
+pub const DROP_UNTRANSLATED_PROTO: u32 = 11;
+/// Fail closed: an ICMP or ICMPv6 query other than echo (timestamp,
+/// address mask, node information, ...) to a policy destination.
+pub const DROP_UNTRANSLATED_ICMP: u32 = 12;
+/// Fail closed: IPv6 whose extension headers the parser does not step
+/// over (a Routing header with segments left, a chain longer than it
+/// follows, headers past the first 256 bytes) to a policy destination.
+pub const DROP_UNTRANSLATED_V6_EXT: u32 = 13;
 
-pub const DROP_REASONS: usize = 11;
+pub const DROP_REASONS: usize = 14;
 
 /// Names in index order, for tools.
 pub const DROP_NAMES: [&str; DROP_REASONS] = [
@@ -41,4 +52,7 @@ pub const DROP_NAMES: [&str; DROP_REASONS] = [
     "helper",
     "no_gateway",
     "fragment",
+    "untranslated_proto",
+    "untranslated_icmp",
+    "untranslated_v6_ext",
 ];

@@ -11,6 +11,7 @@ pub mod counters;
 pub mod drops;
 pub mod maps;
 pub mod nat;
+pub mod pod_link;
 pub mod policy;
 pub mod ports;
 pub mod route;

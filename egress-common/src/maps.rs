@@ -39,6 +39,9 @@ pub const DROPS: &str = "DROPS";
 pub const ANNOUNCE_UNTIL: &str = "ANNOUNCE_UNTIL";
 /// LPM trie: EIP host route learned over BGP -> `RouteNextHop`.
 pub const ROUTES: &str = "ROUTES";
+/// LRU hash: pod address -> `pod_link::PodLink`, learned by the worker
+/// program from the pod's frames; how replies are delivered.
+pub const POD_LINKS: &str = "POD_LINKS";
 
 /// Every map userspace pins, in the order it creates them.
 pub const PINNED_MAPS: &[&str] = &[
@@ -56,6 +59,7 @@ pub const PINNED_MAPS: &[&str] = &[
     DROPS,
     ANNOUNCE_UNTIL,
     ROUTES,
+    POD_LINKS,
 ];
 
 /// Programs in the object.
@@ -70,3 +74,4 @@ pub const PORT_BLOCKS_SIZE: u32 = 4096;
 pub const STEERING_SIZE: u32 = 65536;
 pub const OWNED_EIPS_SIZE: u32 = 4096;
 pub const POLICY_STATS_SIZE: u32 = 1024;
+pub const POD_LINKS_SIZE: u32 = 65536;

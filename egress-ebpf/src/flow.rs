@@ -2,7 +2,12 @@
 //! needs, and rewriting one side of it with correct checksums.
 
 use aya_ebpf::programs::TcContext;
-use egress_common::addr::Addr;
+use egress_common::{
+    addr::Addr,
+    drops::{
+        DROP_MALFORMED, DROP_UNTRANSLATED_ICMP, DROP_UNTRANSLATED_PROTO, DROP_UNTRANSLATED_V6_EXT,
+    },
+};
 
 use crate::{
     ctx::{
@@ -26,6 +31,10 @@ pub const FRAG_NONE: u8 = 0;
 pub const FRAG_FIRST: u8 = 1;
 /// A later fragment: no transport header (ports 0, nothing parsed past IP).
 pub const FRAG_LATER: u8 = 2;
+
+/// `Flow::untranslated` when nothing was found that must fail closed (not
+/// IP, an ICMP error, neighbour discovery): the packet passes untouched.
+pub const UNTRANSLATED_NONE: u32 = u32::MAX;
 
 /// The quoted packet inside an ICMP error (the packet we sent, as the far end saw it).
 #[repr(C)]
@@ -89,6 +98,10 @@ pub struct Flow {
     /// IPv6 Fragment header; fragments only).
     pub frag: u8,
     pub ip_id: u32,
+    /// Set when `parse` fails after the addresses were read: the drop
+    /// reason (`DROP_*`) for a policy's traffic that cannot be translated,
+    /// or `UNTRANSLATED_NONE`.
+    pub untranslated: u32,
 }
 
 // The addresses are read and written as words (`mem::addr_words`).
@@ -103,6 +116,7 @@ const _: () = assert!(
 fn parse_l4(ctx: &TcContext, f: &mut Flow) -> Option<()> {
     match f.proto {
         IPPROTO_TCP => {
+            f.untranslated = DROP_MALFORMED;
             let t: *const TcpHdr = ptr_at(ctx, f.l4_off).ok()?;
             // SAFETY: bounds checked by ptr_at.
             unsafe {
@@ -113,6 +127,7 @@ fn parse_l4(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             f.csum_off = f.l4_off + TCP_CHECK;
         }
         IPPROTO_UDP => {
+            f.untranslated = DROP_MALFORMED;
             let u: *const UdpHdr = ptr_at(ctx, f.l4_off).ok()?;
             // SAFETY: bounds checked by ptr_at.
             unsafe {
@@ -122,9 +137,11 @@ fn parse_l4(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             f.csum_off = f.l4_off + UDP_CHECK;
         }
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            f.untranslated = DROP_MALFORMED;
             let i: *const IcmpHdr = ptr_at(ctx, f.l4_off).ok()?;
             // SAFETY: bounds checked by ptr_at.
             let (ty, id) = unsafe { ((*i).ty, u16::from_be_bytes((*i).id)) };
+            f.untranslated = UNTRANSLATED_NONE;
             f.csum_off = f.l4_off + ICMP_CHECK;
             let (req, rep) = if f.v6 {
                 (ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)
@@ -149,12 +166,27 @@ fn parse_l4(ctx: &TcContext, f: &mut Flow) -> Option<()> {
                 }
                 f.has_quoted = true;
             } else {
+                if !(f.v6 && is_icmp6_link_control(ty)) {
+                    f.untranslated = DROP_UNTRANSLATED_ICMP;
+                }
                 return None;
             }
         }
-        _ => return None,
+        _ => {
+            f.untranslated = DROP_UNTRANSLATED_PROTO;
+            return None;
+        }
     }
+    f.untranslated = UNTRANSLATED_NONE;
     Some(())
+}
+
+/// ICMPv6 that never leaves the link and carries no flow: router and
+/// neighbour discovery, redirects, multicast listener messages (RFC 4861,
+/// RFC 2710, RFC 3810). These pass whatever the policies say.
+#[inline(always)]
+fn is_icmp6_link_control(ty: u8) -> bool {
+    (130..=137).contains(&ty) || ty == 143
 }
 
 #[inline(always)]
@@ -299,6 +331,7 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
     f.icmp_kind = ICMP_NONE;
     f.has_quoted = false;
     f.frag = FRAG_NONE;
+    f.untranslated = UNTRANSLATED_NONE;
     if proto == ETH_P_IP {
         let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok()?;
         // SAFETY: bounds checked by ptr_at.
@@ -312,17 +345,19 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             f.ip_id = u32::from(u16::from_be_bytes((*ip).id));
             f.df = frag & 0x4000 != 0;
             let ihl = ((*ip).version_ihl & 0x0f) as usize;
+            f.proto = (*ip).proto;
+            f.l3_len = u32::from(u16::from_be_bytes((*ip).tot_len));
+            let ipa = ip as usize;
+            set_addr_words(&mut f.src, v4_mapped_words(pkt::load32(ipa + IPV4_SADDR)));
+            set_addr_words(&mut f.dst, v4_mapped_words(pkt::load32(ipa + IPV4_DADDR)));
             if ihl < 5 {
+                f.untranslated = DROP_MALFORMED;
                 return None;
             }
             f.l4_off = ETH_LEN + ihl * 4;
-            f.proto = (*ip).proto;
-            f.l3_len = u32::from(u16::from_be_bytes((*ip).tot_len));
-            let ip = ip as usize;
-            set_addr_words(&mut f.src, v4_mapped_words(pkt::load32(ip + IPV4_SADDR)));
-            set_addr_words(&mut f.dst, v4_mapped_words(pkt::load32(ip + IPV4_DADDR)));
         }
         if f.proto == IPPROTO_ICMPV6 {
+            f.untranslated = DROP_UNTRANSLATED_PROTO;
             return None;
         }
     } else if proto == ETH_P_IPV6 {
@@ -335,12 +370,15 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
             f.l3_len = u32::from(u16::from_be_bytes((*ip).payload_len)) + IPV6_LEN as u32;
             (*ip).nexthdr
         };
+        f.untranslated = DROP_UNTRANSLATED_V6_EXT;
         let t = v6_transport(ctx, ETH_LEN + IPV6_LEN, nexthdr)?;
+        f.untranslated = UNTRANSLATED_NONE;
         f.proto = t.proto;
         f.l4_off = t.off;
         f.frag = t.frag;
         f.ip_id = t.id;
         if f.proto == IPPROTO_ICMP {
+            f.untranslated = DROP_UNTRANSLATED_PROTO;
             return None;
         }
     } else {
@@ -351,7 +389,10 @@ fn parse_inner(ctx: &TcContext, f: &mut Flow) -> Option<()> {
     if f.frag == FRAG_LATER {
         return match f.proto {
             IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 => Some(()),
-            _ => None,
+            _ => {
+                f.untranslated = DROP_UNTRANSLATED_PROTO;
+                None
+            }
         };
     }
     parse_l4(ctx, f)?;

@@ -73,12 +73,63 @@ pub fn via_vxlan_device(
     Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }
 
-/// Delivers to a pod's host-side veth; the kernel fills in the MACs from
-/// its neighbour table.
-#[inline(always)]
-pub fn to_pod(ifindex: u32) -> i32 {
+/// Delivers a reply (already translated back: its destination is the
+/// pod) to the pod. With the MACs learned from the pod's own frames (see
+/// `egress_common::pod_link`) it is written and sent out of the device the
+/// pod's frames came in on, whatever the wiring; without (the pod has sent
+/// nothing since the table lost it) the kernel's neighbour table of
+/// `ifindex`, the NAT entry's device, fills the MACs in.
+#[inline(never)]
+pub fn to_pod(ctx: &TcContext, v6: bool, ifindex: u32) -> i32 {
+    if let Some(v) = to_pod_by_link(ctx, v6) {
+        return v;
+    }
     // SAFETY: NULL params: the kernel looks the next hop up itself.
     unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) as i32 }
+}
+
+#[inline(always)]
+fn to_pod_by_link(ctx: &TcContext, v6: bool) -> Option<i32> {
+    let pod: egress_common::addr::Addr = if v6 {
+        ctx.load(ETH_LEN + IPV6_DADDR).ok()?
+    } else {
+        egress_common::addr::v4_mapped(ctx.load(ETH_LEN + IPV4_DADDR).ok()?)
+    };
+    // SAFETY: valid map value pointer, copied at once.
+    let link = unsafe { *crate::maps::POD_LINKS.get_ptr(&pod)? };
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(&link.pod_mac);
+    macs[6..].copy_from_slice(&link.gateway_mac);
+    ctx.store(0, &macs, 0).ok()?;
+    // SAFETY: plain helper call.
+    Some(unsafe { bpf_redirect(link.ifindex, 0) } as i32)
+}
+
+/// Learns (or refreshes) how to reach the pod that sent this frame: its
+/// MAC, the MAC it sent to, and the device it came in on. Run on a new
+/// flow, so a pod that moved to another bridge port or was re-created
+/// with the same address is found again at its next connection.
+#[inline(always)]
+pub fn learn_pod_link(ctx: &TcContext, pod: &egress_common::addr::Addr) {
+    let macs: [u8; 12] = match ctx.load(0) {
+        Ok(m) => m,
+        Err(_) => return,
+    };
+    // SAFETY: skb pointer from the context.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let mut link = egress_common::pod_link::PodLink {
+        ifindex,
+        ..Default::default()
+    };
+    link.gateway_mac.copy_from_slice(&macs[..6]);
+    link.pod_mac.copy_from_slice(&macs[6..]);
+    if let Some(old) = crate::maps::POD_LINKS.get_ptr(pod) {
+        // SAFETY: valid map value pointer.
+        if unsafe { *old } == link {
+            return;
+        }
+    }
+    let _ = crate::maps::POD_LINKS.insert(pod, &link, 0);
 }
 
 /// Hands the packet to the kernel's own forwarding. A frame decapsulated

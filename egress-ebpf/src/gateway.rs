@@ -81,7 +81,7 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
         let hdrs = if f.v6 { 60 } else { 40 };
         crate::worker::clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
     }
-    Ok(to_pod(ifindex))
+    Ok(to_pod(ctx, f.v6, ifindex))
 }
 
 #[classifier]
@@ -426,7 +426,7 @@ fn steer(
     }
     if flags & STEER_LOCAL != 0 {
         let ifindex = reverse(ctx, f)?;
-        return Ok(to_pod(ifindex));
+        return Ok(to_pod(ctx, f.v6, ifindex));
     }
     encap(ctx, cfg, worker, crate::vxlan::flow_entropy(f))
 }
@@ -464,7 +464,7 @@ fn reply_fragment_to_pod(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
             (*s).reply_bytes += u64::from(ctx.len());
         }
     }
-    Ok(to_pod(e.ifindex))
+    Ok(to_pod(ctx, f.v6, e.ifindex))
 }
 
 /// Non-inlined (keeps the caller's stack small); the result travels as one

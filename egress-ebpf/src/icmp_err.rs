@@ -1,7 +1,13 @@
-//! "Fragmentation needed" (ICMP) / "packet too big" (ICMPv6) sent back to a
-//! pod whose non-TCP packet does not fit the tunnel, so path MTU discovery
-//! works for UDP and ICMP too. The packet is rewritten in place into the
-//! error (quoting its start) and sent back out of the interface it came in on.
+//! ICMP errors sent back to a pod in place of its packet:
+//! - "fragmentation needed" (ICMP) / "packet too big" (ICMPv6) for a non-TCP
+//!   packet that does not fit the tunnel, so path MTU discovery works for
+//!   UDP and ICMP too;
+//! - "administratively prohibited" for policy traffic the datapath cannot
+//!   translate (fail closed), so the application fails at once instead of
+//!   waiting for timeouts.
+//!
+//! The packet is rewritten in place into the error (quoting its start) and
+//! sent back out of the interface it came in on.
 
 use aya_ebpf::{
     btf_maps::PerCpuArray,
@@ -15,6 +21,13 @@ use crate::{
     hdr::*,
 };
 
+/// ICMP destination unreachable, code 13: communication administratively
+/// prohibited (RFC 1812 5.2.7.1).
+const ICMP_CODE_PROHIBITED: u8 = 13;
+/// ICMPv6 destination unreachable, code 1: communication with destination
+/// administratively prohibited (RFC 4443 3.1).
+const ICMP6_CODE_PROHIBITED: u8 = 1;
+
 /// Bytes of the offending packet quoted: its IP header and 8 bytes more
 /// (IPv4), or its IPv6 header and 64 bytes more: the pod's kernel applies
 /// the error only when it finds the socket, so the quote must reach the
@@ -27,28 +40,51 @@ const MSG_V6: usize = IPV6_LEN + 8 + QUOTE_V6;
 /// The IPv6 error is built here (per CPU), not on the stack, which the
 /// worker's own frame leaves too little of.
 #[btf_map]
-static TOO_BIG_V6: PerCpuArray<[u8; MSG_V6], 1> = PerCpuArray::new();
+static ERROR_V6: PerCpuArray<[u8; MSG_V6], 1> = PerCpuArray::new();
 const IPV4_HDR: usize = 20;
 
-/// Turns the packet into the ICMP error and returns the redirect verdict,
-/// or None when the packet cannot be answered (it is then dropped).
+/// Turns the packet into "fragmentation needed" / "packet too big" and
+/// returns the redirect verdict, or -1 when the packet cannot be answered
+/// (it is then dropped).
 #[inline(never)]
 pub fn too_big(ctx: &mut TcContext, v6: bool, mtu: u16) -> i64 {
-    match too_big_inner(ctx, v6, mtu) {
-        Some(v) => v,
-        None => -1,
-    }
+    let (ty, code, word) = if v6 {
+        (ICMP6_PKT_TOO_BIG, 0, u32::from(mtu))
+    } else {
+        (ICMP_DEST_UNREACH, 4, u32::from(mtu))
+    };
+    error_back(ctx, v6, ty, code, word).unwrap_or(-1)
 }
 
+/// Turns the packet into "administratively prohibited"; as `too_big`.
+#[inline(never)]
+pub fn prohibited(ctx: &mut TcContext, v6: bool) -> i64 {
+    let (ty, code) = if v6 {
+        (ICMP6_DEST_UNREACH, ICMP6_CODE_PROHIBITED)
+    } else {
+        (ICMP_DEST_UNREACH, ICMP_CODE_PROHIBITED)
+    };
+    error_back(ctx, v6, ty, code, 0).unwrap_or(-1)
+}
+
+/// Writes the error of type `ty` and `code` whose second word (MTU, or
+/// unused) is `word`.
 #[inline(always)]
-fn too_big_inner(ctx: &mut TcContext, v6: bool, mtu: u16) -> Option<i64> {
+fn error_back(ctx: &mut TcContext, v6: bool, ty: u8, code: u8, word: u32) -> Option<i64> {
+    let quote = if v6 { QUOTE_V6 } else { QUOTE_V4 };
+    if (ctx.len() as usize) < ETH_LEN + quote {
+        // SAFETY: skb pointer from the context; grows with zeros.
+        if unsafe { bpf_skb_change_tail(ctx.skb.skb, (ETH_LEN + quote) as u32, 0) } != 0 {
+            return None;
+        }
+    }
     let macs: [u8; 12] = ctx.load(0).ok()?;
     let mut eth = [0u8; 12];
     eth[..6].copy_from_slice(&macs[6..12]);
     eth[6..].copy_from_slice(&macs[..6]);
     if v6 {
         // SAFETY: this CPU's slot; programs do not nest on one CPU.
-        let m = unsafe { &mut *TOO_BIG_V6.get_ptr_mut(0)? };
+        let m = unsafe { &mut *ERROR_V6.get_ptr_mut(0)? };
         let quote = IPV6_LEN + 8;
         // SAFETY: the helper writes QUOTE_V6 bytes into the slot's tail.
         let rc = unsafe {
@@ -78,11 +114,11 @@ fn too_big_inner(ctx: &mut TcContext, v6: bool, mtu: u16) -> Option<i64> {
         let (head, q) = m.split_at_mut(quote);
         head[8..24].copy_from_slice(&q[24..40]); // from the original destination
         head[24..40].copy_from_slice(&q[8..24]); // to the pod
-        head[40] = ICMP6_PKT_TOO_BIG;
-        head[41] = 0;
+        head[40] = ty;
+        head[41] = code;
         head[42] = 0;
         head[43] = 0;
-        head[44..48].copy_from_slice(&u32::from(mtu).to_be_bytes());
+        head[44..48].copy_from_slice(&word.to_be_bytes());
         let mut sum = sum_words(&head[8..40], 0);
         sum += u32::from(plen) + u32::from(IPPROTO_ICMPV6);
         sum = sum_words(&head[40..48], sum);
@@ -111,9 +147,9 @@ fn too_big_inner(ctx: &mut TcContext, v6: bool, mtu: u16) -> Option<i64> {
         let c = fold(sum_words(&ip, 0));
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         let mut icmp = [0u8; 8];
-        icmp[0] = ICMP_DEST_UNREACH;
-        icmp[1] = 4; // fragmentation needed and DF set
-        icmp[6..8].copy_from_slice(&mtu.to_be_bytes());
+        icmp[0] = ty;
+        icmp[1] = code;
+        icmp[4..8].copy_from_slice(&word.to_be_bytes());
         let c = fold(sum_words(&q, sum_words(&icmp, 0)));
         icmp[2..4].copy_from_slice(&c.to_be_bytes());
         ctx.store(0, &eth, 0).ok()?;

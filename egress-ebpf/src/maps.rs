@@ -8,7 +8,9 @@ use egress_common::{
     addr::Addr,
     config::DatapathConfig,
     drops::DROP_REASONS,
+    maps::POD_LINKS_SIZE,
     nat::{NatEntry, NatKey},
+    pod_link::PodLink,
     policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
     ports::PortBlocks,
     route::RouteNextHop,
@@ -43,6 +45,9 @@ pub static ANNOUNCE_UNTIL: Array<u64, 1> = Array::new();
 /// See `egress_common::route`.
 #[btf_map]
 pub static ROUTES: LpmTrie<Addr, RouteNextHop, 4096> = LpmTrie::new();
+/// See `egress_common::pod_link`.
+#[btf_map]
+pub static POD_LINKS: LruHashMap<Addr, PodLink, { POD_LINKS_SIZE as usize }> = LruHashMap::new();
 #[btf_map]
 pub static DROPS: PerCpuArray<TrafficCounter, DROP_REASONS> = PerCpuArray::new();
 

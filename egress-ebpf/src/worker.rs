@@ -10,9 +10,10 @@ use crate::{
     ctx::drop_with,
     flow::{
         parse, rewrite, Flow, Side, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR,
+        UNTRANSLATED_NONE,
     },
     frag::KIND_EGRESS,
-    fwd::{encap, fib_forward},
+    fwd::{encap, fib_forward, learn_pod_link},
     hdr::*,
     maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS, ROUTES},
     nat::forward_port,
@@ -93,7 +94,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         None => return Ok(TC_ACT_OK as i32),
     };
     if !parse(ctx, f) {
-        return Ok(TC_ACT_OK as i32);
+        return fail_closed(ctx, f);
     }
     // Replies and errors a pod sends towards the outside are not flows it opens.
     if f.icmp_kind == ICMP_KIND_ECHO_REPLY || f.icmp_kind == ICMP_KIND_ERROR {
@@ -156,6 +157,9 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         gateway_by_route(cfg, eip).unwrap_or(target.gateway_tunnel_ip)
     };
     f.gw = gw;
+    if absent {
+        learn_pod_link(ctx, &f.src);
+    }
     let port = forward_port(ctx, cfg, f, target, absent)?;
     if f.frag == FRAG_FIRST {
         remember_egress(f, eip, gw, target.policy_id, local);
@@ -178,6 +182,44 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         return fib_forward(ctx, f, 0);
     }
     encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
+}
+
+/// A packet `parse` could not take: when it is a selected pod's, to a
+/// destination of its policy, in a family the policy translates (or the
+/// policy is waiting for a gateway), it must not leave with the pod's
+/// address. It is dropped under its reason and the pod is told
+/// "administratively prohibited". Everything else passes untouched: not
+/// IP, ICMP errors, neighbour discovery, link-local and multicast
+/// destinations (they never leave the link), traffic outside the policies.
+#[inline(never)]
+fn fail_closed(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
+    if f.untranslated == UNTRANSLATED_NONE || stays_on_link(&f.dst) {
+        return Ok(TC_ACT_OK as i32);
+    }
+    let target = match policy_target(f) {
+        Some(t) => t,
+        None => return Ok(TC_ACT_OK as i32),
+    };
+    let family = if f.v6 { TARGET_HAS_V6 } else { TARGET_HAS_V4 };
+    if target.flags & (family | TARGET_NO_GATEWAY) == 0 {
+        return Ok(TC_ACT_OK as i32);
+    }
+    crate::ctx::count(ctx, f.untranslated);
+    let v = crate::icmp_err::prohibited(ctx, f.v6);
+    if v < 0 {
+        return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);
+    }
+    Ok(v as i32)
+}
+
+/// Link-local and multicast destinations (IPv4 169.254/16, 224/4 and the
+/// broadcast address; IPv6 fe80::/10 and ff00::/8).
+#[inline(always)]
+fn stays_on_link(dst: &Addr) -> bool {
+    match egress_common::addr::as_v4(dst) {
+        Some(v4) => (v4[0] == 169 && v4[1] == 254) || v4[0] & 0xf0 == 224 || v4 == [255; 4],
+        None => dst[0] == 0xff || (dst[0] == 0xfe && dst[1] & 0xc0 == 0x80),
+    }
 }
 
 /// The policy slot's target that selects `f` (source pod, destination), if any.

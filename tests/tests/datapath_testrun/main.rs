@@ -8,6 +8,7 @@
 #[path = "../testrun/mod.rs"]
 mod testrun;
 
+mod fail_closed;
 mod gateway;
 mod userspace_apply;
 mod worker;

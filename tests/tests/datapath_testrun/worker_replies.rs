@@ -127,3 +127,43 @@ fn drop_no_nat_entry() -> anyhow::Result<()> {
     assert_eq!(fx.drops(DROP_NO_NAT_ENTRY), 1);
     Ok(())
 }
+
+/// `frame` as a pod with MAC `pod` would send it to next hop `gateway`.
+fn from_macs(mut frame: Vec<u8>, pod: [u8; 6], gateway: [u8; 6]) -> Vec<u8> {
+    frame[0..6].copy_from_slice(&gateway);
+    frame[6..12].copy_from_slice(&pod);
+    frame
+}
+
+/// Replies reach the pod by the MACs its own frames carried (learned per
+/// pod address on each new flow), not by a neighbour lookup on its veth:
+/// on a bridge, the bridge answers the pod's ARP, so the veth has none.
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn replies_carry_the_macs_the_pod_sends_with() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let pod_mac = [0x0a, 0x58, 0, 0, 0, 0x05];
+    let bridge_mac = [0x0a, 0x58, 0, 0, 0, 0x01];
+    let out4 = from_macs(udp4(POD, SERVER, 5353, 53, b"q"), pod_mac, bridge_mac);
+    let p = crate::open_flow(&mut fx, &out4);
+    let (rc, out) = fx.run("tunnel_ingress", &udp4(SERVER, EIP, 53, p, b"a"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!((&out[0..6], &out[6..12]), (&pod_mac[..], &bridge_mac[..]));
+    assert_eq!(check(&out).dst, IpAddr::from(POD));
+
+    let out6 = from_macs(udp6(POD6, SERVER6, 5353, 53, b"q"), pod_mac, bridge_mac);
+    let p = crate::open_flow(&mut fx, &out6);
+    let (_, out) = fx.run("tunnel_ingress", &udp6(SERVER6, EIP6, 53, p, b"a"))?;
+    assert_eq!((&out[0..6], &out[6..12]), (&pod_mac[..], &bridge_mac[..]));
+
+    // The pod re-created with the same address and a new MAC: its next
+    // flow teaches the new one, and replies of every flow follow it.
+    let new_mac = [0x0a, 0x58, 0, 0, 0, 0x55];
+    let first = p;
+    let again = from_macs(udp6(POD6, SERVER6, 5354, 53, b"q"), new_mac, bridge_mac);
+    crate::open_flow(&mut fx, &again);
+    let (_, out) = fx.run("tunnel_ingress", &udp6(SERVER6, EIP6, 53, first, b"a"))?;
+    assert_eq!(&out[0..6], &new_mac[..]);
+    assert_eq!(fx.all_drops(), 0);
+    Ok(())
+}
