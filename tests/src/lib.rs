@@ -8,6 +8,7 @@
 
 pub mod chart_rbac;
 pub mod cluster;
+pub mod cni;
 pub mod etcd;
 pub mod frr;
 pub mod kube_api;

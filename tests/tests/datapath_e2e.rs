@@ -20,13 +20,16 @@
 //! p12 and p22 are in no policy.
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use egress_tests::{link_veth, Netns, PinDir};
+use egress_tests::{
+    cni::{CniNetwork, PodAddrs, Wiring},
+    link_veth, Netns, PinDir,
+};
 use egress_user::{
     datapath::{
         apply, stats, Cidr, Datapath, DesiredMaps, NodeConfig, OwnedEip, PolicyRule,
@@ -247,6 +250,8 @@ struct Topology {
     g1: Node,
     g2: Node,
     pods: Vec<Pod>,
+    /// The pods' CNI networks (their IPAM state), one per worker.
+    _cni: [CniNetwork; 2],
     srv: Netns,
     fab: Netns,
 }
@@ -269,7 +274,7 @@ fn add_vxlan(ns: &Netns) -> Result<u32> {
     Ok(link_info(ns, VXLAN)?.0)
 }
 
-fn build() -> Result<Topology> {
+fn build(wiring: Wiring) -> Result<Topology> {
     let fab = Netns::new("fab")?;
     fab.bridge("ul")?;
     fab.bridge("ext")?;
@@ -317,28 +322,21 @@ fn build() -> Result<Topology> {
         w.ns.route(&["default", "via", "10.100.0.1"])?;
         w.ns.route(&["default", "via", "fd00:100::1"])?;
     }
-    // Pods: /32 and /128 addresses behind a host-side gateway address.
+    // Pods, wired as `wiring` says (by hand, or by the CNI plugins).
+    let cni = [CniNetwork::new(wiring)?, CniNetwork::new(wiring)?];
     let mut pods = Vec::new();
+    let mut host_ifs: [Vec<String>; 2] = Default::default();
     for (w, wn, idx) in [(&w1, 1u8, 1u8), (&w1, 1, 2), (&w2, 2, 1), (&w2, 2, 2)] {
         let label = format!("p{wn}{idx}");
         let ns = Netns::new(&label)?;
-        let host_if = format!("vp{wn}{idx}");
-        link_veth(&ns, "eth0", &w.ns, &host_if)?;
-        let v4 = format!("10.244.{wn}.{wn}{idx}");
-        let v6 = format!("fd00:244:{wn}::{wn}{idx}");
-        let gw4 = format!("10.244.{wn}.1");
-        let gw6 = format!("fd00:244:{wn}::1");
-        w.ns.addr(&host_if, &format!("{gw4}/32"))?;
-        w.ns.addr(&host_if, &format!("{gw6}/128"))?;
-        w.ns.route(&[&format!("{v4}/32"), "dev", &host_if])?;
-        w.ns.route(&[&format!("{v6}/128"), "dev", &host_if])?;
-        ns.addr("eth0", &format!("{v4}/32"))?;
-        ns.addr("eth0", &format!("{v6}/128"))?;
-        ns.route(&[&gw4, "dev", "eth0"])?;
-        ns.route(&["default", "via", &gw4])?;
-        ns.route(&[&gw6, "dev", "eth0"])?;
-        ns.route(&["default", "via", &gw6])?;
-        pods.push(Pod { ns, v4, v6 });
+        let addrs = pod_addrs(wn, idx);
+        let host_if = cni[usize::from(wn - 1)].add(&w.ns, &ns, &format!("vp{wn}{idx}"), &addrs)?;
+        host_ifs[usize::from(wn - 1)].push(host_if);
+        pods.push(Pod {
+            ns,
+            v4: addrs.v4.to_string(),
+            v6: addrs.v6.to_string(),
+        });
     }
     for (net, via) in [
         ("10.244.1.0/24", "10.100.0.21"),
@@ -472,11 +470,10 @@ fn build() -> Result<Topology> {
             port_blocks: worker_blocks(wn)?,
             ..Default::default()
         };
-        let attach = vec![
-            ("vxlan", VXLAN.to_string()),
-            ("pod", format!("vp{wn}1")),
-            ("pod", format!("vp{wn}2")),
-        ];
+        let mut attach = vec![("vxlan", VXLAN.to_string())];
+        for host_if in &host_ifs[usize::from(wn - 1)] {
+            attach.push(("pod", host_if.clone()));
+        }
         w.start(desired, attach)?;
     }
     for (g, gn, owned) in [
@@ -521,9 +518,42 @@ fn build() -> Result<Topology> {
         g1,
         g2,
         pods,
+        _cni: cni,
         srv,
         fab,
     })
+}
+
+/// Pod `idx` of worker `wn`: 10.244.<wn>.<wn><idx> and fd00:244:<wn>::<wn><idx>,
+/// behind the gateway .1 / ::1 of its node's pod subnet.
+fn pod_addrs(wn: u8, idx: u8) -> PodAddrs {
+    let subnet4: &'static str = if wn == 1 {
+        "10.244.1.0/24"
+    } else {
+        "10.244.2.0/24"
+    };
+    let subnet6: &'static str = if wn == 1 {
+        "fd00:244:1::/64"
+    } else {
+        "fd00:244:2::/64"
+    };
+    PodAddrs {
+        v4: Ipv4Addr::new(10, 244, wn, wn * 10 + idx),
+        v6: Ipv6Addr::new(
+            0xfd00,
+            0x244,
+            u16::from(wn),
+            0,
+            0,
+            0,
+            0,
+            u16::from_str_radix(&format!("{wn}{idx}"), 16).unwrap(),
+        ),
+        gw4: Ipv4Addr::new(10, 244, wn, 1),
+        gw6: Ipv6Addr::new(0xfd00, 0x244, u16::from(wn), 0, 0, 0, 0, 1),
+        subnet4,
+        subnet6,
+    }
 }
 
 /// What the nodes' maps and neighbour tables say, for a failure message.
@@ -565,10 +595,28 @@ fn exchange(
     Ok(line.rsplit(' ').next().unwrap_or_default().to_string())
 }
 
-#[test]
-#[ignore = "needs root: creates namespaces and loads BPF programs"]
-fn pods_reach_the_server_through_eips_and_back() -> Result<()> {
-    let t = build()?;
+/// On each pod wiring: routed veth, CNI `bridge`, CNI `ptp`.
+mod pods_reach_the_server_through_eips_and_back {
+    use super::*;
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn routed() -> Result<()> {
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Routed)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn bridge() -> Result<()> {
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Bridge)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn ptp() -> Result<()> {
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Ptp)
+    }
+}
+
+fn pods_reach_the_server_through_eips_and_back(wiring: Wiring) -> Result<()> {
+    let t = build(wiring)?;
     let mut server = t.srv.spawn(&[
         "python3",
         "-u",
@@ -676,10 +724,28 @@ fn pods_reach_the_server_through_eips_and_back() -> Result<()> {
     Ok(())
 }
 
-#[test]
-#[ignore = "needs root: creates namespaces and loads BPF programs"]
-fn multi_megabyte_tcp_with_mss_1400_completes() -> Result<()> {
-    let t = build()?;
+/// On each pod wiring: routed veth, CNI `bridge`, CNI `ptp`.
+mod multi_megabyte_tcp_with_mss_1400_completes {
+    use super::*;
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn routed() -> Result<()> {
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Routed)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn bridge() -> Result<()> {
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Bridge)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn ptp() -> Result<()> {
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Ptp)
+    }
+}
+
+fn multi_megabyte_tcp_with_mss_1400_completes(wiring: Wiring) -> Result<()> {
+    let t = build(wiring)?;
     let mut server = t
         .srv
         .spawn(&["python3", "-u", "-c", COUNT_SERVER_PY, "9100"])?;
@@ -713,10 +779,28 @@ fn multi_megabyte_tcp_with_mss_1400_completes() -> Result<()> {
     Ok(())
 }
 
-#[test]
-#[ignore = "needs root: creates namespaces and loads BPF programs"]
-fn established_tcp_survives_gateway_failover() -> Result<()> {
-    let mut t = build()?;
+/// On each pod wiring: routed veth, CNI `bridge`, CNI `ptp`.
+mod established_tcp_survives_gateway_failover {
+    use super::*;
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn routed() -> Result<()> {
+        super::established_tcp_survives_gateway_failover(Wiring::Routed)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn bridge() -> Result<()> {
+        super::established_tcp_survives_gateway_failover(Wiring::Bridge)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
+    fn ptp() -> Result<()> {
+        super::established_tcp_survives_gateway_failover(Wiring::Ptp)
+    }
+}
+
+fn established_tcp_survives_gateway_failover(wiring: Wiring) -> Result<()> {
+    let mut t = build(wiring)?;
     let traffic = egress_tests::traffic_bin()?;
     let traffic = traffic.to_str().unwrap();
     let mut sink = t.srv.spawn(&[traffic, "tcp-sink", "0.0.0.0:9000"])?;
@@ -800,7 +884,7 @@ fn established_tcp_survives_gateway_failover() -> Result<()> {
 #[test]
 #[ignore = "needs root: creates namespaces and loads BPF programs"]
 fn fragmented_udp_goes_out_and_back_through_the_eip() -> Result<()> {
-    let t = build()?;
+    let t = build(Wiring::Routed)?;
     let mut server = t
         .srv
         .spawn(&["python3", "-u", "-c", SERVER_PY, PORT, SRV, SRV6])?;
@@ -843,7 +927,7 @@ fn fragmented_udp_goes_out_and_back_through_the_eip() -> Result<()> {
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn ipv6_with_destination_options_goes_out_and_back_through_the_eip() -> Result<()> {
-    let t = build()?;
+    let t = build(Wiring::Routed)?;
     let mut server = t.srv.spawn(&[
         "env",
         "DSTOPTS=1",
