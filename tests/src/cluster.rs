@@ -99,6 +99,8 @@ pub struct ClusterSpec {
     /// the kubelet: Nodes (labels, addresses, pod CIDRs, Ready) and Pods are
     /// written to the API server directly, as Kubernetes would have them.
     pub kubernetes: bool,
+    /// How the workers' pods are wired (routed veth, or a CNI plugin).
+    pub wiring: crate::cni::Wiring,
 }
 
 impl Default for ClusterSpec {
@@ -115,6 +117,7 @@ impl Default for ClusterSpec {
             agent_eviction: None,
             workers_are_gateways: false,
             kubernetes: false,
+            wiring: crate::cni::Wiring::Routed,
         }
     }
 }
@@ -208,7 +211,7 @@ impl Cluster {
         let mut topo = Topology::build(&refs)?;
         for w in 0..spec.workers {
             for p in 0..spec.pods_per_worker {
-                topo.add_pod(w, &format!("p{}{}", w + 1, p + 1))?;
+                topo.add_pod_wired(w, &format!("p{}{}", w + 1, p + 1), spec.wiring)?;
             }
         }
         let datastore = if spec.kubernetes {

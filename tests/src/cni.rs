@@ -54,8 +54,8 @@ pub struct PodAddrs {
     pub gw4: Ipv4Addr,
     pub gw6: Ipv6Addr,
     /// The pod subnet the plugins' IPAM allocates from.
-    pub subnet4: &'static str,
-    pub subnet6: &'static str,
+    pub subnet4: String,
+    pub subnet6: String,
 }
 
 /// One node's CNI network: the plugin, and `host-local`'s state folder
@@ -108,8 +108,8 @@ impl CniNetwork {
                 "type": "host-local",
                 "dataDir": self.data_dir,
                 "ranges": [
-                    range(a.subnet4, a.v4.to_string(), a.gw4.to_string()),
-                    range(a.subnet6, a.v6.to_string(), a.gw6.to_string()),
+                    range(&a.subnet4, a.v4.to_string(), a.gw4.to_string()),
+                    range(&a.subnet6, a.v6.to_string(), a.gw6.to_string()),
                 ],
                 "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
             },

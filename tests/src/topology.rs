@@ -15,9 +15,12 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
-use crate::netns::{link_veth, Netns};
+use crate::{
+    cni::{CniNetwork, PodAddrs, Wiring},
+    netns::{link_veth, Netns},
+};
 
 pub const UNDERLAY_PREFIX: &str = "10.10.0";
 pub const FABRIC_UNDERLAY_IP: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 254);
@@ -36,6 +39,7 @@ pub fn eip6(i: u8) -> Ipv6Addr {
 
 pub struct Pod {
     pub name: String,
+    /// Field order is drop order: the pod's namespace goes before its CNI network.
     pub ns: Netns,
     pub ip: Ipv4Addr,
     pub ip6: Ipv6Addr,
@@ -54,6 +58,8 @@ pub struct Node {
     /// The fabric-side end of this node's uplink (cut it to kill the node's datapath).
     pub fabric_port: String,
     pub pods: Vec<Pod>,
+    /// The CNI network of pods wired by a plugin (see [`Topology::add_pod_wired`]).
+    pub cni: Option<CniNetwork>,
 }
 
 impl Node {
@@ -121,6 +127,7 @@ impl Topology {
             uplink: "eth0".into(),
             fabric_port,
             pods: Vec::new(),
+            cni: None,
         };
         // The fabric routes each node's pod CIDRs to it (what BGP would teach it).
         self.fabric
@@ -186,6 +193,57 @@ impl Topology {
         Ok(n.pods.last().unwrap())
     }
 
+    /// Adds a pod to node `node` wired as `wiring` says: [`Topology::add_pod`]
+    /// for the routed style, the CNI `bridge` or `ptp` plugin otherwise
+    /// (10.244.<node+1>.<j+2>, fd00:244:<node+1>::<j+2>, gateway .1 / ::1).
+    pub fn add_pod_wired(&mut self, node: usize, name: &str, wiring: Wiring) -> Result<&Pod> {
+        if wiring == Wiring::Routed {
+            return self.add_pod(node, name);
+        }
+        let n = &mut self.nodes[node];
+        let j = n.pods.len() as u8;
+        let addrs = pod_addrs(n.index, j);
+        if n.cni.is_none() {
+            n.cni = Some(CniNetwork::new(wiring)?);
+        }
+        let cni = n.cni.as_ref().unwrap();
+        let ns = Netns::new(name)?;
+        let host_veth = cni.add(&n.ns, &ns, "", &addrs)?;
+        n.pods.push(Pod {
+            name: name.to_owned(),
+            ns,
+            ip: addrs.v4,
+            ip6: addrs.v6,
+            host_veth,
+        });
+        Ok(n.pods.last().unwrap())
+    }
+
+    /// Removes pod `pod` of node `node` as a kubelet does (CNI DEL, then
+    /// its namespace) and wires a new one with the same name and addresses,
+    /// on a new veth (a new bridge port): a pod re-created in place.
+    pub fn recreate_pod(&mut self, node: usize, pod: usize) -> Result<&Pod> {
+        let n = &mut self.nodes[node];
+        let cni = n
+            .cni
+            .as_ref()
+            .context("only CNI-wired pods are re-created")?;
+        let old = &n.pods[pod];
+        let addrs = pod_addrs(n.index, pod as u8);
+        cni.del(&n.ns, &old.ns, &addrs)?;
+        let name = old.name.clone();
+        let ns = Netns::new(&name)?;
+        let host_veth = cni.add(&n.ns, &ns, "", &addrs)?;
+        n.pods[pod] = Pod {
+            name,
+            ns,
+            ip: addrs.v4,
+            ip6: addrs.v6,
+            host_veth,
+        };
+        Ok(&n.pods[pod])
+    }
+
     /// Cuts node `node` off the underlay (its fabric port goes down), as a
     /// dead link or a dead machine looks from the outside.
     pub fn cut_node(&self, node: usize) -> Result<()> {
@@ -199,5 +257,18 @@ impl Topology {
         self.fabric
             .ip(&["link", "set", &self.nodes[node].fabric_port, "up"])
             .map(|_| ())
+    }
+}
+
+/// The addresses of pod `j` of node `index` (as [`Topology::add_pod`] numbers them).
+fn pod_addrs(index: u8, j: u8) -> PodAddrs {
+    let sub = u16::from(index) + 1;
+    PodAddrs {
+        v4: Ipv4Addr::new(10, 244, index + 1, j + 2),
+        v6: Ipv6Addr::new(0xfd00, 0x244, sub, 0, 0, 0, 0, u16::from(j) + 2),
+        gw4: Ipv4Addr::new(10, 244, index + 1, 1),
+        gw6: Ipv6Addr::new(0xfd00, 0x244, sub, 0, 0, 0, 0, 1),
+        subnet4: format!("10.244.{}.0/24", index + 1),
+        subnet6: format!("fd00:244:{sub}::/64"),
     }
 }

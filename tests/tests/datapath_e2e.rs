@@ -527,32 +527,14 @@ fn build(wiring: Wiring) -> Result<Topology> {
 /// Pod `idx` of worker `wn`: 10.244.<wn>.<wn><idx> and fd00:244:<wn>::<wn><idx>,
 /// behind the gateway .1 / ::1 of its node's pod subnet.
 fn pod_addrs(wn: u8, idx: u8) -> PodAddrs {
-    let subnet4: &'static str = if wn == 1 {
-        "10.244.1.0/24"
-    } else {
-        "10.244.2.0/24"
-    };
-    let subnet6: &'static str = if wn == 1 {
-        "fd00:244:1::/64"
-    } else {
-        "fd00:244:2::/64"
-    };
+    let host6 = u16::from(wn) * 16 + u16::from(idx);
     PodAddrs {
         v4: Ipv4Addr::new(10, 244, wn, wn * 10 + idx),
-        v6: Ipv6Addr::new(
-            0xfd00,
-            0x244,
-            u16::from(wn),
-            0,
-            0,
-            0,
-            0,
-            u16::from_str_radix(&format!("{wn}{idx}"), 16).unwrap(),
-        ),
+        v6: Ipv6Addr::new(0xfd00, 0x244, u16::from(wn), 0, 0, 0, 0, host6),
         gw4: Ipv4Addr::new(10, 244, wn, 1),
         gw6: Ipv6Addr::new(0xfd00, 0x244, u16::from(wn), 0, 0, 0, 0, 1),
-        subnet4,
-        subnet6,
+        subnet4: format!("10.244.{wn}.0/24"),
+        subnet6: format!("fd00:244:{wn}::/64"),
     }
 }
 
