@@ -112,6 +112,30 @@ fn apply_get_delete_pods_and_controller_on_etcd() {
     assert!(err.contains("nothing was written"), "{err}");
     assert_eq!(cli.ok(&["get", "egp", "-A", "-o", "json"]), before);
 
+    // A typo of a field (issue 15: `destSubnets` made the policy match
+    // every destination) is refused with its path, one line per problem,
+    // in a dry run as in the write; so is an empty manifest.
+    let typo = cli.file(
+        "typo.yaml",
+        &MANIFEST.replace("appliedTo:", "destSubnets: [10.0.0.0/8]\n  appliedTo:"),
+    );
+    for dry in [&["--dry-run"][..], &[]] {
+        let (ok, _, err) = cli.run(&[&["apply", "-f", &typo][..], dry].concat());
+        assert!(!ok);
+        assert_eq!(
+            err,
+            format!(
+                "{typo}: document 2 (EgressPolicy default/web): spec.destSubnets: unknown field\n\
+                 error: {typo} was not applied: 1 problem(s) (nothing was written)\n"
+            )
+        );
+    }
+    let empty = cli.file("empty.yaml", "---\n# nothing here\n");
+    let (ok, _, err) = cli.run(&["apply", "-f", &empty]);
+    assert!(!ok);
+    assert!(err.contains("the manifest holds no documents"), "{err}");
+    assert_eq!(cli.ok(&["get", "egp", "-A", "-o", "json"]), before);
+
     // Pods.
     cli.ok(&[
         "pod",

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use egress_control::manifest::{self, Outcome};
+use egress_control::manifest::{self, ManifestError, Outcome};
 
 use super::datastore::DatastoreArgs;
 
@@ -35,14 +35,23 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading {}", args.file.display()))?
     };
     let ds = super::controller::connect(&args.datastore, "egress-system").await?;
-    let done = manifest::apply(ds.as_ref(), &text, &args.namespace, args.dry_run)
-        .await
-        .with_context(|| {
-            format!(
-                "{} was not applied (nothing was written)",
-                args.file.display()
-            )
-        })?;
+    let file = args.file.display();
+    let done = match manifest::apply(ds.as_ref(), &text, &args.namespace, args.dry_run).await {
+        Ok(done) => done,
+        Err(ManifestError::Refused(problems)) => {
+            // One line per problem, then the summary `main` prints.
+            for p in &problems {
+                eprintln!("{file}: {p}");
+            }
+            anyhow::bail!(
+                "{file} was not applied: {} problem(s) (nothing was written)",
+                problems.len()
+            );
+        }
+        Err(e @ ManifestError::Empty) => anyhow::bail!("{file}: {e}; nothing was applied"),
+        // A datastore that failed part way may hold the documents before.
+        Err(e) => return Err(e).context(format!("{file} was not (fully) applied")),
+    };
     for (doc, outcome) in done {
         let what = match outcome {
             Outcome::Created => "created",

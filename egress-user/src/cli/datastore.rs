@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use egress_control::datastore::{etcd::EtcdDatastore, Datastore};
+use egress_control::datastore::etcd::{EtcdDatastore, DEFAULT_MAX_REQUEST_BYTES};
+use egress_control::datastore::Datastore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -30,6 +31,14 @@ pub struct DatastoreArgs {
     /// Key prefix of every object in etcd.
     #[arg(long, env = "EGRESS_ETCD_PREFIX", default_value = "/egress")]
     pub etcd_prefix: String,
+    /// etcd's `--max-request-bytes`: writes over it are refused before
+    /// they are sent (and by `apply --dry-run`).
+    #[arg(
+        long,
+        env = "EGRESS_ETCD_MAX_REQUEST_BYTES",
+        default_value_t = DEFAULT_MAX_REQUEST_BYTES
+    )]
+    pub etcd_max_request_bytes: usize,
 }
 
 impl DatastoreArgs {
@@ -46,7 +55,8 @@ impl DatastoreArgs {
                     .await
                     .with_context(|| {
                         format!("connecting to etcd at {}", self.etcd_endpoints.join(","))
-                    })?;
+                    })?
+                    .with_max_request_bytes(self.etcd_max_request_bytes);
                 Ok(Arc::new(match pods_of_node {
                     Some(node) => ds.pods_of_node(node),
                     None => ds,

@@ -22,6 +22,8 @@ use serde_json::{json, Value};
 use super::*;
 use crate::api::{GROUP, VERSION};
 
+mod size;
+
 /// Label on heartbeat Leases.
 pub const HEARTBEAT_LABEL: &str = "egress.dev/heartbeat";
 /// Field manager / reporting component.
@@ -358,6 +360,7 @@ impl Datastore for KubeDatastore {
     async fn create(&self, kind: Kind, object: Value) -> Result<Stored> {
         Self::read_only(kind)?;
         let key = key_of(kind, &object)?;
+        size::check(kind, &object, None)?;
         let obj: DynamicObject = serde_json::from_value(object)?;
         match self
             .api(kind, Some(&key.namespace))
@@ -377,12 +380,20 @@ impl Datastore for KubeDatastore {
         let key = key_of(kind, &object)?;
         set_revision(&mut object, revision);
         object.as_object_mut().expect("a map").remove("status");
+        // The stored status is not known here; `check_size` (dry runs)
+        // counts it too.
+        size::check(kind, &object, None)?;
         let obj: DynamicObject = serde_json::from_value(object)?;
         self.api(kind, Some(&key.namespace))
             .replace(&key.name, &PostParams::default(), &obj)
             .await
             .map_err(|e| Self::map_err(kind, &key, e, revision))
             .and_then(|o| self.stored(kind, o))
+    }
+
+    fn check_size(&self, kind: Kind, object: &Value, current: Option<&Stored>) -> Result<()> {
+        Self::read_only(kind)?;
+        size::check(kind, object, current)
     }
 
     async fn delete(&self, kind: Kind, key: &ObjectKey, revision: Option<u64>) -> Result<()> {

@@ -33,7 +33,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use error::DatastoreError;
+pub use error::{DatastoreError, SizeLimit};
 pub use kind::Kind;
 pub use open::{open, DatastoreConfig};
 
@@ -260,6 +260,15 @@ pub trait Datastore: Send + Sync {
     /// Replaces spec/metadata (never status) when the stored revision is
     /// `revision`; otherwise `Conflict`.
     async fn update(&self, kind: Kind, object: Value, revision: u64) -> Result<Stored>;
+    /// Refuses a create (`current` is `None`) or an update of `current`
+    /// that the backend would refuse for its size, with
+    /// [`DatastoreError::TooLarge`]. The backend's own writes run the same
+    /// check before sending anything, so `apply --dry-run` refuses exactly
+    /// what the write would. No limit by default (memory).
+    fn check_size(&self, kind: Kind, object: &Value, current: Option<&Stored>) -> Result<()> {
+        let _ = (kind, object, current);
+        Ok(())
+    }
     /// Deletes; with `revision`, only when the object still has it.
     async fn delete(&self, kind: Kind, key: &ObjectKey, revision: Option<u64>) -> Result<()>;
     /// Writes the status fields `patch` owns (see [`StatusPatch`]).

@@ -12,6 +12,9 @@
 //!   [`pod_index`]).
 
 mod pod_index;
+mod size;
+
+pub use size::DEFAULT_MAX_REQUEST_BYTES;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -39,6 +42,8 @@ pub struct EtcdDatastore {
     pod_index_used: std::sync::Mutex<bool>,
     /// Each field manager's status fields (checked in debug builds).
     manager_fields: ManagerFields,
+    /// etcd's `--max-request-bytes` (see [`size`]).
+    max_request_bytes: usize,
 }
 
 /// Attempts of a request, in all, while the member the client's balancer
@@ -118,6 +123,7 @@ impl EtcdDatastore {
             pod_node: None,
             pod_index_used: std::sync::Mutex::new(false),
             manager_fields: ManagerFields::default(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         })
     }
 
@@ -259,6 +265,7 @@ impl EtcdDatastore {
                 ));
             }
             let bytes = serde_json::to_vec(&new)?;
+            self.fits(kind, key, bytes.len())?;
             let mut ops = self.pod_index_ops(kind, key, Some(&cur.value), Some((&new, &bytes)));
             ops.push(TxnOp::put(path.clone(), bytes, None));
             let resp = self.txn(Txn::new().when(when).and_then(ops)).await?;
@@ -375,6 +382,7 @@ impl Datastore for EtcdDatastore {
             m.remove("resourceVersion");
         }
         let bytes = serde_json::to_vec(&object)?;
+        self.fits(kind, &key, bytes.len())?;
         let mut ops = self.pod_index_ops(kind, &key, None, Some((&object, &bytes)));
         ops.push(TxnOp::put(path.clone(), bytes, None));
         let txn = Txn::new()
@@ -414,6 +422,10 @@ impl Datastore for EtcdDatastore {
             Ok(Some(new))
         })
         .await
+    }
+
+    fn check_size(&self, kind: Kind, object: &Value, current: Option<&Stored>) -> Result<()> {
+        self.check_object_size(kind, object, current)
     }
 
     async fn delete(&self, kind: Kind, key: &ObjectKey, revision: Option<u64>) -> Result<()> {

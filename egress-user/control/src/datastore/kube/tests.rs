@@ -561,3 +561,76 @@ async fn a_client_builds_from_a_kubeconfig_style_config() {
     let cfg = ::kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
     assert!(Client::try_from(cfg).is_ok());
 }
+
+/// The result of a call that must finish without sending a request more
+/// (the mock answers none: one sent would leave the call waiting).
+async fn unanswered<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(std::time::Duration::from_secs(5), f)
+        .await
+        .expect("finished without waiting for an answer")
+}
+
+/// An object over the etcd limit behind the API server, or over the API
+/// server's own request limit, is refused without a request, the same way
+/// `check_size` refuses it for a dry run.
+#[tokio::test]
+async fn an_object_over_a_size_limit_is_refused_before_it_is_sent() {
+    let (ds, _h) = mock();
+    let mut g = gateway("1");
+    for (pad, limit, whose) in [
+        (
+            2 << 20,
+            3 << 19,
+            "the request limit of the API server's etcd",
+        ),
+        (
+            4 << 20,
+            3 << 20,
+            "the Kubernetes API server's request limit",
+        ),
+    ] {
+        g["metadata"]["annotations"] = json!({"pad": "x".repeat(pad)});
+        let e = unanswered(ds.create(Kind::EgressGateway, g.clone()))
+            .await
+            .unwrap_err();
+        match &e {
+            DatastoreError::TooLarge { size, .. } => {
+                assert_eq!(size.limit, limit);
+                assert!(size.limit_of.starts_with(whose), "{e}");
+            }
+            e => panic!("{e}"),
+        }
+        let dry = ds.check_size(Kind::EgressGateway, &g, None).unwrap_err();
+        assert_eq!(dry.to_string(), e.to_string());
+        let e = unanswered(ds.update(Kind::EgressGateway, g.clone(), 1))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, DatastoreError::TooLarge { .. }), "{e}");
+    }
+}
+
+/// `apply` on Kubernetes refuses an unknown field after reading (one list
+/// of gateways, one get), and sends no write.
+#[tokio::test]
+async fn apply_refuses_an_unknown_field_without_writing() {
+    let (ds, mut h) = mock();
+    let text = "apiVersion: egressgateway.egress.dev/v1beta1\nkind: EgressGateway\n\
+                metadata: {name: g}\nspec: {clusterDefualt: true}\n";
+    let apply =
+        tokio::spawn(async move { crate::manifest::apply(&ds, text, "default", false).await });
+    let list = answer(
+        &mut h,
+        200,
+        json!({"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressGatewayList",
+               "metadata": {"resourceVersion": "10"}, "items": []}),
+    )
+    .await;
+    assert_eq!(list.method, "GET");
+    let get = answer(&mut h, 404, status(404, "NotFound")).await;
+    assert_eq!(get.method, "GET");
+    let e = unanswered(apply).await.unwrap().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "document 1 (EgressGateway g): spec.clusterDefualt: unknown field"
+    );
+}
