@@ -85,3 +85,17 @@ fn default_chart_commands_parse() {
 fn chart_commands_parse_with_bgp_and_failover_off() {
     assert_parses(&["bgp.enabled=false", "feature.gatewayFailover.enable=false"]);
 }
+
+#[test]
+fn chart_commands_parse_with_a_nat_table_size() {
+    assert_parses(&["agent.natTableSize=65536"]);
+    let agent = rendered_commands(&["agent.natTableSize=65536"])
+        .into_iter()
+        .find(|(name, _)| name == "agent")
+        .expect("the agent container");
+    assert!(
+        agent.1.contains(&"--nat-table-size=65536".to_string()),
+        "{:?}",
+        agent.1
+    );
+}

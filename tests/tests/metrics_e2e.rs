@@ -24,6 +24,14 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The value of the unlabelled sample `name`, or NaN.
+fn plain(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
@@ -102,6 +110,16 @@ fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
         after.contains("egress_nat_entries{eip=\"10.10.0.200\"}"),
         "no NAT use for the EIP:\n{after}"
     );
+    // The table's fill: the default capacity, the entries the flow made.
+    assert_eq!(
+        plain(&after, "egress_nat_table_capacity"),
+        262_144.0,
+        "{after}"
+    );
+    let entries = plain(&after, "egress_nat_table_entries");
+    assert!(entries >= 1.0, "{after}");
+    let fill = plain(&after, "egress_nat_table_fill_ratio");
+    assert!((fill - entries / 262_144.0).abs() < 1e-9, "{after}");
     sink.signal_term();
     Ok(())
 }

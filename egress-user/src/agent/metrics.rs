@@ -93,13 +93,16 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         "EIP ports in use on this worker",
         ports.clone(),
     );
+    let mut nat_total = 0u64;
     if let Ok(uses) = read_nat_use(pin_dir) {
         for u in uses {
             let l = vec![("eip".to_string(), u.eip.to_string())];
             nat_entries.get_or_create(&l).set(u.entries as i64);
             ports.get_or_create(&l).set(u.ports_in_use as i64);
+            nat_total += u.entries;
         }
     }
+    register_nat_fill(&mut reg, pin_dir, nat_total);
     let gauge = |reg: &mut Registry, name: &str, help: &str, v: i64| {
         let g = Gauge::<i64>::default();
         g.set(v);
@@ -161,6 +164,39 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     out
 }
 
+/// How full the NAT table is. An LRU table that is full makes room for a
+/// new flow by evicting the least recently used entry: an idle flow first,
+/// a live one only under real overload; an evicted live flow's next reply
+/// is dropped as `no_nat_entry` (docs/deploy.md, "Limits").
+fn register_nat_fill(reg: &mut Registry, pin_dir: &std::path::Path, entries: u64) {
+    let Some(capacity) =
+        crate::datapath::loader::pinned_capacity(pin_dir, egress_common::maps::NAT_REV)
+    else {
+        return;
+    };
+    let cap = Gauge::<i64>::default();
+    cap.set(i64::from(capacity));
+    reg.register(
+        "nat_table_capacity",
+        "Entries the NAT table holds (each of the forward and reverse tables)",
+        cap,
+    );
+    let used = Gauge::<i64>::default();
+    used.set(entries as i64);
+    reg.register(
+        "nat_table_entries",
+        "Entries in the NAT table now, idle ones not yet evicted included",
+        used,
+    );
+    let fill = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    fill.set(entries as f64 / f64::from(capacity.max(1)));
+    reg.register(
+        "nat_table_fill_ratio",
+        "NAT table entries over its capacity; at 1 new flows evict the least recently used",
+        fill,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,3 +241,4 @@ mod tests {
         }
     }
 }
+

@@ -5,6 +5,7 @@
 //! - [`register`]: the node's own records (node, EgressTunnel).
 //! - [`node_ports`]: node-IP port blocks against the node's ephemeral ports.
 //! - [`uplink_addr`]: the node addresses read from the uplink.
+//! - [`pod_devices`]: pods the worker program cannot see (not behind a veth).
 //! - `published`: what the admin endpoint shows of the agent.
 //! - [`runtime`]: the loop that ties datastore, fence, netlink and maps together.
 
@@ -12,6 +13,7 @@ pub mod adapt;
 pub mod bgp;
 pub mod metrics;
 pub mod node_ports;
+pub mod pod_devices;
 mod published;
 pub mod register;
 pub mod routes;

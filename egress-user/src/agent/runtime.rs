@@ -74,6 +74,8 @@ pub struct AgentSettings {
     /// Answer ARP/NDP and send gratuitous announcements for owned EIPs.
     pub l2_announce: bool,
     pub pin_dir: PathBuf,
+    /// Sizes of the maps the agent creates (the NAT tables).
+    pub map_sizes: crate::datapath::MapSizes,
     pub admin_addr: SocketAddr,
     /// A full reconcile at least this often, whatever the watches say.
     pub resync: Duration,
@@ -110,6 +112,15 @@ pub fn assignments(view: &ClusterView) -> Vec<Assignment> {
     out
 }
 
+/// The addresses of the single pods the policies select on this node.
+fn selected_pod_addresses(d: &crate::datapath::DesiredMaps) -> impl Iterator<Item = IpAddr> + '_ {
+    d.policies
+        .iter()
+        .flat_map(|p| &p.sources)
+        .filter(|c| c.len == if c.addr.is_ipv4() { 32 } else { 128 })
+        .map(|c| c.addr)
+}
+
 pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     s.timers.validate()?;
     let (conn, handle, _) = rtnetlink::new_connection().context("opening netlink")?;
@@ -117,7 +128,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
 
     // The kernel edge first: a node whose datapath cannot come up must not
     // register as Ready.
-    let mut dp = Datapath::load(EBPF_OBJECT, &s.pin_dir)?;
+    let mut dp = Datapath::load_with(EBPF_OBJECT, &s.pin_dir, s.map_sizes)?;
     let uplink = vxlan::find_link(&handle, &s.uplink)
         .await?
         .with_context(|| format!("uplink interface {} does not exist (--uplink)", s.uplink))?;
@@ -229,6 +240,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let mut resync = tokio::time::interval(s.resync);
     let shutdown = super::super::cli::agent::shutdown_signal();
     tokio::pin!(shutdown);
+    let mut pod_reach = super::pod_devices::PodReachCheck::default();
     let mut dirty = true;
     // When to register again (the addresses changed, or the datastore lost
     // the registration), and when it was last done.
@@ -315,6 +327,9 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 for sk in &skipped {
                     tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");
                 }
+                pod_reach
+                    .check(&handle, selected_pod_addresses(&desired))
+                    .await;
                 let mut own_ports = vec![(facts.vxlan_port, facts.vxlan_port)];
                 own_ports.extend(ephemeral);
                 if facts.probe_port != 0 {

@@ -28,6 +28,12 @@ pub struct AgentArgs {
     /// bpffs folder where this node's maps and links are pinned.
     #[arg(long, default_value = DEFAULT_PIN_DIR, env = "EGRESS_PIN_DIR")]
     pub pin_dir: PathBuf,
+    /// Entries of each NAT table (one per flow; forward and reverse tables
+    /// alike). A table pinned with another size is kept until its pin is
+    /// removed.
+    #[arg(long, env = "EGRESS_NAT_TABLE_SIZE", default_value_t = egress_common::maps::NAT_TABLE_SIZE,
+          value_parser = parse_nat_table_size)]
+    pub nat_table_size: u32,
     /// Count the packets entering these interfaces (tc_count probe).
     #[arg(long = "count-iface")]
     pub count_ifaces: Vec<String>,
@@ -180,6 +186,19 @@ fn parse_node_ipv6(s: &str) -> Result<Ipv6Addr, String> {
     }
 }
 
+fn parse_nat_table_size(s: &str) -> Result<u32, String> {
+    use crate::datapath::loader::{NAT_TABLE_MAX, NAT_TABLE_MIN};
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of entries"))?;
+    if !(NAT_TABLE_MIN..=NAT_TABLE_MAX).contains(&n) {
+        return Err(format!(
+            "{n} entries: the NAT table holds from {NAT_TABLE_MIN} to {NAT_TABLE_MAX} (one entry per flow)"
+        ));
+    }
+    Ok(n)
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -225,6 +244,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         timers,
         l2_announce: !args.no_l2_announce,
         pin_dir: args.pin_dir.clone(),
+        map_sizes: crate::datapath::MapSizes {
+            nat_entries: args.nat_table_size,
+        },
         admin_addr: match args.metrics_port {
             Some(port) => SocketAddr::from(([0, 0, 0, 0], port)),
             None => args.admin_addr,
@@ -275,4 +297,16 @@ async fn default_uplink() -> anyhow::Result<String> {
     let name = name?;
     tracing::info!(uplink = %name, "uplink: the interface of the default route");
     Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_nat_table_size_is_bounded() {
+        assert_eq!(super::parse_nat_table_size("65536"), Ok(65536));
+        let small = super::parse_nat_table_size("100").unwrap_err();
+        assert!(small.contains("from 1024"), "{small}");
+        assert!(super::parse_nat_table_size("lots").is_err());
+        assert!(super::parse_nat_table_size("16777217").is_err());
+    }
 }

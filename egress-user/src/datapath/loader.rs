@@ -94,6 +94,49 @@ fn replace_incompatible_pins(pin_dir: &Path) {
     }
 }
 
+/// Map sizes the operator chooses at load time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Entries of each NAT table (`NAT_FWD`, `NAT_REV`): one per flow.
+    pub nat_entries: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self {
+            nat_entries: egress_common::maps::NAT_TABLE_SIZE,
+        }
+    }
+}
+
+/// Smallest and largest NAT table the agent accepts (`--nat-table-size`).
+pub const NAT_TABLE_MIN: u32 = 1024;
+pub const NAT_TABLE_MAX: u32 = 1 << 24;
+
+/// The entries a pinned map was created with, if it is pinned.
+pub fn pinned_capacity(pin_dir: &Path, map: &str) -> Option<u32> {
+    let data = aya::maps::MapData::from_pin(pin_dir.join(map)).ok()?;
+    data.info().ok().map(|i| i.max_entries())
+}
+
+/// A NAT table pinned with another size is kept as it is: replacing it
+/// would drop every connection of the node. The new size applies once the
+/// pins are gone (a reboot, or the pin files removed on a drained node).
+fn warn_on_pinned_nat_size(pin_dir: &Path, want: u32) {
+    for map in [egress_common::maps::NAT_FWD, egress_common::maps::NAT_REV] {
+        match pinned_capacity(pin_dir, map) {
+            Some(have) if have != want => tracing::warn!(
+                map,
+                pinned_entries = have,
+                requested_entries = want,
+                "NAT table pinned with another size is kept (replacing it would break every connection); \
+                 the requested size applies once its pin is removed"
+            ),
+            _ => {}
+        }
+    }
+}
+
 /// The loaded object and where its maps are pinned.
 pub struct Datapath {
     pub ebpf: Ebpf,
@@ -104,6 +147,11 @@ impl Datapath {
     /// Loads `object`, reusing maps already pinned in `pin_dir` (so a restart
     /// keeps the state the programs use) and pinning the others there.
     pub fn load(object: &[u8], pin_dir: &Path) -> Result<Self, LoadError> {
+        Self::load_with(object, pin_dir, MapSizes::default())
+    }
+
+    /// [`Datapath::load`] with the maps that are created sized by `sizes`.
+    pub fn load_with(object: &[u8], pin_dir: &Path, sizes: MapSizes) -> Result<Self, LoadError> {
         let missing = super::caps::missing();
         if !missing.is_empty() {
             return Err(LoadError::MissingCapabilities { missing });
@@ -113,12 +161,16 @@ impl Datapath {
             source,
         })?;
         replace_incompatible_pins(pin_dir);
+        warn_on_pinned_nat_size(pin_dir, sizes.nat_entries);
         let paths: Vec<(&str, PathBuf)> =
             PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
         }
+        loader
+            .map_max_entries(egress_common::maps::NAT_FWD, sizes.nat_entries)
+            .map_max_entries(egress_common::maps::NAT_REV, sizes.nat_entries);
         let ebpf = loader.load(object).map_err(|source| LoadError::Load {
             hint: hint_for_errno(errno_in(&source)),
             source,

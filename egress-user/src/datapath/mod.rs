@@ -22,4 +22,4 @@ pub use desired::{
     kernel_tick, Cidr, DesiredMaps, EipRoute, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant,
     ReplySteering,
 };
-pub use loader::{Datapath, LoadError};
+pub use loader::{Datapath, LoadError, MapSizes};

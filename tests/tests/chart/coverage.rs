@@ -89,6 +89,7 @@ fn every_value_changes_the_output() {
         ("agent.privileged", json!(true), json!({})),
         ("agent.pinDir", json!("/sys/fs/bpf/other"), json!({})),
         ("agent.uplink", json!("ens5"), json!({})),
+        ("agent.natTableSize", json!(65536), json!({})),
         (
             "agent.resources",
             json!({"requests": {"cpu": "1"}}),
@@ -244,6 +245,7 @@ const AGENT_FLAGS: &[&str] = &[
     "log-json",
     "metrics-port",
     "mtu",
+    "nat-table-size",
     "node-name",
     "pin-dir",
     "probe-detect-multiplier",

@@ -277,3 +277,19 @@ fn schema_accepts_good_values() {
         );
     }
 }
+
+/// The NAT table size the chart accepts is the one the agent accepts.
+#[test]
+fn the_nat_table_size_is_bounded_as_the_agent_bounds_it() {
+    for (size, ok) in [
+        (1024, true),
+        (65536, true),
+        (16_777_216, true),
+        (1000, false),
+        (16_777_217, false),
+    ] {
+        let mut v = default_values();
+        set(&mut v, "agent.natTableSize", json!(size));
+        assert_eq!(schema_errors(&v).is_empty(), ok, "natTableSize {size}");
+    }
+}

@@ -204,6 +204,37 @@ fn a_config_pinned_with_another_layout_is_replaced_on_load() -> anyhow::Result<(
     Ok(())
 }
 
+/// `--nat-table-size` sizes the NAT tables the agent creates; a table
+/// pinned with another size is kept with its flows (replacing it would
+/// break every connection of the node), not resized.
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn the_nat_table_size_is_a_setting_and_a_pinned_table_keeps_its_flows() -> anyhow::Result<()> {
+    use egress_common::maps::{NAT_FWD, NAT_REV};
+    use egress_user::datapath::{loader::pinned_capacity, MapSizes};
+    let pins = PinDir::new("natsize")?;
+    let small = MapSizes { nat_entries: 2048 };
+    let mut dp = Datapath::load_with(EBPF_OBJECT, pins.path(), small)?;
+    apply(&mut dp, &desired())?;
+    for map in [NAT_FWD, NAT_REV] {
+        assert_eq!(pinned_capacity(pins.path(), map), Some(2048), "{map}");
+    }
+    let (rc, _) = run_prog(&mut dp, "worker_egress", &udp4(POD, SERVER, 5353, 53, b"q"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    drop(dp);
+    let bigger = MapSizes { nat_entries: 8192 };
+    let dp = Datapath::load_with(EBPF_OBJECT, pins.path(), bigger)?;
+    assert_eq!(pinned_capacity(pins.path(), NAT_REV), Some(2048), "kept");
+    let uses = stats::read_nat_use(pins.path())?;
+    assert_eq!(
+        uses.iter().map(|u| u.entries).sum::<u64>(),
+        1,
+        "its flow is still there"
+    );
+    drop(dp);
+    Ok(())
+}
+
 /// The tunnel endpoint the forward NAT entries send to (all of them).
 fn nat_gateways(fx: &Fixture) -> Vec<Ipv4Addr> {
     use egress_common::nat::{NatEntry, NatKey};
