@@ -32,7 +32,9 @@ fn pod_veths_and_bridges_are_seen_other_devices_are_reported() -> anyhow::Result
     node.bridge("cni0")?;
     node.addr("cni0", "10.244.2.1/24")?;
     // A veth pair inside the node (no pod on the other end) as the parent.
-    node.ip(&["link", "add", "uplink", "type", "veth", "peer", "name", "uplink1"])?;
+    node.ip(&[
+        "link", "add", "uplink", "type", "veth", "peer", "name", "uplink1",
+    ])?;
     node.ip(&["link", "set", "uplink", "up"])?;
     node.ip(&["link", "add", "mv0", "link", "uplink", "type", "macvlan"])?;
     node.ip(&["link", "set", "mv0", "up"])?;
