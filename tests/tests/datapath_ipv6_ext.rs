@@ -114,26 +114,45 @@ fn policy_traffic_past_options_headers_is_translated_out_and_back() -> anyhow::R
     Ok(())
 }
 
+/// A selected pod's IPv6 whose headers the walk does not get past cannot
+/// be translated: it fails closed (dropped, counted, the pod told
+/// "administratively prohibited"), never leaving with the pod's address.
 #[test]
 #[ignore = "needs root: loads BPF programs"]
-fn routing_headers_with_segments_left_and_long_chains_pass_untouched() -> anyhow::Result<()> {
+fn routing_headers_with_segments_left_and_long_chains_fail_closed() -> anyhow::Result<()> {
     let mut fx = fixture()?;
+    let prohibited = |out: &[u8]| {
+        let p = SlicedPacket::from_ethernet(out).unwrap();
+        let Some(TransportSlice::Icmpv6(i)) = p.transport else {
+            panic!("not ICMPv6")
+        };
+        assert_eq!(
+            i.icmp_type(),
+            Icmpv6Type::DestinationUnreachable(etherparse::icmpv6::DestUnreachableCode::Prohibited)
+        );
+        assert_eq!(check(out).dst, IpAddr::from(POD6));
+    };
     let udp = udp6(POD6, SERVER6, 5353, 53, b"sr");
     // Segments left: the fixed header's destination is not the final one
     // (the policy would be matched, and the checksum computed, against the
     // wrong address).
     let pkt = with_ext(&udp, &[routing(1)]);
-    assert_eq!(fx.run("worker_egress", &pkt)?, (TC_ACT_OK, pkt.clone()));
+    let (rc, out) = fx.run_sum_unused("worker_egress", &pkt)?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back to the pod");
+    prohibited(&out);
     // None left: the destination is final; translated.
     let (rc, out) = fx.run("worker_egress", &with_ext(&udp, &[routing(0)]))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(check(&out).src, IpAddr::from(EIP6));
     assert_eq!(ext_kinds(&out), [ROUTING, 17]);
-    // More headers than the walk steps over: untouched.
+    // More headers than the walk steps over.
     let long: Vec<_> = (0..6).map(|_| options(DSTOPTS, 8)).collect();
     let pkt = with_ext(&udp6(POD6, SERVER6, 5354, 53, b"long"), &long);
-    assert_eq!(fx.run("worker_egress", &pkt)?, (TC_ACT_OK, pkt.clone()));
-    assert_eq!(fx.all_drops(), 0);
+    let (rc, out) = fx.run_sum_unused("worker_egress", &pkt)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    prohibited(&out);
+    assert_eq!(fx.drops(DROP_UNTRANSLATED_V6_EXT), 2);
+    assert_eq!(fx.all_drops(), 2);
     Ok(())
 }
 
