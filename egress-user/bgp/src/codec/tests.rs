@@ -530,6 +530,25 @@ fn oversized_update_is_refused_by_the_encoder() {
     assert!(b.is_empty());
 }
 
+/// An MP_REACH without NLRI and without AS_PATH decodes cleanly (nothing
+/// is announced, so nothing is missing); the encoder must not add an
+/// AS_PATH the decoder did not need, or a full-size message no longer fits.
+#[test]
+fn full_size_mp_reach_without_nlri_encodes_as_received() {
+    let mut attrs = vec![0x80, 14, 21, 0, 2, 1, 16];
+    attrs.extend_from_slice(&"2001:db8::1".parse::<Ipv6Addr>().unwrap().octets());
+    attrs.push(0);
+    let pad = MAX_MESSAGE_LEN - HEADER_LEN - 4 - attrs.len() - 4;
+    attrs.extend_from_slice(&[0xf0, 99]);
+    attrs.extend_from_slice(&(pad as u16).to_be_bytes());
+    attrs.resize(attrs.len() + pad, 7);
+    let m = frame(MSG_UPDATE, &update_body(&[], &attrs, &[]));
+    assert_eq!(m.len(), MAX_MESSAGE_LEN);
+    let u = Message::decode(&m, FOUR).unwrap();
+    assert!(matches!(&u, Message::Update(u) if u.errors.is_empty()));
+    assert_eq!(u.to_bytes(FOUR).unwrap(), m);
+}
+
 /// xorshift64*: small, deterministic, good enough to shake the decoder.
 struct Rng(u64);
 impl Rng {

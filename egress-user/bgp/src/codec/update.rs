@@ -606,7 +606,9 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
         put_attr(out, FLAG_TRANSITIVE, ATTR_ORIGIN, &[o as u8]);
     }
     // AS_PATH is mandatory with any announcement; an empty one is valid.
-    let announcing = !u.nlri.is_empty() || u.mp_reach.is_some();
+    // An MP_REACH without NLRI announces nothing: as on decode, it does not
+    // call for one (the RIB never sends such a thing; it only comes back).
+    let announcing = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
     if announcing || !a.as_path.segments.is_empty() {
         let width = if opts.four_octet_as { 4 } else { 2 };
         put_attr(
