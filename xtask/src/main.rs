@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <setup|build-ebpf|test|demo|e2e|bench>`.
+//! Project tasks: `cargo xtask <setup|build-ebpf|test|fuzz|demo|e2e|bench>`.
 
 mod bench_bgp;
 mod bench_control_plane;
@@ -7,6 +7,7 @@ mod bench_failover;
 mod build_ebpf;
 mod demo;
 mod e2e;
+mod fuzz;
 mod helm;
 mod setup;
 mod shell;
@@ -44,6 +45,12 @@ enum Task {
         /// Skip the tests that need root (namespaces, BPF); for a quick local loop only.
         #[arg(long)]
         unprivileged: bool,
+    },
+    /// Fuzz the BGP codec: each cargo-fuzz target for a fixed time from its seed corpus (installs cargo-fuzz if missing; needs nightly).
+    Fuzz {
+        /// Seconds per target (`cargo xtask test` runs 60).
+        #[arg(long, default_value_t = fuzz::CI_SECONDS)]
+        seconds: u64,
     },
     /// The README's first command: a local cluster in network namespaces, shown step by step.
     Demo(demo::DemoArgs),
@@ -110,6 +117,9 @@ fn main() {
             })
         }
         Task::Test { unprivileged } => test::run(&root, unprivileged),
+        Task::Fuzz { seconds } => {
+            setup::ensure_cargo_fuzz().and_then(|_| fuzz::run(&root, seconds))
+        }
         Task::Demo(args) => demo::run(&root, args),
         Task::E2e {
             name,

@@ -43,6 +43,9 @@ const PACKAGES: &[&str] = &[
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Runs the BGP codec's fuzz targets (`cargo xtask fuzz`, and the bounded
+/// round in `cargo xtask test`).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 pub fn run(root: &std::path::Path) -> Result<()> {
     step("setup: toolchains");
@@ -96,10 +99,29 @@ pub fn run(root: &std::path::Path) -> Result<()> {
         }
     }
 
+    ensure_cargo_fuzz()?;
+
     step("setup: helm (renders the chart in its tests)");
     let helm = crate::helm::ensure_helm(root)?;
     println!("present: {}", helm.display());
     Ok(())
+}
+
+/// cargo-fuzz, installed once (`cargo xtask fuzz` checks it too).
+pub fn ensure_cargo_fuzz() -> Result<()> {
+    step("setup: cargo-fuzz");
+    if let Ok(v) = output("cargo", &["fuzz", "--version"]) {
+        println!("present: {}", v.trim());
+        return Ok(());
+    }
+    println!("installing cargo-fuzz {CARGO_FUZZ_VERSION} (about 4 minutes)");
+    exec(Command::new("cargo").args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        CARGO_FUZZ_VERSION,
+        "--locked",
+    ]))
 }
 
 fn is_installed(package: &str) -> bool {

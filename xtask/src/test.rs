@@ -54,6 +54,10 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
     step("tests (unprivileged)");
     exec(&mut cargo(root, &["test", "--workspace"]))?;
 
+    // A short, fixed round per BGP codec fuzz target from the seed corpus;
+    // `cargo xtask fuzz --seconds N` runs longer.
+    crate::fuzz::run(root, crate::fuzz::CI_SECONDS)?;
+
     if unprivileged {
         println!("\nskipped the privileged tests (--unprivileged)");
         return Ok(());

@@ -34,6 +34,8 @@ pub enum Timer {
     /// Wait before an automatic restart after an error (RFC 4271 8.1.1,
     /// IdleHoldTimer), so a broken peer is not hammered.
     IdleHold,
+    /// RFC 9687: how long output may wait on a peer that takes none of it.
+    SendHold,
 }
 
 // Events carrying an UPDATE dominate; boxing them would cost an allocation each.
@@ -65,6 +67,15 @@ pub enum Event {
     RouteRefreshMsg(RouteRefresh),
     /// This connection lost a collision (RFC event 23).
     OpenCollisionDump,
+    /// The owner has output the connection has not taken yet.
+    OutputWaiting,
+    /// Some output went out; `all`: none is left.
+    OutputWritten {
+        all: bool,
+    },
+    /// RFC 9687 SendHoldTimer_Expires: output waited a whole send hold
+    /// time without any of it going out.
+    SendHoldTimerExpires,
 }
 
 /// Why an Established session ended; graceful restart depends on it.
@@ -117,7 +128,12 @@ pub struct FsmConfig {
     pub passive: bool,
     /// Capabilities for our OPEN (4-octet AS is added automatically).
     pub capabilities: Vec<Capability>,
+    /// RFC 9687 send hold time; zero turns the send hold timer off.
+    pub send_hold_time: Duration,
 }
+
+/// RFC 9687's suggested send hold time.
+pub const DEFAULT_SEND_HOLD_TIME: Duration = Duration::from_secs(480);
 
 /// Hold time used until the OPEN arrives (RFC 4271 8.2.2 suggests 4 min).
 pub const LARGE_HOLD_TIME: Duration = Duration::from_secs(240);
@@ -154,6 +170,8 @@ pub struct Fsm {
     /// Restart by itself after an error until ManualStop.
     auto_restart: bool,
     negotiated: Option<Negotiated>,
+    /// The send hold timer runs (output is waiting).
+    send_hold_running: bool,
 }
 
 impl Fsm {
@@ -164,6 +182,7 @@ impl Fsm {
             connect_retry_counter: 0,
             auto_restart: false,
             negotiated: None,
+            send_hold_running: false,
         }
     }
 
@@ -200,12 +219,16 @@ impl Fsm {
 
     pub fn handle(&mut self, event: Event) -> Vec<Action> {
         let mut out = Vec::new();
-        let next = match self.state {
-            State::Idle => self.idle(event, &mut out),
-            State::Connect | State::Active => self.connecting(event, &mut out),
-            State::OpenSent => self.open_sent(event, &mut out),
-            State::OpenConfirm => self.open_confirm(event, &mut out),
-            State::Established => self.established(event, &mut out),
+        let next = match (self.state, event) {
+            (_, e @ (Event::OutputWaiting | Event::OutputWritten { .. })) => {
+                self.output(e, &mut out)
+            }
+            (_, Event::SendHoldTimerExpires) => self.send_hold_expired(&mut out),
+            (State::Idle, e) => self.idle(e, &mut out),
+            (State::Connect | State::Active, e) => self.connecting(e, &mut out),
+            (State::OpenSent, e) => self.open_sent(e, &mut out),
+            (State::OpenConfirm, e) => self.open_confirm(e, &mut out),
+            (State::Established, e) => self.established(e, &mut out),
         };
         if next == State::Idle {
             self.negotiated = None;
@@ -249,10 +272,56 @@ impl Fsm {
         }
     }
 
+    /// RFC 9687: the send hold timer runs from OpenSent on while output
+    /// waits, restarts whenever some of it goes out, and stops once all
+    /// has. The state does not change.
+    fn output(&mut self, event: Event, out: &mut Vec<Action>) -> State {
+        let sending = matches!(
+            self.state,
+            State::OpenSent | State::OpenConfirm | State::Established
+        );
+        let time = self.cfg.send_hold_time;
+        match event {
+            Event::OutputWaiting if sending && !self.send_hold_running && !time.is_zero() => {
+                self.send_hold_running = true;
+                out.push(Action::StartTimer(Timer::SendHold, time));
+            }
+            Event::OutputWritten { all: false } if self.send_hold_running => {
+                out.push(Action::StartTimer(Timer::SendHold, time));
+            }
+            Event::OutputWritten { all: true } if self.send_hold_running => {
+                self.send_hold_running = false;
+                out.push(Action::StopTimer(Timer::SendHold));
+            }
+            _ => {}
+        }
+        self.state
+    }
+
+    /// RFC 9687 4: the peer took nothing for a whole send hold time. Its
+    /// NOTIFICATION (8, Send Hold Timer Expired) is tried, but the
+    /// connection is closed without waiting for it to go out.
+    fn send_hold_expired(&mut self, out: &mut Vec<Action>) -> State {
+        if !self.send_hold_running {
+            return self.state; // stopped since it was armed
+        }
+        let n = Notification::new(notif::SEND_HOLD_TIMER_EXPIRED, 0, Default::default());
+        if self.state == State::Established {
+            out.push(Action::SessionDown(DownReason::NotificationSent(n.clone())));
+        }
+        self.notify_and_idle(n, out)
+    }
+
     /// Back to Idle after an error, with an automatic restart scheduled.
     fn fail_to_idle(&mut self, out: &mut Vec<Action>) -> State {
         self.connect_retry_counter += 1;
-        for t in [Timer::ConnectRetry, Timer::Hold, Timer::Keepalive] {
+        self.send_hold_running = false;
+        for t in [
+            Timer::ConnectRetry,
+            Timer::Hold,
+            Timer::Keepalive,
+            Timer::SendHold,
+        ] {
             out.push(Action::StopTimer(t));
         }
         out.push(Action::DropConnection);
@@ -268,11 +337,13 @@ impl Fsm {
         }
         self.auto_restart = false;
         self.connect_retry_counter = 0;
+        self.send_hold_running = false;
         for t in [
             Timer::ConnectRetry,
             Timer::Hold,
             Timer::Keepalive,
             Timer::IdleHold,
+            Timer::SendHold,
         ] {
             out.push(Action::StopTimer(t));
         }

@@ -281,6 +281,11 @@ impl SegmentKind {
             _ => None,
         }
     }
+
+    /// AS_CONFED_SEQUENCE or AS_CONFED_SET (RFC 5065).
+    pub fn is_confed(self) -> bool {
+        matches!(self, SegmentKind::ConfedSequence | SegmentKind::ConfedSet)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -352,12 +357,6 @@ impl AsPath {
                 },
             ),
         }
-    }
-
-    pub fn has_4byte_asn(&self) -> bool {
-        self.segments
-            .iter()
-            .any(|s| s.asns.iter().any(|&a| a > u16::MAX as u32))
     }
 }
 

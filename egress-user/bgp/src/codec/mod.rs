@@ -5,6 +5,7 @@
 //! UPDATE attributes, an RFC 7606 outcome recorded on the [`Update`]; it never
 //! panics.
 
+mod as_path;
 mod error;
 mod notification;
 mod open;

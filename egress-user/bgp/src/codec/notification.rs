@@ -6,7 +6,8 @@ use super::reader::Reader;
 use super::DecodeError;
 use crate::types::AfiSafi;
 
-/// Error codes and subcodes (RFC 4271 4.5, RFC 4486, RFC 6608, RFC 7313).
+/// Error codes and subcodes (RFC 4271 4.5, RFC 4486, RFC 6608, RFC 7313,
+/// RFC 9687).
 pub mod notif {
     pub const HEADER: u8 = 1;
     pub const HEADER_NOT_SYNCHRONIZED: u8 = 1;
@@ -51,6 +52,9 @@ pub mod notif {
 
     pub const ROUTE_REFRESH: u8 = 7;
     pub const ROUTE_REFRESH_INVALID_LENGTH: u8 = 1;
+
+    /// RFC 9687 (no subcodes).
+    pub const SEND_HOLD_TIMER_EXPIRED: u8 = 8;
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,9 +5,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::as_path;
 use super::reader::Reader;
 use super::{CodecOptions, DecodeError};
-use crate::types::{AsPath, AsSegment, Family, Origin, Prefix, SegmentKind, AS_TRANS};
+use crate::types::{AsPath, Family, Origin, Prefix, AS_TRANS};
 
 pub const ATTR_ORIGIN: u8 = 1;
 pub const ATTR_AS_PATH: u8 = 2;
@@ -386,10 +387,10 @@ fn decode_attribute(
         ATTR_AS_PATH => {
             let width = if opts.four_octet_as { 4 } else { 2 };
             u.attrs.as_path =
-                decode_as_path(value, width).ok_or(Fault::Withdraw("malformed AS_PATH"))?;
+                as_path::decode(value, width).ok_or(Fault::Withdraw("malformed AS_PATH"))?;
         }
         ATTR_AS4_PATH => {
-            let p = decode_as_path(value, 4).ok_or(Fault::Discard("malformed AS4_PATH"))?;
+            let p = as_path::decode_as4(value).ok_or(Fault::Discard("malformed AS4_PATH"))?;
             // RFC 6793 4.1: between two 4-octet speakers AS4_PATH is ignored.
             if !opts.four_octet_as {
                 *as4_path = Some(p);
@@ -532,30 +533,6 @@ fn decode_mp_unreach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn decode_as_path(value: &[u8], width: usize) -> Option<AsPath> {
-    let mut r = Reader::new(value);
-    let mut segments = Vec::new();
-    while !r.is_empty() {
-        let kind = SegmentKind::from_u8(r.u8()?)?;
-        let count = r.u8()? as usize;
-        // RFC 7606 7.2: an empty segment is malformed.
-        if count == 0 {
-            return None;
-        }
-        let mut asns = Vec::with_capacity(count);
-        for _ in 0..count {
-            let asn = if width == 2 {
-                r.u16()? as u32
-            } else {
-                r.u32()?
-            };
-            asns.push(asn);
-        }
-        segments.push(AsSegment { kind, asns });
-    }
-    Some(AsPath { segments })
-}
-
 /// RFC 6793 4.2.3: rebuild the real path from AS_PATH and AS4_PATH sent by
 /// a speaker that only does 2-octet AS numbers (or relayed through one).
 fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Aggregator>) {
@@ -567,36 +544,9 @@ fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Ag
             None => {}
         }
     }
-    let Some(as4) = as4_path else { return };
-    let have = u.attrs.as_path.as_count();
-    let want = as4.as_count();
-    if want > have {
-        return;
+    if let Some(as4) = as4_path {
+        u.attrs.as_path = as_path::merge(&u.attrs.as_path, as4);
     }
-    let mut keep = have - want;
-    let mut segments = Vec::new();
-    for s in &u.attrs.as_path.segments {
-        if keep == 0 {
-            break;
-        }
-        match s.kind {
-            SegmentKind::Sequence => {
-                let n = keep.min(s.asns.len());
-                segments.push(AsSegment {
-                    kind: s.kind,
-                    asns: s.asns[..n].to_vec(),
-                });
-                keep -= n;
-            }
-            SegmentKind::Set => {
-                segments.push(s.clone());
-                keep -= 1;
-            }
-            _ => segments.push(s.clone()),
-        }
-    }
-    segments.extend(as4.segments);
-    u.attrs.as_path = AsPath { segments };
 }
 
 fn decode_prefixes(mut buf: &[u8], family: Family) -> Option<Vec<Prefix>> {
@@ -650,43 +600,22 @@ fn put_attr(out: &mut BytesMut, flags: u8, type_code: u8, value: &[u8]) {
     out.put_slice(value);
 }
 
-fn encode_as_path(path: &AsPath, width: usize, skip_confed: bool) -> BytesMut {
-    let mut v = BytesMut::new();
-    for s in &path.segments {
-        let confed = matches!(s.kind, SegmentKind::ConfedSequence | SegmentKind::ConfedSet);
-        if skip_confed && confed {
-            continue;
-        }
-        // A segment holds at most 255 AS numbers.
-        for chunk in s.asns.chunks(255) {
-            v.put_u8(s.kind as u8);
-            v.put_u8(chunk.len() as u8);
-            for &asn in chunk {
-                if width == 2 {
-                    v.put_u16(u16::try_from(asn).unwrap_or(AS_TRANS as u16));
-                } else {
-                    v.put_u32(asn);
-                }
-            }
-        }
-    }
-    v
-}
-
 fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
     let a = &u.attrs;
     if let Some(o) = a.origin {
         put_attr(out, FLAG_TRANSITIVE, ATTR_ORIGIN, &[o as u8]);
     }
     // AS_PATH is mandatory with any announcement; an empty one is valid.
-    let announcing = !u.nlri.is_empty() || u.mp_reach.is_some();
+    // An MP_REACH without NLRI announces nothing: as on decode, it does not
+    // call for one (the RIB never sends such a thing; it only comes back).
+    let announcing = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
     if announcing || !a.as_path.segments.is_empty() {
         let width = if opts.four_octet_as { 4 } else { 2 };
         put_attr(
             out,
             FLAG_TRANSITIVE,
             ATTR_AS_PATH,
-            &encode_as_path(&a.as_path, width, false),
+            &as_path::encode(&a.as_path.segments, width),
         );
     }
     if let Some(nh) = a.next_hop {
@@ -764,13 +693,8 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
     }
     if !opts.four_octet_as {
         // RFC 6793 4.2.2: carry the real numbers past a 2-octet speaker.
-        if a.as_path.has_4byte_asn() {
-            put_attr(
-                out,
-                FLAG_OPTIONAL | FLAG_TRANSITIVE,
-                ATTR_AS4_PATH,
-                &encode_as_path(&a.as_path, 4, true),
-            );
+        if let Some(v) = as_path::as4_path(&a.as_path) {
+            put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AS4_PATH, &v);
         }
         if let Some(agg) = a.aggregator.filter(|g| g.asn > u16::MAX as u32) {
             let mut v = BytesMut::new();

@@ -12,6 +12,7 @@ fn cfg() -> FsmConfig {
         idle_hold_time: Duration::from_secs(1),
         passive: false,
         capabilities: vec![Capability::RouteRefresh],
+        send_hold_time: Duration::from_secs(480),
     }
 }
 
@@ -395,4 +396,96 @@ fn hard_reset_stop_sends_cease_9_with_inner_reason() {
     };
     assert_eq!(&n.data[..], &[6, 3]);
     assert!(a.contains(&Action::SessionDown(DownReason::Stopped)));
+}
+
+const SEND_HOLD: Action = Action::StartTimer(Timer::SendHold, Duration::from_secs(480));
+
+#[test]
+fn send_hold_timer_runs_while_output_waits() {
+    let mut f = established();
+    assert_eq!(f.handle(Event::OutputWaiting), vec![SEND_HOLD]);
+    // Already running: more output does not push the deadline back.
+    assert_eq!(f.handle(Event::OutputWaiting), vec![]);
+    // Progress restarts it; everything written stops it.
+    assert_eq!(
+        f.handle(Event::OutputWritten { all: false }),
+        vec![SEND_HOLD]
+    );
+    assert_eq!(
+        f.handle(Event::OutputWritten { all: true }),
+        vec![Action::StopTimer(Timer::SendHold)]
+    );
+    assert_eq!(f.handle(Event::OutputWritten { all: true }), vec![]);
+    assert_eq!(f.state(), State::Established);
+}
+
+#[test]
+fn send_hold_expiry_sends_8_and_drops_the_session() {
+    let mut f = established();
+    f.handle(Event::OutputWaiting);
+    let a = f.handle(Event::SendHoldTimerExpires);
+    assert_eq!(f.state(), State::Idle);
+    assert_eq!(notification_sent(&a), Some((8, 0)));
+    let n = Notification::new(8, 0, Default::default());
+    assert!(a.contains(&Action::SessionDown(DownReason::NotificationSent(n))));
+    assert!(a.contains(&Action::DropConnection));
+    assert!(a.contains(&Action::StartTimer(Timer::IdleHold, Duration::from_secs(1))));
+    // A new connection starts with the timer off.
+    f.handle(Event::IdleHoldTimerExpires);
+    f.handle(Event::TcpCrAcked);
+    assert_eq!(f.handle(Event::OutputWaiting), vec![SEND_HOLD]);
+}
+
+#[test]
+fn send_hold_expiry_in_open_sent_and_open_confirm() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::ManualStart);
+    f.handle(Event::TcpCrAcked);
+    f.handle(Event::OutputWaiting);
+    let a = f.handle(Event::SendHoldTimerExpires);
+    assert_eq!(
+        (f.state(), notification_sent(&a)),
+        (State::Idle, Some((8, 0)))
+    );
+
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::ManualStart);
+    f.handle(Event::TcpCrAcked);
+    f.handle(Event::BgpOpen(peer_open(90)));
+    f.handle(Event::OutputWaiting);
+    let a = f.handle(Event::SendHoldTimerExpires);
+    assert_eq!(
+        (f.state(), notification_sent(&a)),
+        (State::Idle, Some((8, 0)))
+    );
+}
+
+#[test]
+fn send_hold_timer_is_off_before_open_sent_when_zero_and_once_stopped() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::ManualStart);
+    assert_eq!(f.handle(Event::OutputWaiting), vec![]);
+
+    let mut c = cfg();
+    c.send_hold_time = Duration::ZERO;
+    let mut f = Fsm::new(c);
+    f.handle(Event::ManualStart);
+    f.handle(Event::TcpCrAcked);
+    assert_eq!(f.handle(Event::OutputWaiting), vec![]);
+
+    // An expiry that raced with the last write is stale.
+    let mut f = established();
+    f.handle(Event::OutputWaiting);
+    f.handle(Event::OutputWritten { all: true });
+    assert_eq!(f.handle(Event::SendHoldTimerExpires), vec![]);
+    assert_eq!(f.state(), State::Established);
+}
+
+#[test]
+fn stopping_stops_the_send_hold_timer() {
+    let mut f = established();
+    f.handle(Event::OutputWaiting);
+    let a = f.handle(Event::ManualStop);
+    assert!(a.contains(&Action::StopTimer(Timer::SendHold)));
+    assert_eq!(f.handle(Event::SendHoldTimerExpires), vec![]);
 }

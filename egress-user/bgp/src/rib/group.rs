@@ -257,6 +257,17 @@ impl OutGroup {
     }
 }
 
+/// Whether a peer can be sent more (see [`super::Rib::take_outgoing_where`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Nothing sent to it is waiting to be written.
+    Ready,
+    /// What it was sent is still being written: its group waits a little.
+    Busy,
+    /// Busy for long: its group goes on without it.
+    Slow,
+}
+
 /// UPDATEs for a set of peers that are all to be sent the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outgoing {

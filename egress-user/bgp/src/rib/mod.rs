@@ -18,8 +18,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use decision::{select_best, DEFAULT_LOCAL_PREF};
-pub use group::Outgoing;
 use group::{GroupKey, OutGroup, Pending};
+pub use group::{Outgoing, Readiness};
 
 use crate::codec::{PathAttributes, Update};
 use crate::reflect::{self, LoopDiscard};
@@ -734,12 +734,47 @@ impl Rib {
     /// Packs every waiting change, once per set of peers that are sent the
     /// same UPDATEs (see [`OutGroup`]): the caller encodes each list once.
     pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+        self.take_outgoing_where(|_| Readiness::Ready)
+    }
+
+    /// [`Self::take_outgoing`] for the peers that are ready for more
+    /// (see [`Readiness`]). The changes of a peer that is not wait here,
+    /// one per prefix however often it changes. A group waits for a busy
+    /// member; a slow one gets a group of its own, so that the others go
+    /// on, and rejoins them once it has caught up.
+    pub fn take_outgoing_where(&mut self, state: impl Fn(IpAddr) -> Readiness) -> Vec<Outgoing> {
+        let mut slow = Vec::new();
+        for g in self.groups.values().filter(|g| !g.pending.is_empty()) {
+            let behind: Vec<IpAddr> = g
+                .members
+                .iter()
+                .copied()
+                .filter(|m| state(*m) == Readiness::Slow)
+                .collect();
+            if behind.len() < g.members.len() {
+                slow.extend(behind);
+            }
+        }
+        for addr in slow {
+            self.split(addr);
+        }
         let mut out = Vec::new();
         for g in self.groups.values_mut() {
-            out.extend(g.take());
+            if g.members.iter().all(|m| state(*m) == Readiness::Ready) {
+                out.extend(g.take());
+            }
         }
         self.merge_groups();
         out
+    }
+
+    /// Prefixes whose change waits to be sent to `addr`.
+    pub fn pending_len(&self, addr: IpAddr) -> usize {
+        self.peers
+            .get(&addr)
+            .and_then(|p| p.group)
+            .and_then(|id| self.groups.get(&id))
+            .map_or(0, |g| g.pending.len())
     }
 
     pub fn best(&self, prefix: &Prefix) -> Option<&Route> {

@@ -6,6 +6,7 @@
 //! prefixes, follow best-route changes, read the status.
 
 mod md5;
+mod output;
 mod rib_task;
 mod session;
 
@@ -93,6 +94,11 @@ pub struct SpeakerConfig {
     /// datastore): set on the listener for the peer's address and on the
     /// sockets we connect from.
     pub default_password: Option<String>,
+    /// RFC 9687: a session whose peer takes none of our output for this
+    /// long is closed. Zero turns the send hold timer off.
+    pub send_hold_time: Duration,
+    /// SO_SNDBUF / SO_RCVBUF of BGP connections (see [`SOCKET_BUFFER`]).
+    pub socket_buffer: u32,
 }
 
 impl SpeakerConfig {
@@ -110,6 +116,8 @@ impl SpeakerConfig {
             restarting: true,
             peers: Vec::new(),
             default_password: None,
+            send_hold_time: crate::fsm::DEFAULT_SEND_HOLD_TIME,
+            socket_buffer: SOCKET_BUFFER,
         }
     }
 }
@@ -153,6 +161,18 @@ pub struct Status {
     pub deferring: bool,
     pub best_routes: usize,
     pub peers: Vec<PeerStatus>,
+}
+
+/// What waits to be sent to one peer: bounded by its table, not by how
+/// much changed (see [`SpeakerHandle::out_queue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OutQueue {
+    /// Prefixes whose change the peer has not been sent yet (Adj-RIB-Out
+    /// state, one entry per prefix however often it changed).
+    pub pending_prefixes: usize,
+    /// Encoded octets handed to the session and not yet written to the
+    /// socket (at most one batch).
+    pub unwritten_bytes: usize,
 }
 
 /// A running session task.
@@ -237,6 +257,13 @@ impl SpeakerHandle {
         self.send(RibMsg::RemovePeer(address)).await
     }
 
+    /// What waits to be sent to a peer; None for an unknown peer.
+    pub async fn out_queue(&self, peer: IpAddr) -> Result<Option<OutQueue>, SpeakerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(RibMsg::OutQueue(peer, tx)).await?;
+        rx.await.map_err(|_| SpeakerError::Stopped)
+    }
+
     /// The address the listener is bound to (useful with port 0).
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         self.listen_addr
@@ -273,7 +300,8 @@ impl Speaker {
         let sessions: SessionMap = Arc::default();
         let (listener, listen_addr) = match cfg.listen {
             Some(addr) => {
-                let l = listen(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
+                let l = listen(addr, cfg.socket_buffer)
+                    .map_err(|source| SpeakerError::Listen { addr, source })?;
                 let bound = l
                     .local_addr()
                     .map_err(|source| SpeakerError::Listen { addr, source })?;
@@ -351,7 +379,7 @@ impl Speaker {
 /// the value at net.core.rmem_max / wmem_max.
 pub(crate) const SOCKET_BUFFER: u32 = 4 << 20;
 
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+fn listen(addr: SocketAddr, buffer: u32) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -359,8 +387,8 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     };
     socket.set_reuseaddr(true)?;
     // Accepted connections inherit these.
-    socket.set_recv_buffer_size(SOCKET_BUFFER)?;
-    socket.set_send_buffer_size(SOCKET_BUFFER)?;
+    socket.set_recv_buffer_size(buffer)?;
+    socket.set_send_buffer_size(buffer)?;
     socket.bind(addr)?;
     socket.listen(1024)
 }

@@ -9,16 +9,19 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::session::{self, SessionCmd, SessionSetup};
-use super::{PeerSpec, PeerStatus, SessionEntry, SessionMap, SpeakerConfig, Status};
-use bytes::{Bytes, BytesMut};
+use super::{OutQueue, PeerSpec, PeerStatus, SessionEntry, SessionMap, SpeakerConfig, Status};
 
-use crate::codec::{
-    CodecOptions, GracefulRestartCap, Message, RouteRefresh, RouteRefreshSubtype, Update,
-};
+use crate::codec::{CodecOptions, GracefulRestartCap, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::fsm::{DownReason, FsmConfig, Negotiated, State};
 use crate::gr::{self, Helper, HelperAction, RestartAction, Restarter};
 use crate::rib::{BestChange, PeerConfig, Rib, RibConfig};
 use crate::types::{Family, Prefix};
+
+mod batches;
+
+use batches::Unwritten;
+#[cfg(test)]
+pub(super) use batches::SLOW_AFTER;
 
 // UPDATEs dominate the traffic; boxing them would cost an allocation each.
 #[allow(clippy::large_enum_variant)]
@@ -60,6 +63,12 @@ pub(crate) enum RibMsg {
     },
     Subscribe(mpsc::UnboundedSender<BestChange>),
     Status(oneshot::Sender<Status>),
+    OutQueue(IpAddr, oneshot::Sender<Option<OutQueue>>),
+    /// A session wrote (or dropped) the batch of UPDATEs last sent to it.
+    Written {
+        peer: IpAddr,
+        batch: u64,
+    },
     AddPeer(PeerSpec),
     RemovePeer(IpAddr),
     Timer {
@@ -80,6 +89,9 @@ pub(crate) enum TimerKind {
     LongLived,
     /// Our own selection deferral.
     Deferral,
+    /// A look at update groups waiting for a busy member, once it would
+    /// count as slow.
+    SlowPeers,
 }
 
 struct PeerEntry {
@@ -93,6 +105,12 @@ struct PeerEntry {
     eor_due: bool,
     /// How messages are encoded on the current session.
     codec: CodecOptions,
+    /// While a batch is out, the peer's changes wait in the RIB,
+    /// coalesced per prefix, instead of piling up as encoded messages.
+    unwritten: Option<Unwritten>,
+    /// Families the peer asked to be sent again (RFC 2918), once it has
+    /// written what it was sent before.
+    refresh_due: Vec<Family>,
 }
 
 struct RibTask {
@@ -108,6 +126,9 @@ struct RibTask {
     subscribers: Vec<mpsc::UnboundedSender<BestChange>>,
     timers: HashMap<(Option<IpAddr>, TimerKind), u64>,
     self_tx: mpsc::Sender<RibMsg>,
+    next_batch: u64,
+    /// A SlowPeers timer is running.
+    slow_check: bool,
 }
 
 /// Messages handled between two flushes at most.
@@ -147,6 +168,8 @@ pub(super) async fn run(
         timers: HashMap::new(),
         self_tx,
         cfg,
+        next_batch: 0,
+        slow_check: false,
     };
     t.rib.set_deferral(t.restarter.deferring());
     t.restart_actions(actions);
@@ -213,12 +236,14 @@ impl RibTask {
                 idle_hold_time: Duration::from_secs(1),
                 passive: spec.passive,
                 capabilities: Vec::new(),
+                send_hold_time: self.cfg.send_hold_time,
             },
             spec: spec.clone(),
             families: self.cfg.families.clone(),
             graceful_restart: self.cfg.graceful_restart.clone(),
             restarting: self.restarting.clone(),
             source_addr: self.cfg.listen.map(|l| l.ip()),
+            socket_buffer: self.cfg.socket_buffer,
             rib: self.self_tx.clone(),
         };
         let task = tokio::spawn(session::run(setup, rx));
@@ -239,6 +264,8 @@ impl RibTask {
                 enhanced_refresh: false,
                 eor_due: false,
                 codec: CodecOptions::default(),
+                unwritten: None,
+                refresh_due: Vec::new(),
             },
         );
     }
@@ -301,6 +328,20 @@ impl RibTask {
             RibMsg::Status(tx) => {
                 let _ = tx.send(self.status());
             }
+            RibMsg::OutQueue(peer, tx) => {
+                let q = self.peers.get(&peer).map(|p| OutQueue {
+                    pending_prefixes: self.rib.pending_len(peer),
+                    unwritten_bytes: p.unwritten.map_or(0, |u| u.bytes),
+                });
+                let _ = tx.send(q);
+            }
+            RibMsg::Written { peer, batch } => {
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    if p.unwritten.is_some_and(|u| u.is(batch)) {
+                        p.unwritten = None;
+                    }
+                }
+            }
             RibMsg::AddPeer(spec) => self.add_peer(spec),
             RibMsg::RemovePeer(addr) => {
                 self.send(addr, SessionCmd::StopHard);
@@ -349,6 +390,8 @@ impl RibTask {
         p.enhanced_refresh = neg.peer_open.enhanced_route_refresh();
         p.eor_due = true;
         p.codec = neg.codec;
+        p.unwritten = None;
+        p.refresh_due.clear();
         p.state = State::Established;
         let local_llgr = self
             .cfg
@@ -372,6 +415,8 @@ impl RibTask {
         };
         tracing::info!(%peer, ?reason, "session down");
         p.eor_due = false;
+        p.unwritten = None;
+        p.refresh_due.clear();
         let actions = p.helper.session_down(&reason);
         self.helper_actions(peer, actions);
         let a = self.restarter.peer_gone(peer);
@@ -400,23 +445,14 @@ impl RibTask {
         };
         match rr.subtype {
             RouteRefreshSubtype::Request => {
-                let enhanced = self.peers.get(&peer).is_some_and(|p| p.enhanced_refresh);
+                // The table waits in the RIB with the peer's other changes;
+                // flush sends it when the peer has room.
                 self.rib.refresh(peer, family);
-                let mut msgs = Vec::new();
-                if enhanced {
-                    msgs.push(Message::RouteRefresh(RouteRefresh {
-                        afi_safi: family.into(),
-                        subtype: RouteRefreshSubtype::BeginRefresh,
-                    }));
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    if !p.refresh_due.contains(&family) {
+                        p.refresh_due.push(family);
+                    }
                 }
-                msgs.extend(self.rib.take_updates(peer).into_iter().map(Message::Update));
-                if enhanced {
-                    msgs.push(Message::RouteRefresh(RouteRefresh {
-                        afi_safi: family.into(),
-                        subtype: RouteRefreshSubtype::EndRefresh,
-                    }));
-                }
-                self.send(peer, SessionCmd::Send(msgs));
             }
             // RFC 7313 4: routes not re-sent between BoRR and EoRR go away.
             RouteRefreshSubtype::BeginRefresh => {
@@ -513,6 +549,7 @@ impl RibTask {
             return; // stopped or restarted since
         }
         match (kind, peer) {
+            (TimerKind::SlowPeers, _) => self.slow_check = false,
             (TimerKind::Deferral, _) => {
                 let a = self.restarter.deferral_timer_expired();
                 self.restart_actions(a);
@@ -539,70 +576,12 @@ impl RibTask {
         }
     }
 
-    /// Sends queued Adj-RIB-Out changes, End-of-RIB after initial tables,
-    /// and best-route changes to subscribers.
+    /// Sends best-route changes to subscribers.
     fn flush_best_changes(&mut self) {
         let changes = self.rib.take_best_changes();
         if !changes.is_empty() {
             self.subscribers
                 .retain(|s| changes.iter().all(|c| s.send(c.clone()).is_ok()));
-        }
-    }
-
-    fn flush(&mut self) {
-        self.flush_best_changes();
-        if self.rib.deferring() {
-            return;
-        }
-        for o in self.rib.take_outgoing() {
-            // Each list is encoded once per distinct (codec, families) of
-            // its peers, and the same bytes go to all of them.
-            let mut encoded: Vec<(CodecOptions, Vec<Family>, Bytes)> = Vec::new();
-            for addr in o.peers {
-                let Some(p) = self.peers.get_mut(&addr) else {
-                    continue;
-                };
-                let bytes = match encoded
-                    .iter()
-                    .find(|(c, f, _)| *c == p.codec && *f == p.families)
-                {
-                    Some((_, _, b)) => b.clone(),
-                    None => {
-                        let b = encode(
-                            o.updates.iter().filter(|u| carries(u, &p.families)),
-                            p.codec,
-                        );
-                        encoded.push((p.codec, p.families.clone(), b.clone()));
-                        b
-                    }
-                };
-                let mut chunks = vec![bytes];
-                if std::mem::take(&mut p.eor_due) {
-                    chunks.push(encode(&gr::end_of_rib_markers(&p.families), p.codec));
-                }
-                chunks.retain(|c| !c.is_empty());
-                if !chunks.is_empty() {
-                    let cmd = SessionCmd::SendEncoded(p.codec, chunks);
-                    self.send(addr, cmd);
-                }
-            }
-        }
-        // End-of-RIB for sessions whose initial table was empty.
-        let due: Vec<(IpAddr, CodecOptions, Bytes)> = self
-            .peers
-            .iter_mut()
-            .filter(|(_, p)| p.eor_due)
-            .map(|(a, p)| {
-                p.eor_due = false;
-                (
-                    *a,
-                    p.codec,
-                    encode(&gr::end_of_rib_markers(&p.families), p.codec),
-                )
-            })
-            .collect();
-        for (addr, codec, b) in due {
-            self.send(addr, SessionCmd::SendEncoded(codec, vec![b]));
         }
     }
 
@@ -641,26 +620,4 @@ impl RibTask {
             let _ = s.tx.send(SessionCmd::Stop);
         }
     }
-}
-
-/// UPDATEs on the wire, one after the other.
-fn encode<'a>(updates: impl IntoIterator<Item = &'a Update>, codec: CodecOptions) -> Bytes {
-    let mut buf = BytesMut::new();
-    for u in updates {
-        if let Err(e) = Message::encode_update(u, codec, &mut buf) {
-            tracing::warn!(error = %e, "UPDATE not sent");
-        }
-    }
-    buf.freeze()
-}
-
-/// Whether an UPDATE belongs to a family negotiated with the peer.
-fn carries(u: &Update, families: &[Family]) -> bool {
-    let fam = u
-        .mp_reach
-        .as_ref()
-        .map(|m| m.family)
-        .or(u.mp_unreach.as_ref().map(|m| m.family))
-        .unwrap_or(Family::Ipv4Unicast);
-    families.contains(&fam)
 }

@@ -9,12 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::output::Output;
 use super::rib_task::RibMsg;
 use super::PeerSpec;
 use crate::codec::{
@@ -25,11 +26,15 @@ use crate::gr::{self, GrConfig};
 use crate::types::Family;
 
 pub(crate) enum SessionCmd {
-    /// Messages to send once Established (UPDATEs, End-of-RIB, refresh).
-    Send(Vec<Message>),
     /// Messages already encoded with these options (the same bytes go to
     /// every peer of an update group); dropped if the session's differ.
-    SendEncoded(CodecOptions, Vec<Bytes>),
+    /// The RIB sends the next batch once this one is confirmed written
+    /// (or dropped) with [`RibMsg::Written`].
+    SendEncoded {
+        codec: CodecOptions,
+        chunks: Vec<Bytes>,
+        batch: u64,
+    },
     /// An accepted connection from this peer.
     Inbound(TcpStream),
     /// Cease and end the task.
@@ -45,29 +50,30 @@ pub(crate) struct SessionSetup {
     pub graceful_restart: Option<GrConfig>,
     pub restarting: Arc<AtomicBool>,
     pub source_addr: Option<IpAddr>,
+    pub socket_buffer: u32,
     pub rib: mpsc::Sender<RibMsg>,
 }
 
+/// The reading side of a connection; its writing side is an [`Output`].
 struct Conn {
     rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
     buf: BytesMut,
     local: SocketAddr,
     outbound: bool,
 }
 
 impl Conn {
-    fn new(stream: TcpStream, outbound: bool) -> io::Result<Conn> {
+    fn new(stream: TcpStream, outbound: bool) -> io::Result<(Conn, Output)> {
         stream.set_nodelay(true)?;
         let local = stream.local_addr()?;
         let (rd, wr) = stream.into_split();
-        Ok(Conn {
+        let conn = Conn {
             rd,
-            wr,
             buf: BytesMut::with_capacity(65536),
             local,
             outbound,
-        })
+        };
+        Ok((conn, Output::new(wr)))
     }
 }
 
@@ -77,9 +83,10 @@ struct Session {
     setup: SessionSetup,
     fsm: Fsm,
     conn: Option<Conn>,
+    out: Option<Output>,
     connecting: Option<Connecting>,
     /// A second connection waiting for its OPEN to settle a collision.
-    contender: Option<Conn>,
+    contender: Option<(Conn, Output)>,
     timers: HashMap<Timer, Instant>,
     codec: CodecOptions,
     events: VecDeque<Event>,
@@ -92,6 +99,7 @@ pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<S
         setup,
         fsm,
         conn: None,
+        out: None,
         connecting: None,
         contender: None,
         timers: HashMap::new(),
@@ -118,19 +126,25 @@ pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<S
                     s.run_events(Event::ManualStopHardReset).await;
                     return;
                 }
-                Some(SessionCmd::Send(msgs)) => s.send_batch(msgs).await,
-                Some(SessionCmd::SendEncoded(codec, chunks)) => s.send_encoded(codec, chunks).await,
+                Some(SessionCmd::SendEncoded { codec, chunks, batch }) => {
+                    s.send_encoded(codec, chunks, batch).await
+                }
                 Some(SessionCmd::Inbound(stream)) => s.inbound(stream).await,
             },
-            res = read_more(&mut s.conn) => match res {
+            res = read_more(s.conn.as_mut()) => match res {
                 Ok(0) | Err(_) => s.run_events(Event::TcpConnectionFails).await,
                 Ok(_) => s.drain_frames().await,
+            },
+            res = write_some(s.out.as_mut()) => match res {
+                Err(_) => s.run_events(Event::TcpConnectionFails).await,
+                Ok(()) => s.written().await,
             },
             res = wait_connect(&mut s.connecting) => {
                 s.connecting = None;
                 let ev = match res.and_then(|st| Conn::new(st, true)) {
-                    Ok(c) => {
+                    Ok((c, o)) => {
                         s.conn = Some(c);
+                        s.out = Some(o);
                         Event::TcpCrAcked
                     }
                     Err(e) => {
@@ -140,7 +154,7 @@ pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<S
                 };
                 s.run_events(ev).await;
             }
-            res = read_more(&mut s.contender) => match res {
+            res = read_more(s.contender.as_mut().map(|(c, _)| c)) => match res {
                 Ok(n) if n > 0 => s.contender_data().await,
                 _ => s.contender = None,
             },
@@ -149,7 +163,7 @@ pub(crate) async fn run(setup: SessionSetup, mut cmds: mpsc::UnboundedReceiver<S
     }
 }
 
-async fn read_more(conn: &mut Option<Conn>) -> io::Result<usize> {
+async fn read_more(conn: Option<&mut Conn>) -> io::Result<usize> {
     match conn {
         Some(c) => {
             // Keep reads large: an exhausted BytesMut would otherwise grow
@@ -159,6 +173,13 @@ async fn read_more(conn: &mut Option<Conn>) -> io::Result<usize> {
             }
             c.rd.read_buf(&mut c.buf).await
         }
+        None => pending().await,
+    }
+}
+
+async fn write_some(out: Option<&mut Output>) -> io::Result<()> {
+    match out {
+        Some(o) => o.write_some().await,
         None => pending().await,
     }
 }
@@ -240,15 +261,22 @@ impl Session {
                         self.setup.spec.password.clone(),
                         self.setup.source_addr,
                         SocketAddr::new(self.peer(), self.setup.spec.port),
+                        self.setup.socket_buffer,
                     )));
                 }
             }
             Action::DropConnection => {
+                // A NOTIFICATION just queued goes out if the socket takes
+                // it now; a peer that does not read gets nothing more.
+                if let Some(o) = &mut self.out {
+                    o.flush_now();
+                }
                 self.conn = None;
+                self.out = None;
                 self.connecting = None;
                 self.codec = CodecOptions::default();
             }
-            Action::Send(m) => self.write(&[m]).await,
+            Action::Send(m) => self.write(&[m]),
             Action::StartTimer(t, d) => {
                 self.timers.insert(t, Instant::now() + d);
             }
@@ -291,42 +319,68 @@ impl Session {
         }
     }
 
-    async fn write(&mut self, msgs: &[Message]) {
-        let Some(c) = &mut self.conn else { return };
+    /// Queues messages; the loop writes them as the socket takes them.
+    fn write(&mut self, msgs: &[Message]) {
         let mut buf = BytesMut::new();
         for m in msgs {
             if let Err(e) = m.encode(self.codec, &mut buf) {
                 tracing::warn!(peer = %self.setup.spec.address, error = %e, "message not sent");
             }
         }
-        if c.wr.write_all(&buf).await.is_err() {
-            self.events.push_back(Event::TcpConnectionFails);
+        self.queue(std::iter::once(buf.freeze()));
+    }
+
+    fn queue(&mut self, chunks: impl IntoIterator<Item = Bytes>) {
+        let Some(o) = &mut self.out else { return };
+        for b in chunks {
+            o.push(b);
+        }
+        if !o.is_empty() {
+            self.events.push_back(Event::OutputWaiting);
         }
     }
 
-    async fn send_batch(&mut self, msgs: Vec<Message>) {
-        if self.fsm.state() != State::Established {
-            return; // the RIB re-sends the table when the session is back
-        }
-        self.write(&msgs).await;
+    async fn run_queued_events(&mut self) {
         if let Some(ev) = self.events.pop_front() {
             self.run_events(ev).await;
         }
     }
 
-    async fn send_encoded(&mut self, codec: CodecOptions, chunks: Vec<Bytes>) {
-        if self.fsm.state() != State::Established || codec != self.codec {
-            return; // the RIB re-sends the table when the session is back
+    async fn send_encoded(&mut self, codec: CodecOptions, chunks: Vec<Bytes>, batch: u64) {
+        let usable = self.fsm.state() == State::Established && codec == self.codec;
+        if !usable || self.out.is_none() {
+            // The RIB re-sends the table when the session is back; it
+            // only needs to know that this batch is not waiting.
+            self.tell_rib(self.written_msg(batch)).await;
+            return;
         }
-        let Some(c) = &mut self.conn else { return };
-        for b in &chunks {
-            if c.wr.write_all(b).await.is_err() {
-                self.events.push_back(Event::TcpConnectionFails);
-                break;
-            }
+        self.queue(chunks);
+        if let Some(o) = &mut self.out {
+            o.end_batch(batch);
         }
-        if let Some(ev) = self.events.pop_front() {
-            self.run_events(ev).await;
+        // An empty batch is written already.
+        self.written_batch().await;
+        self.run_queued_events().await;
+    }
+
+    fn written_msg(&self, batch: u64) -> RibMsg {
+        RibMsg::Written {
+            peer: self.peer(),
+            batch,
+        }
+    }
+
+    /// Some output went out.
+    async fn written(&mut self) {
+        let all = self.out.as_ref().is_none_or(|o| o.is_empty());
+        self.written_batch().await;
+        self.run_events(Event::OutputWritten { all }).await;
+    }
+
+    /// Tells the RIB once its batch is all written.
+    async fn written_batch(&mut self) {
+        if let Some(b) = self.out.as_mut().and_then(|o| o.take_done_batch()) {
+            self.tell_rib(self.written_msg(b)).await;
         }
     }
 
@@ -376,6 +430,7 @@ impl Session {
                 Timer::Hold => Event::HoldTimerExpires,
                 Timer::Keepalive => Event::KeepaliveTimerExpires,
                 Timer::IdleHold => Event::IdleHoldTimerExpires,
+                Timer::SendHold => Event::SendHoldTimerExpires,
             };
             self.run_events(ev).await;
         }
@@ -396,15 +451,16 @@ impl Session {
             }
             State::Connect | State::Active => self.adopt(conn, None).await,
             State::OpenSent | State::OpenConfirm => self.contender = Some(conn),
-            State::Established => refuse(conn).await,
+            State::Established => refuse(conn),
         }
     }
 
     /// Uses `conn` as the session's connection; `open` is its OPEN if
     /// already read.
-    async fn adopt(&mut self, conn: Conn, open: Option<Open>) {
+    async fn adopt(&mut self, (conn, out): (Conn, Output), open: Option<Open>) {
         self.connecting = None;
         self.conn = Some(conn);
+        self.out = Some(out);
         self.run_events(Event::TcpConnectionConfirmed).await;
         if let Some(o) = open {
             self.run_events(Event::BgpOpen(o)).await;
@@ -416,7 +472,9 @@ impl Session {
     /// Data on the contending connection: wait for its OPEN, then keep
     /// the connection opened by the side with the higher identifier.
     async fn contender_data(&mut self) {
-        let Some(c) = &mut self.contender else { return };
+        let Some((c, _)) = &mut self.contender else {
+            return;
+        };
         let open = match split_frame(&mut c.buf) {
             Ok(None) => return,
             Ok(Some(f)) => match Message::decode(&f, CodecOptions::default()) {
@@ -437,7 +495,7 @@ impl Session {
         if self.fsm.state() == State::Established
             || (ours_outbound && winner == CollisionWinner::LocallyInitiated)
         {
-            refuse(contender).await;
+            refuse(contender);
             return;
         }
         // The peer's connection wins: close ours with a Cease and start
@@ -449,10 +507,11 @@ impl Session {
 }
 
 /// Closes a losing connection with Cease / connection collision.
-async fn refuse(mut conn: Conn) {
+fn refuse((_, mut out): (Conn, Output)) {
     let n = Message::Notification(Notification::cease(notif::CEASE_COLLISION));
     if let Ok(b) = n.to_bytes(CodecOptions::default()) {
-        let _ = conn.wr.write_all(&b).await;
+        out.push(b);
+        out.flush_now();
     }
 }
 
@@ -460,6 +519,7 @@ async fn connect(
     password: Option<String>,
     source: Option<IpAddr>,
     to: SocketAddr,
+    buffer: u32,
 ) -> io::Result<TcpStream> {
     let socket = if to.is_ipv4() {
         TcpSocket::new_v4()?
@@ -470,8 +530,8 @@ async fn connect(
         use std::os::fd::AsRawFd;
         super::md5::set_key(socket.as_raw_fd(), to.ip(), key.as_bytes())?;
     }
-    socket.set_recv_buffer_size(super::SOCKET_BUFFER)?;
-    socket.set_send_buffer_size(super::SOCKET_BUFFER)?;
+    socket.set_recv_buffer_size(buffer)?;
+    socket.set_send_buffer_size(buffer)?;
     if let Some(src) = source.filter(|s| s.is_ipv4() == to.is_ipv4() && !s.is_unspecified()) {
         socket.bind(SocketAddr::new(src, 0))?;
     }

@@ -10,6 +10,8 @@ use super::*;
 use crate::codec::{CodecOptions, Message, Open};
 use crate::gr::GrConfig;
 
+mod slow_peer;
+
 const ASN: u32 = 65000;
 
 fn lo(n: u8) -> IpAddr {

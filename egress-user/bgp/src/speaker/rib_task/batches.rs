@@ -1,0 +1,214 @@
+//! What the RIB task sends each session, and when: one batch at a time,
+//! the next only once the session has written the last, so that what waits
+//! for a slow peer is its Adj-RIB-Out changes, one per prefix, not encoded
+//! messages.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use super::{PeerEntry, RibTask, TimerKind};
+use crate::codec::{CodecOptions, Message, RouteRefresh, RouteRefreshSubtype, Update};
+use crate::gr;
+use crate::rib::Readiness;
+use crate::speaker::session::SessionCmd;
+use crate::types::Family;
+
+/// How long an update group waits for a member still writing its last
+/// batch before going on without it.
+pub(in crate::speaker) const SLOW_AFTER: Duration = Duration::from_millis(500);
+
+/// A batch handed to a session and not yet written.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Unwritten {
+    batch: u64,
+    pub(super) bytes: usize,
+    since: tokio::time::Instant,
+}
+
+impl Unwritten {
+    pub(super) fn is(&self, batch: u64) -> bool {
+        self.batch == batch
+    }
+}
+
+impl PeerEntry {
+    fn readiness(&self, now: tokio::time::Instant) -> Readiness {
+        match self.unwritten {
+            None => Readiness::Ready,
+            Some(u) if now.duration_since(u.since) >= SLOW_AFTER => Readiness::Slow,
+            Some(_) => Readiness::Busy,
+        }
+    }
+}
+
+impl RibTask {
+    /// Sends queued Adj-RIB-Out changes, End-of-RIB after initial tables
+    /// and refreshed tables, to the peers that have room for them.
+    pub(super) fn flush(&mut self) {
+        self.flush_best_changes();
+        if self.rib.deferring() {
+            return;
+        }
+        // A peer still writing its last batch is skipped: its changes stay
+        // in the RIB (one per prefix) until it has written it.
+        let now = tokio::time::Instant::now();
+        let refresh: Vec<IpAddr> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness(now) == Readiness::Ready)
+            .map(|(a, _)| *a)
+            .collect();
+        for addr in refresh {
+            self.send_refresh(addr);
+        }
+        self.send_outgoing(now);
+        self.check_slow_peers_later(now);
+        // End-of-RIB for sessions whose initial table was empty.
+        let due: Vec<IpAddr> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.eor_due && p.unwritten.is_none())
+            .map(|(a, _)| *a)
+            .collect();
+        for addr in due {
+            let Some(p) = self.peers.get_mut(&addr) else {
+                continue;
+            };
+            p.eor_due = false;
+            let b = encode(&gr::end_of_rib_markers(&p.families), p.codec);
+            self.send_batch(addr, vec![b]);
+        }
+    }
+
+    fn send_outgoing(&mut self, now: tokio::time::Instant) {
+        let peers = &self.peers;
+        let state = |a: IpAddr| peers.get(&a).map_or(Readiness::Ready, |p| p.readiness(now));
+        for o in self.rib.take_outgoing_where(state) {
+            // Each list is encoded once per distinct (codec, families) of
+            // its peers, and the same bytes go to all of them.
+            let mut encoded: Vec<(CodecOptions, Vec<Family>, Bytes)> = Vec::new();
+            for addr in o.peers {
+                let Some(p) = self.peers.get_mut(&addr) else {
+                    continue;
+                };
+                let bytes = match encoded
+                    .iter()
+                    .find(|(c, f, _)| *c == p.codec && *f == p.families)
+                {
+                    Some((_, _, b)) => b.clone(),
+                    None => {
+                        let b = encode(
+                            o.updates.iter().filter(|u| carries(u, &p.families)),
+                            p.codec,
+                        );
+                        encoded.push((p.codec, p.families.clone(), b.clone()));
+                        b
+                    }
+                };
+                let mut chunks = vec![bytes];
+                if std::mem::take(&mut p.eor_due) {
+                    chunks.push(encode(&gr::end_of_rib_markers(&p.families), p.codec));
+                }
+                self.send_batch(addr, chunks);
+            }
+        }
+    }
+
+    /// When changes wait for a busy peer, looks again once it would count
+    /// as slow, so that its group does not wait on it for longer.
+    fn check_slow_peers_later(&mut self, now: tokio::time::Instant) {
+        if self.slow_check {
+            return;
+        }
+        let waiting = self.rib.peers_with_pending().into_iter().any(|a| {
+            self.peers
+                .get(&a)
+                .is_some_and(|p| p.readiness(now) == Readiness::Busy)
+        });
+        if waiting {
+            self.slow_check = true;
+            self.start_timer(None, TimerKind::SlowPeers, SLOW_AFTER);
+        }
+    }
+
+    /// Hands encoded UPDATEs to a session and notes them as unwritten.
+    fn send_batch(&mut self, addr: IpAddr, mut chunks: Vec<Bytes>) {
+        chunks.retain(|c| !c.is_empty());
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        if chunks.is_empty() {
+            return;
+        }
+        self.next_batch += 1;
+        let batch = self.next_batch;
+        p.unwritten = Some(Unwritten {
+            batch,
+            bytes: chunks.iter().map(Bytes::len).sum(),
+            since: tokio::time::Instant::now(),
+        });
+        let cmd = SessionCmd::SendEncoded {
+            codec: p.codec,
+            chunks,
+            batch,
+        };
+        self.send(addr, cmd);
+    }
+
+    /// The refreshed table of a peer, between BoRR and EoRR markers when it
+    /// does enhanced route refresh (RFC 7313).
+    fn send_refresh(&mut self, peer: IpAddr) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let families = std::mem::take(&mut p.refresh_due);
+        let (enhanced, codec) = (p.enhanced_refresh, p.codec);
+        let marker = |family: Family, subtype| {
+            Message::RouteRefresh(RouteRefresh {
+                afi_safi: family.into(),
+                subtype,
+            })
+        };
+        let mut msgs = Vec::new();
+        if enhanced {
+            let begin = RouteRefreshSubtype::BeginRefresh;
+            msgs.extend(families.iter().map(|f| marker(*f, begin)));
+        }
+        msgs.extend(self.rib.take_updates(peer).into_iter().map(Message::Update));
+        if enhanced {
+            let end = RouteRefreshSubtype::EndRefresh;
+            msgs.extend(families.iter().map(|f| marker(*f, end)));
+        }
+        let mut buf = BytesMut::new();
+        for m in &msgs {
+            if let Err(e) = m.encode(codec, &mut buf) {
+                tracing::warn!(%peer, error = %e, "message not sent");
+            }
+        }
+        self.send_batch(peer, vec![buf.freeze()]);
+    }
+}
+
+/// UPDATEs on the wire, one after the other.
+fn encode<'a>(updates: impl IntoIterator<Item = &'a Update>, codec: CodecOptions) -> Bytes {
+    let mut buf = BytesMut::new();
+    for u in updates {
+        if let Err(e) = Message::encode_update(u, codec, &mut buf) {
+            tracing::warn!(error = %e, "UPDATE not sent");
+        }
+    }
+    buf.freeze()
+}
+
+/// Whether an UPDATE belongs to a family negotiated with the peer.
+fn carries(u: &Update, families: &[Family]) -> bool {
+    let fam = u
+        .mp_reach
+        .as_ref()
+        .map(|m| m.family)
+        .or(u.mp_unreach.as_ref().map(|m| m.family))
+        .unwrap_or(Family::Ipv4Unicast);
+    families.contains(&fam)
+}
