@@ -1,5 +1,10 @@
 //! Node-wide settings the programs read from a one-slot array.
 
+/// The tunnel's UDP port unless the operator sets one: spidernet
+/// egressgateway's, clear of the VXLAN ports CNIs use (4789: Calico and the
+/// IANA port; 8472: Flannel and Cilium). The chart's default is the same.
+pub const DEFAULT_VXLAN_PORT: u16 = 7789;
+
 /// This node is a gateway: it answers ARP/NDP for owned EIPs and forwards
 /// decapsulated traffic.
 pub const CFG_GATEWAY: u32 = 1 << 0;

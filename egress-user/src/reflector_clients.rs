@@ -16,8 +16,13 @@ use egress_control::{
 };
 use futures::StreamExt;
 
-/// Pure: one passive client per node address, except addresses that are
-/// configured peers already (upstream routers) or the reflector itself.
+/// Pure: one passive client per node, at the address its agent connects
+/// from: its first IPv4 address (agents peer with the reflectors over
+/// IPv4, the underlay's family; IPv6 routes ride the same session), or its
+/// first IPv6 address on a node without IPv4. Its other addresses never
+/// open a session, so they would stay "Active" forever. Addresses that are
+/// configured peers already (upstream routers) or the reflector itself
+/// are left out.
 pub fn client_peers(
     nodes: &[NodeRecord],
     asn: u32,
@@ -25,7 +30,7 @@ pub fn client_peers(
 ) -> BTreeMap<IpAddr, PeerSpec> {
     nodes
         .iter()
-        .flat_map(|n| n.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()))
+        .filter_map(session_address)
         .filter(|a| !exclude.contains(a))
         .map(|a| {
             (
@@ -38,6 +43,16 @@ pub fn client_peers(
             )
         })
         .collect()
+}
+
+/// The address node `n`'s agent opens its sessions from.
+fn session_address(n: &NodeRecord) -> Option<IpAddr> {
+    let addrs: Vec<IpAddr> = n.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
 }
 
 /// Keeps the speaker's client list equal to the registered nodes, for as
@@ -117,5 +132,24 @@ mod tests {
         let p = &peers[&"10.10.0.1".parse::<IpAddr>().unwrap()];
         assert!(p.client && p.passive);
         assert_eq!(p.asn, 64512);
+    }
+
+    #[test]
+    fn a_dual_stack_node_is_one_client_at_its_ipv4_address() {
+        let nodes = vec![
+            NodeRecord {
+                name: "w1".into(),
+                addresses: vec!["fd00:10::1".into(), "10.10.0.1".into()],
+                ..Default::default()
+            },
+            NodeRecord {
+                name: "v6only".into(),
+                addresses: vec!["fd00:10::9".into()],
+                ..Default::default()
+            },
+        ];
+        let peers = client_peers(&nodes, 64512, &BTreeSet::new());
+        let addrs: Vec<String> = peers.keys().map(ToString::to_string).collect();
+        assert_eq!(addrs, ["10.10.0.1", "fd00:10::9"]);
     }
 }

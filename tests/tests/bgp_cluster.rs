@@ -163,6 +163,24 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
         Duration::from_secs(30),
         || Ok(established_clients(&cluster, &egress)? == cluster.topo.nodes.len()),
     )?;
+    // ... and lists no peer that cannot come up (a node's IPv6 address,
+    // which its agent never connects from, used to sit "Active" forever).
+    let status = cluster.topo.fabric.exec(&[
+        egress.to_str().unwrap(),
+        "bgp",
+        "status",
+        "--admin-addr",
+        REFLECTOR_ADMIN,
+        "--json",
+    ])?;
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    let stuck: Vec<_> = status["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["state"] != "Established")
+        .collect();
+    assert!(stuck.is_empty(), "peers not established: {stuck:?}");
     // The reflector's /metrics counts the same sessions.
     let metrics = cluster.fabric_http(REFLECTOR_ADMIN, "/metrics")?;
     let line = format!(

@@ -99,3 +99,18 @@ fn chart_commands_parse_with_a_nat_table_size() {
         agent.1
     );
 }
+
+/// One VXLAN port everywhere: the agent's default is the chart's.
+#[test]
+fn the_agents_default_vxlan_port_is_the_charts() {
+    let cli = Cli::try_parse_from(["egress", "agent", "--node-name", "n1"]).unwrap();
+    let egress_user::cli::Command::Agent(agent) = cli.command else {
+        panic!("not the agent")
+    };
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("charts/egress-gateway/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let chart = values["feature"]["vxlan"]["port"].as_u64().unwrap();
+    assert_eq!(u64::from(agent.vxlan_port), chart);
+}

@@ -41,6 +41,10 @@ pub struct DemoArgs {
     /// Short mode for CI: sub-second failover timers instead of the defaults (5s/5s/15s).
     #[arg(long)]
     pub fast: bool,
+    /// Stop the cluster a `--keep` run left up: its processes, namespaces,
+    /// pin and temporary folders, nothing else.
+    #[arg(long, conflicts_with_all = ["keep", "no_build", "fast"])]
+    pub stop: bool,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -79,6 +83,12 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     // namespace and process is removed by its destructor on the way out.
     // SAFETY: the handler only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
+    if args.stop {
+        return crate::demo_stop::stop(root);
+    }
+    if args.keep && crate::demo_stop::state_file(root).exists() {
+        bail!("a kept demo is still up: stop it first with `cargo xtask demo --stop`");
+    }
     let profile = if args.debug { "debug" } else { "release" };
     if !args.no_build {
         crate::setup::run(root)?;
@@ -117,14 +127,15 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     let started = Instant::now();
     let mut summary = Summary::default();
     let prefix = format!("eg{}x", std::process::id());
-    let result = run_cluster(&egress, &traffic, &args, &mut summary);
+    let result = run_cluster(root, &egress, &traffic, &args, &mut summary);
+    if args.keep && result.is_ok() {
+        print_kept_summary(&summary, started.elapsed());
+        return Ok(());
+    }
     // Everything is dropped by now: check that nothing is left behind.
     summary.leftover = leftovers(&prefix);
     print_summary(&summary, started.elapsed());
     result?;
-    if args.keep {
-        return Ok(());
-    }
     let ok = summary.eip_seen_by_server
         && summary.tcp_survived
         && summary.owner_after != summary.owner_before
@@ -137,7 +148,13 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_cluster(egress: &Path, traffic: &Path, args: &DemoArgs, s: &mut Summary) -> Result<()> {
+fn run_cluster(
+    root: &Path,
+    egress: &Path,
+    traffic: &Path,
+    args: &DemoArgs,
+    s: &mut Summary,
+) -> Result<()> {
     let timers = if args.fast {
         Timers {
             update: "200ms".into(),
@@ -210,6 +227,18 @@ fn run_cluster(egress: &Path, traffic: &Path, args: &DemoArgs, s: &mut Summary) 
     check_interrupt()?;
 
     if args.keep {
+        s.eip_seen_by_server = tcp_peer_is(&cluster, &s.eip)?;
+        let prefix = format!("eg{}x", std::process::id());
+        crate::demo_stop::record(
+            root,
+            &crate::demo_stop::Kept {
+                pid: std::process::id(),
+                namespaces: leftovers(&prefix)
+                    .iter()
+                    .filter_map(|p| p.strip_prefix("/run/netns/").map(str::to_owned))
+                    .collect(),
+            },
+        )?;
         print_keep(&cluster, egress);
         // Leave every namespace and process running.
         std::mem::forget(udp_sink);
@@ -315,33 +344,63 @@ fn leftovers(prefix: &str) -> Vec<String> {
     left
 }
 
+/// Whether a short TCP connection from p11 reaches the server as `eip`.
+fn tcp_peer_is(cluster: &Cluster, eip: &str) -> Result<bool> {
+    let pod = &cluster.topo.nodes[0].pods[0].ns;
+    Ok(egress_tests::cluster::tcp_peer_seen(cluster, pod, 5001)?.0 == eip)
+}
+
+/// Commands to look at the kept cluster, each one runnable as printed from
+/// the host's shell: `nsenter --net` enters a namespace and keeps the
+/// host's /sys/fs/bpf (`ip netns exec` remounts /sys and hides the pins).
 fn print_keep(cluster: &Cluster, egress: &Path) {
     let e = egress.display();
-    let n = |i: usize| cluster.topo.nodes[i].ns.name().to_owned();
+    let enter = |ns: &egress_tests::Netns| format!("nsenter --net={}", ns.path().display());
+    let w1 = &cluster.topo.nodes[0].ns;
+    let fab = &cluster.topo.fabric;
     println!("\n--keep: the cluster stays up. Look at it with:");
     println!(
-        "  ip netns exec {} {e} inspect --pin-dir <the agent's pin dir>",
-        n(0)
+        "  {e} inspect --pin-dir {}   # w1's maps",
+        cluster.pin_dir(0).display()
     );
     println!(
-        "  ip netns exec {} curl -s http://127.0.0.1:9465/state   # the agent's view",
-        n(0)
+        "  {} curl -s http://127.0.0.1:9465/state   # w1's agent",
+        enter(w1)
     );
     println!(
-        "  ip netns exec {} {e} bgp status --admin-addr 127.0.0.1:9464",
-        cluster.topo.fabric.name()
+        "  {} {e} bgp status --admin-addr 127.0.0.1:9464   # the reflector",
+        enter(fab)
+    );
+    println!(
+        "  {} {e} get EgressGateway --etcd-endpoints {}",
+        enter(fab),
+        cluster.etcd().endpoint()
     );
     if let Some(u) = &cluster.upstream {
         println!(
-            "  FRR: {}",
+            "  {}   # FRR upstream",
             u.frr.vtysh_command_line("show bgp ipv4 unicast")
         );
     }
-    println!(
-        "  {e} get EgressGateway --etcd-endpoints {}",
-        cluster.etcd().endpoint()
-    );
-    println!("Remove everything with: ip -all netns delete (only these namespaces: ip netns list | grep eg{})", std::process::id());
+    println!("Stop it (its processes, namespaces, pin and temp folders only) with:");
+    println!("  cargo xtask demo --stop");
+}
+
+/// `--keep` skips the failover: say what was done, and only that.
+fn print_kept_summary(s: &Summary, elapsed: Duration) {
+    println!("\n==> summary (--keep: the failover was not run)");
+    for (k, v) in [
+        ("EIP", s.eip.clone()),
+        ("owned by", s.owner_before.clone()),
+        (
+            "upstream (FRR) next hop",
+            s.upstream_next_hop_before.clone(),
+        ),
+        ("server saw the EIP as source", yes(s.eip_seen_by_server)),
+        ("elapsed", format!("{:.1} s", elapsed.as_secs_f64())),
+    ] {
+        println!("{k:<42} {v}");
+    }
 }
 
 fn print_summary(s: &Summary, elapsed: Duration) {

@@ -6,6 +6,7 @@ mod bench_datapath;
 mod bench_failover;
 mod build_ebpf;
 mod demo;
+mod demo_stop;
 mod e2e;
 mod fuzz;
 mod helm;

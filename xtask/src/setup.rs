@@ -28,6 +28,8 @@ const PACKAGES: &[&str] = &[
     "iperf3",
     "tcpdump",
     "netcat-openbsd",
+    // the kept demo's printed commands (an agent's /state)
+    "curl",
     // the CNI reference plugins (bridge, ptp, host-local) that wire test pods
     "containernetworking-plugins",
     // baselines (spidernet-style path)

@@ -96,6 +96,7 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
             no_build: true,
             debug: true,
             fast: true,
+            stop: false,
         },
     )?;
     Ok(())

@@ -117,7 +117,7 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     gauge(
         &mut reg,
         "fenced",
-        "1 while the agent has fenced itself (datastore lost too long)",
+        "1 while this gateway-eligible node has fenced itself (datastore lost too long) and announces no EIP; always 0 on other nodes",
         i64::from(facts.fenced),
     );
     gauge(

@@ -354,7 +354,11 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                         p.ready = true;
                         p.reconciles += 1;
                         p.last_error = None;
-                        p.fenced = fence.is_fenced(now);
+                        // Only gateway-eligible nodes heartbeat: a worker
+                        // that never renews is not fenced, it has nothing
+                        // to announce (an alert on the metric must not fire
+                        // on every worker).
+                        p.fenced = eligible && fence.is_fenced(now);
                         p.announced = now_announced.iter().copied().collect();
                         p.policies = desired.policies.len();
                         p.policy_names = nd

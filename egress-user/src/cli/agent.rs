@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -61,8 +61,8 @@ pub struct AgentArgs {
     /// VXLAN network identifier.
     #[arg(long, default_value_t = 100)]
     pub vxlan_id: u32,
-    /// VXLAN UDP port.
-    #[arg(long, default_value_t = 4789)]
+    /// VXLAN UDP port (the same on every node).
+    #[arg(long, default_value_t = egress_common::config::DEFAULT_VXLAN_PORT)]
     pub vxlan_port: u16,
     /// MTU of the tunnel device; 0: the uplink's MTU minus 50 (VXLAN over IPv4).
     #[arg(long, default_value_t = 0)]
@@ -165,6 +165,7 @@ impl AgentBgpArgs {
                 .map_err(|e| anyhow::anyhow!("--bgp-reflectors: cannot resolve {host:?}: {e}"))?;
             reflectors.extend(addrs.map(|a| (a.ip(), a.port())));
         }
+        let reflectors = session_family(reflectors);
         Ok(Some(AgentBgpConfig {
             asn: self.asn,
             router_id: self.router_id,
@@ -183,6 +184,17 @@ fn parse_node_ipv6(s: &str) -> Result<Ipv6Addr, String> {
     match crate::agent::uplink_addr::unusable_as_node_address(&a) {
         Some(why) => Err(format!("{a} is {why}")),
         None => Ok(a),
+    }
+}
+
+/// The reflector addresses the agent peers with: the IPv4 ones when there
+/// are any. Reflectors know a node as a client by its IPv4 address (see
+/// `reflector_clients`); a session over IPv6 as well would be refused.
+fn session_family(all: Vec<(IpAddr, u16)>) -> Vec<(IpAddr, u16)> {
+    if all.iter().any(|(a, _)| a.is_ipv4()) {
+        all.into_iter().filter(|(a, _)| a.is_ipv4()).collect()
+    } else {
+        all
     }
 }
 
@@ -301,6 +313,15 @@ async fn default_uplink() -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reflectors_resolved_to_both_families_are_peered_over_ipv4() {
+        let r = |s: &str| (s.parse().unwrap(), 179);
+        let both = vec![r("fd00:10::254"), r("10.10.0.254")];
+        assert_eq!(super::session_family(both), vec![r("10.10.0.254")]);
+        let v6 = vec![r("fd00:10::254")];
+        assert_eq!(super::session_family(v6.clone()), v6);
+    }
+
     #[test]
     fn the_nat_table_size_is_bounded() {
         assert_eq!(super::parse_nat_table_size("65536"), Ok(65536));

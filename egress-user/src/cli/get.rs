@@ -44,6 +44,9 @@ fn columns(kind: Kind) -> &'static [(&'static str, &'static str)] {
             ("DEFAULTV4", "/spec/ippools/ipv4DefaultEIP"),
             ("V4FREE", "/status/ipUsage/ipv4Free"),
             ("V4TOTAL", "/status/ipUsage/ipv4Total"),
+            ("DEFAULTV6", "/spec/ippools/ipv6DefaultEIP"),
+            ("V6FREE", "/status/ipUsage/ipv6Free"),
+            ("V6TOTAL", "/status/ipUsage/ipv6Total"),
             ("EPOCH", "/status/epoch"),
         ],
         Kind::EgressPolicy | Kind::EgressClusterPolicy => &[
@@ -57,7 +60,9 @@ fn columns(kind: Kind) -> &'static [(&'static str, &'static str)] {
             ("TUNNELV4", "/status/tunnel/ipv4"),
             ("MAC", "/status/tunnel/mac"),
             ("PHASE", "/status/phase"),
-            ("HEARTBEAT", "/status/lastHeartbeatTime"),
+            // Filled from the heartbeats themselves (Leases, etcd keys):
+            // `status.lastHeartbeatTime` changes only with the phase.
+            ("HEARTBEAT", HEARTBEAT_COLUMN),
         ],
         Kind::Node => &[
             ("READY", "/spec/ready"),
@@ -71,6 +76,33 @@ fn columns(kind: Kind) -> &'static [(&'static str, &'static str)] {
         ],
         Kind::Namespace => &[("LABELS", "/metadata/labels")],
     }
+}
+
+/// Where the table reads an EgressTunnel's last heartbeat from (see
+/// [`with_heartbeats`]).
+const HEARTBEAT_COLUMN: &str = "/heartbeat";
+
+/// EgressTunnels with each node's last heartbeat renewal at
+/// [`HEARTBEAT_COLUMN`]; a node that never renewed (not gateway-eligible:
+/// only gateway candidates heartbeat) gets `-`.
+fn with_heartbeats(
+    items: &[Stored],
+    beats: &[egress_control::datastore::Heartbeat],
+) -> Vec<Stored> {
+    items
+        .iter()
+        .map(|it| {
+            let mut it = it.clone();
+            let renewed = beats
+                .iter()
+                .find(|b| b.node == it.key.name)
+                .map_or_else(|| "-".to_owned(), |b| b.renew_time.clone());
+            if let Value::Object(o) = &mut it.value {
+                o.insert(HEARTBEAT_COLUMN[1..].to_owned(), Value::String(renewed));
+            }
+            it
+        })
+        .collect()
 }
 
 fn print_table(kind: Kind, items: &[Stored]) {
@@ -164,6 +196,9 @@ pub async fn run(args: GetArgs) -> anyhow::Result<()> {
     };
     let values: Vec<&Value> = items.iter().map(|s| &s.value).collect();
     match (args.output, args.name.is_some()) {
+        (Output::Table, _) if kind == Kind::EgressTunnel => {
+            print_table(kind, &with_heartbeats(&items, &ds.heartbeats().await?))
+        }
         (Output::Table, _) => print_table(kind, &items),
         (Output::Json, true) => println!("{}", serde_json::to_string_pretty(values[0])?),
         (Output::Yaml, true) => print!("{}", serde_yaml::to_string(values[0])?),
@@ -178,4 +213,28 @@ pub async fn run(args: GetArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_control::datastore::{Heartbeat, ObjectKey};
+
+    #[test]
+    fn the_heartbeat_column_shows_the_last_renewal_or_a_dash() {
+        let tunnel = |name: &str| Stored {
+            kind: Kind::EgressTunnel,
+            key: ObjectKey::cluster(name),
+            value: serde_json::json!({"status": {"phase": "Ready", "lastHeartbeatTime": "old"}}),
+            revision: 1,
+        };
+        let beats = [Heartbeat {
+            node: "g1".into(),
+            counter: 7,
+            renew_time: "2026-12-01T21:00:00Z".into(),
+        }];
+        let rows = with_heartbeats(&[tunnel("g1"), tunnel("w1")], &beats);
+        assert_eq!(s(&rows[0].value, HEARTBEAT_COLUMN), "2026-12-01T21:00:00Z");
+        assert_eq!(s(&rows[1].value, HEARTBEAT_COLUMN), "-");
+    }
 }

@@ -15,11 +15,39 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The node agent's admin endpoint, asked for the names of the policy
+    /// ids the maps hold (the maps have ids only).
+    #[arg(long, env = "EGRESS_ADMIN_ADDR", default_value = "127.0.0.1:9465")]
+    pub admin_addr: std::net::SocketAddr,
+}
+
+/// Policy id -> `kind/namespace/name`, from the agent's `/state`; None
+/// when the agent does not answer.
+fn policy_names(addr: std::net::SocketAddr) -> Option<serde_json::Map<String, serde_json::Value>> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(1);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(b"GET /state HTTP/1.1\r\nconnection: close\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (_, body) = out.split_once("\r\n\r\n")?;
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get("policy_names")?.as_object().cloned()
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let stats = read_iface_stats(&args.pin_dir)?;
-    let dp = datapath_snapshot(&args.pin_dir)?;
+    let mut dp = datapath_snapshot(&args.pin_dir)?;
+    let names = policy_names(args.admin_addr);
+    name_policies(&mut dp, names.as_ref());
+    if names.is_none() && !args.json {
+        println!(
+            "(policy names: the agent at {} did not answer; ids only)",
+            args.admin_addr
+        );
+    }
     if args.json {
         let mut v = serde_json::json!({ "iface_stats": { "packets": stats.packets, "bytes": stats.bytes } });
         v["datapath"] = dp;
@@ -33,6 +61,33 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     );
     print_datapath(&dp);
     Ok(())
+}
+
+/// Adds each policy's name beside its id (targets and counters).
+fn name_policies(
+    dp: &mut serde_json::Value,
+    names: Option<&serde_json::Map<String, serde_json::Value>>,
+) {
+    let name_of = |id: &serde_json::Value| -> serde_json::Value {
+        let key = match id {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        names
+            .and_then(|n| n.get(&key).cloned())
+            .unwrap_or_else(|| "?".into())
+    };
+    if let Some(rows) = dp.get_mut("policy_targets").and_then(|v| v.as_array_mut()) {
+        for r in rows {
+            let name = name_of(&r["policy_id"]);
+            r["policy"] = name;
+        }
+    }
+    if let Some(stats) = dp.get_mut("policy_stats").and_then(|v| v.as_object_mut()) {
+        for (id, c) in stats.iter_mut() {
+            c["policy"] = name_of(&serde_json::Value::String(id.clone()));
+        }
+    }
 }
 
 /// The datapath maps as readable tables.
@@ -54,25 +109,41 @@ fn print_datapath(dp: &serde_json::Value) {
             return;
         };
         println!("\n{title} ({})", rows.len());
-        println!(
-            "  {}",
-            cols.iter()
-                .map(|c| format!("{:<22}", c.to_uppercase()))
-                .collect::<String>()
-        );
+        // Each column as wide as its widest cell, two spaces between.
+        let widths: Vec<usize> = cols
+            .iter()
+            .map(|c| {
+                rows.iter()
+                    .map(|r| s(&r[*c]).len())
+                    .chain([c.len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: Vec<String>| {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            println!("  {}", padded.join("  ").trim_end());
+        };
+        line(cols.iter().map(|c| c.to_uppercase()).collect());
         for r in rows {
-            println!(
-                "  {}",
-                cols.iter()
-                    .map(|c| format!("{:<22}", s(&r[*c])))
-                    .collect::<String>()
-            );
+            line(cols.iter().map(|c| s(&r[*c])).collect());
         }
     };
     table(
         "POLICY TARGETS",
         "policy_targets",
-        &["slot", "policy_id", "eip_v4", "eip_v6", "gateway_tunnel_ip"],
+        &[
+            "slot",
+            "policy",
+            "policy_id",
+            "eip_v4",
+            "eip_v6",
+            "gateway_tunnel_ip",
+        ],
     );
     table("POLICY SOURCES", "policy_sources", &["source", "slots"]);
     table("PORT BLOCKS", "port_blocks", &["eip", "blocks"]);
@@ -96,12 +167,13 @@ fn print_datapath(dp: &serde_json::Value) {
     if let Some(p) = dp.get("policy_stats").and_then(|v| v.as_object()) {
         println!("\nPOLICY COUNTERS");
         println!(
-            "  {:<10} {:>12} {:>14} {:>12} {:>14}",
-            "POLICY", "EGRESS_PKTS", "EGRESS_BYTES", "REPLY_PKTS", "REPLY_BYTES"
+            "  {:<40} {:<10} {:>12} {:>14} {:>12} {:>14}",
+            "POLICY", "ID", "EGRESS_PKTS", "EGRESS_BYTES", "REPLY_PKTS", "REPLY_BYTES"
         );
         for (id, c) in p {
             println!(
-                "  {:<10} {:>12} {:>14} {:>12} {:>14}",
+                "  {:<40} {:<10} {:>12} {:>14} {:>12} {:>14}",
+                s(&c["policy"]),
                 id,
                 s(&c["egress_packets"]),
                 s(&c["egress_bytes"]),
@@ -114,7 +186,7 @@ fn print_datapath(dp: &serde_json::Value) {
         println!("\nDROPS");
         for (reason, c) in d {
             println!(
-                "  {:<16} {:>12} {:>14}",
+                "  {:<20} {:>12} {:>14}",
                 reason,
                 s(&c["packets"]),
                 s(&c["bytes"])
