@@ -170,3 +170,50 @@ fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
     );
     Ok(())
 }
+/// The agent checks its capabilities before it touches the kernel: started
+/// with the chart's set minus any one capability, it exits naming the one
+/// it lacks; with the chart's whole set it comes up. So a chart that grants
+/// less than the agent needs fails here.
+#[test]
+#[ignore = "needs root: namespaces, BPF, podman"]
+fn the_agent_names_each_capability_of_the_chart_it_lacks() -> Result<()> {
+    let chart = chart()?;
+    let spec = ClusterSpec {
+        workers: 1,
+        gateways: 1,
+        pods_per_worker: 1,
+        kubernetes: true,
+        launcher: Launcher::Chart(Box::new(chart.clone())),
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    let gateway = 1;
+    cluster.kill_agent(gateway);
+    ensure!(!chart.agent.caps_add.is_empty(), "the chart grants nothing");
+    for cap in &chart.agent.caps_add {
+        let mut fewer = chart.agent.clone();
+        fewer.caps_add.retain(|c| c != cap);
+        let mut agent = cluster.spawn_agent_container(gateway, &fewer)?;
+        let line = agent
+            .wait_for_line("lacks", Duration::from_secs(30))
+            .with_context(|| format!("the agent without {cap} did not say what it lacks"))?;
+        assert!(
+            line.contains(&format!("CAP_{cap}")),
+            "without {cap}: {line}"
+        );
+        let others: Vec<String> = chart
+            .agent
+            .caps_add
+            .iter()
+            .filter(|c| *c != cap)
+            .map(|c| format!("CAP_{c}"))
+            .collect();
+        for other in &others {
+            assert!(!line.contains(other.as_str()), "without {cap}: {line}");
+        }
+    }
+    // The chart's whole set: the same node's agent comes up.
+    let mut agent = cluster.spawn_agent_container(gateway, &chart.agent)?;
+    agent.wait_for_line("ready node=", Duration::from_secs(30))?;
+    Ok(())
+}
