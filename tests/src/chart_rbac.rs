@@ -25,6 +25,18 @@ pub struct ChartRbac {
     pub controller: Vec<Rule>,
 }
 
+/// The release name the chart is rendered with (its object names follow).
+pub const RELEASE: &str = "egw";
+
+/// A working helm (installed under target/tools first if missing).
+pub fn helm_bin() -> Result<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("tests/ lives in the workspace")?
+        .to_owned();
+    helm::ensure_helm(&root)
+}
+
 fn render() -> Result<Vec<Value>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

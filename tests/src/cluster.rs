@@ -9,9 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
+    chart_pods::{ChartPods, ContainerSpec, PodEnv},
     etcd::EtcdServer,
     kube_api::FakeApiServer,
     netns::PinDir,
@@ -101,6 +102,21 @@ pub struct ClusterSpec {
     pub kubernetes: bool,
     /// How the workers' pods are wired (routed veth, or a CNI plugin).
     pub wiring: crate::cni::Wiring,
+    /// How the agents and controllers are started.
+    pub launcher: Launcher,
+}
+
+/// How a [`Cluster`] starts its agents and controllers.
+#[derive(Clone, Debug, Default)]
+pub enum Launcher {
+    /// `egress` processes with the harness's flags.
+    #[default]
+    Process,
+    /// Containers of the chart's image, each run as the chart renders its
+    /// container ([`crate::chart_pods`]); needs `kubernetes`. The timers
+    /// and every other setting are the chart's, as rendered: the spec's
+    /// `timers` and `bgp` are not used.
+    Chart(Box<ChartPods>),
 }
 
 impl Default for ClusterSpec {
@@ -118,6 +134,7 @@ impl Default for ClusterSpec {
             workers_are_gateways: false,
             kubernetes: false,
             wiring: crate::cni::Wiring::Routed,
+            launcher: Launcher::Process,
         }
     }
 }
@@ -195,6 +212,8 @@ pub struct Cluster {
     egress: PathBuf,
     spec: ClusterSpec,
     agent_probes: bool,
+    /// Where each agent serves /state, on its node's loopback.
+    agent_admin: String,
 }
 
 impl Cluster {
@@ -208,6 +227,22 @@ impl Cluster {
             .chain((1..=spec.gateways).map(|i| format!("g{i}")))
             .collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let agent_admin = match &spec.launcher {
+            Launcher::Process => AGENT_ADMIN.to_owned(),
+            Launcher::Chart(chart) => {
+                ensure!(
+                    spec.kubernetes,
+                    "the chart's containers need `kubernetes: true`"
+                );
+                let port = chart
+                    .agent
+                    .args
+                    .iter()
+                    .find_map(|a| a.strip_prefix("--metrics-port="))
+                    .context("the chart's agent has no --metrics-port")?;
+                format!("127.0.0.1:{port}")
+            }
+        };
         let mut topo = Topology::build(&refs)?;
         for w in 0..spec.workers {
             for p in 0..spec.pods_per_worker {
@@ -234,6 +269,7 @@ impl Cluster {
             spec: spec.clone(),
             agent_probes: spec.timers.probe.is_some()
                 && agent_has_flag(egress, "--probe-interval-ms"),
+            agent_admin,
         };
         if let DatastoreServer::Kubernetes(k) = &cluster.datastore {
             crate::kube_objects::add_nodes(&k.server, &cluster.topo, |name| {
@@ -392,11 +428,88 @@ impl Cluster {
                 args.extend(["--bgp-peer".into(), format!("{UPSTREAM_IP},asn=64512")]);
             }
         }
-        let argv = self.egress_argv(Caller::Controller, &args);
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let mut p = self.topo.fabric.spawn(&argv)?;
+        let mut p = match &self.spec.launcher {
+            Launcher::Process => {
+                let argv = self.egress_argv(Caller::Controller, &args);
+                let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                self.topo.fabric.spawn(&argv)?
+            }
+            Launcher::Chart(chart) => {
+                // The fabric stands in for the pod network (the chart's
+                // default, no hostNetwork).
+                let pod = PodEnv {
+                    node_name: "fabric",
+                    node_ip: FABRIC_UNDERLAY_IP.to_string(),
+                    pod_ip: FABRIC_UNDERLAY_IP.to_string(),
+                    pod_name: format!("controller-{i}"),
+                    namespace: crate::chart_rbac::NAMESPACE,
+                };
+                let port = (CONTROLLER_METRICS_PORT + i as u16).to_string();
+                self.spawn_container(
+                    &chart.image,
+                    &chart.controller,
+                    &format!("controller{i}"),
+                    &self.topo.fabric,
+                    &pod,
+                    &[("--metrics-port", port)],
+                    Caller::Controller,
+                )?
+            }
+        };
         p.wait_for_line("started", Duration::from_secs(20))?;
         Ok(p)
+    }
+
+    /// Starts `spec` from `image` in `ns`, as the chart's container, with
+    /// the caller's kubeconfig in place of a service account token.
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_container(
+        &self,
+        image: &str,
+        spec: &ContainerSpec,
+        label: &str,
+        ns: &crate::Netns,
+        pod: &PodEnv,
+        replace: &[(&str, String)],
+        caller: Caller,
+    ) -> Result<Proc> {
+        let DatastoreServer::Kubernetes(k) = &self.datastore else {
+            bail!("the chart's containers run on the Kubernetes datastore only");
+        };
+        let config = match caller {
+            Caller::Agent => &k.agent,
+            Caller::Controller => &k.controller,
+            Caller::Admin => &k.admin,
+        };
+        let env = [("KUBECONFIG".to_string(), config.display().to_string())];
+        spec.spawn(image, label, ns, pod, replace, &[config.as_path()], &env)
+    }
+
+    /// Starts node `i`'s agent from the chart's image with `spec` (the
+    /// chart's agent container, or a variant of it); returns at once.
+    pub fn spawn_agent_container(&self, i: usize, spec: &ContainerSpec) -> Result<Proc> {
+        let Launcher::Chart(chart) = &self.spec.launcher else {
+            bail!("the cluster does not run the chart's containers");
+        };
+        let node = &self.topo.nodes[i];
+        let pod = PodEnv {
+            node_name: &node.name,
+            node_ip: node.ip.to_string(),
+            pod_ip: node.ip.to_string(),
+            pod_name: format!("agent-{}", node.name),
+            namespace: crate::chart_rbac::NAMESPACE,
+        };
+        // Every node here shares the host's bpffs: each gets its own folder.
+        let pin = self.pins[i].path().display().to_string();
+        self.spawn_container(
+            &chart.image,
+            spec,
+            &format!("agent{}", node.name),
+            &node.ns,
+            &pod,
+            &[("--pin-dir", pin)],
+            Caller::Agent,
+        )
     }
 
     /// Starts the route reflector in the fabric; the nodes registered in
@@ -440,6 +553,9 @@ impl Cluster {
 
     /// Starts node `i`'s agent; returns at once.
     fn spawn_agent_process(&self, i: usize) -> Result<Proc> {
+        if let Launcher::Chart(chart) = &self.spec.launcher {
+            return self.spawn_agent_container(i, &chart.agent);
+        }
         let node = &self.topo.nodes[i];
         let t = &self.spec.timers;
         let pin = self.pins[i].path().to_string_lossy().into_owned();
@@ -527,8 +643,9 @@ impl Cluster {
 
     pub fn agent_http(&self, i: usize, path: &str) -> Result<String> {
         let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
+        let admin = self.agent_admin.clone();
         self.topo.nodes[i].ns.enter(move || {
-            let mut s = TcpStream::connect(AGENT_ADMIN)?;
+            let mut s = TcpStream::connect(&admin)?;
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
             s.write_all(req.as_bytes())?;
             let mut out = String::new();
@@ -634,8 +751,9 @@ impl Cluster {
 
     /// The `/state` document of node `i`'s agent.
     pub fn agent_state(&self, i: usize) -> Result<serde_json::Value> {
-        self.topo.nodes[i].ns.enter(|| {
-            let mut s = TcpStream::connect(AGENT_ADMIN)?;
+        let admin = self.agent_admin.clone();
+        self.topo.nodes[i].ns.enter(move || {
+            let mut s = TcpStream::connect(&admin)?;
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
             s.write_all(b"GET /state HTTP/1.1\r\nconnection: close\r\n\r\n")?;
             let mut out = String::new();

@@ -34,22 +34,42 @@ pub struct Proc {
     child: Child,
     what: String,
     lines: mpsc::Receiver<String>,
+    /// Run (to completion) when the process is killed or dropped: what
+    /// stops it for good where killing the child alone does not (a
+    /// container outlives its `podman run`).
+    cleanup: Option<Vec<String>>,
 }
 
 impl Proc {
-    pub fn spawn(mut cmd: Command, what: String) -> Result<Self> {
+    pub fn spawn(cmd: Command, what: String) -> Result<Self> {
+        Self::spawn_inner(cmd, what, None)
+    }
+
+    /// [`Proc::spawn`], and `cleanup` runs when it is killed or dropped.
+    /// Its stderr lines arrive with its stdout lines (an error message is
+    /// something to wait for too).
+    pub fn spawn_with_cleanup(cmd: Command, what: String, cleanup: Vec<String>) -> Result<Self> {
+        Self::spawn_inner(cmd, what, Some(cleanup))
+    }
+
+    fn spawn_inner(mut cmd: Command, what: String, cleanup: Option<Vec<String>>) -> Result<Self> {
         cmd.stdout(Stdio::piped()).stdin(Stdio::null());
+        if cleanup.is_some() {
+            cmd.stderr(Stdio::piped());
+        }
         let mut child = cmd.spawn().with_context(|| format!("starting `{what}`"))?;
-        let stdout = child.stdout.take().expect("stdout is piped");
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Self { child, what, lines })
+        let stdout = child.stdout.take().expect("stdout is piped");
+        forward_lines(stdout, tx.clone());
+        if let Some(stderr) = child.stderr.take() {
+            forward_lines(stderr, tx);
+        }
+        Ok(Self {
+            child,
+            what,
+            lines,
+            cleanup,
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -102,9 +122,27 @@ impl Proc {
 
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
+        if let Some(argv) = self.cleanup.take() {
+            let _ = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends every line `from` yields to `tx`, on a thread of its own.
+fn forward_lines(from: impl std::io::Read + Send + 'static, tx: mpsc::Sender<String>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
 }
 
 impl Drop for Proc {

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <setup|build-ebpf|test|fuzz|demo|e2e|bench>`.
+//! Project tasks: `cargo xtask <setup|build-ebpf|image|test|fuzz|demo|e2e|bench>`.
 
 mod bench_bgp;
 mod bench_control_plane;
@@ -10,6 +10,7 @@ mod demo_stop;
 mod e2e;
 mod fuzz;
 mod helm;
+mod image;
 mod setup;
 mod shell;
 mod test;
@@ -40,6 +41,12 @@ enum Task {
         /// Also build the datapath benchmark's object (target/ebpf/egress-bench.bpf.o).
         #[arg(long)]
         bench: bool,
+    },
+    /// The chart's container image (`egress:<appVersion>`) from `Containerfile`, with podman.
+    Image {
+        /// Pack this binary instead of a release build (e.g. target/debug/egress).
+        #[arg(long)]
+        binary: Option<PathBuf>,
     },
     /// The README's test command: setup, build-ebpf, fmt, clippy, all tests, then the privileged tests.
     Test {
@@ -117,6 +124,7 @@ fn main() {
                 false => Ok(()),
             })
         }
+        Task::Image { binary } => image::build(&root, binary.as_deref()).map(|_| ()),
         Task::Test { unprivileged } => test::run(&root, unprivileged),
         Task::Fuzz { seconds } => {
             setup::ensure_cargo_fuzz().and_then(|_| fuzz::run(&root, seconds))

@@ -39,6 +39,13 @@ const PACKAGES: &[&str] = &[
     "frr",
     "bird2",
     "gobgpd",
+    // the chart's image (`cargo xtask image`) and the tests that run the agent
+    // and controller in it: podman on runc, its base made with mmdebstrap,
+    // objcopy to pack a binary without its debug sections
+    "podman",
+    "runc",
+    "mmdebstrap",
+    "binutils",
     // the etcd datastore
     "etcd-server",
     "etcd-client",

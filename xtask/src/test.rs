@@ -68,6 +68,12 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
             "the privileged tests need root (namespaces, BPF); run as root or pass --unprivileged"
         );
     }
+    // The containerised tests run the agent and controller from the chart's
+    // image, packed around the debug binary just built.
+    crate::image::build(
+        root,
+        Some(&crate::image::target_dir(root).join("debug/egress")),
+    )?;
     step("tests (privileged: namespaces, BPF, real peers)");
     // Every privileged test is #[ignore]d so that a plain `cargo test` runs
     // anywhere; benchmarks and generators are ignored too and skipped here.

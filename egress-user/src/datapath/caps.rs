@@ -4,15 +4,24 @@
 //! instead of a bare EPERM from somewhere inside the loader.
 
 const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_BPF: u32 = 39;
 
-/// The capabilities the agent needs: loading programs and maps, attaching
-/// them to interfaces, and mounting bpffs / pinning.
+/// The capabilities the agent needs (docs/deploy.md, "Security settings of
+/// the pods", says what fails without each): creating maps (BPF); loading
+/// TC programs, attaching them, the VXLAN device, routes (NET_ADMIN); the
+/// verifier's pointer arithmetic and the container runtimes' default
+/// seccomp profiles that allow bpf() only with it (SYS_ADMIN); the
+/// gratuitous ARP / unsolicited NA of a takeover from a packet socket
+/// (NET_RAW: without it a takeover only logs a warning, and upstream
+/// routers keep sending to the old gateway until their neighbour entry
+/// expires, so the agent refuses to start instead).
 const NEEDED: &[(u32, &str)] = &[
     (CAP_BPF, "CAP_BPF"),
     (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
     (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+    (CAP_NET_RAW, "CAP_NET_RAW"),
 ];
 
 /// Parses the hex `CapEff:` line of /proc/<pid>/status.
@@ -50,10 +59,10 @@ mod tests {
     }
 
     #[test]
-    fn empty_set_lacks_all_three() {
+    fn empty_set_lacks_all_four() {
         assert_eq!(
             missing_from(0),
-            vec!["CAP_BPF", "CAP_NET_ADMIN", "CAP_SYS_ADMIN"]
+            vec!["CAP_BPF", "CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_NET_RAW"]
         );
     }
 
@@ -61,6 +70,9 @@ mod tests {
     fn status_line_is_parsed() {
         let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t0000000000001000\n";
         assert_eq!(effective_from_status(status), Some(1 << 12));
-        assert_eq!(missing_from(1 << 12), vec!["CAP_BPF", "CAP_SYS_ADMIN"]);
+        assert_eq!(
+            missing_from(1 << 12),
+            vec!["CAP_BPF", "CAP_SYS_ADMIN", "CAP_NET_RAW"]
+        );
     }
 }

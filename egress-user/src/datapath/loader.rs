@@ -13,7 +13,7 @@ use super::bpffs;
 /// Why the datapath could not be loaded, in words an operator can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("this process lacks {} (needed to load BPF programs and maps, attach them and pin them): run the agent as root, or grant these capabilities (the chart's agent.privileged or capabilities values)", missing.join(", "))]
+    #[error("this process lacks {} (needed to load BPF programs and maps, attach them and announce EIPs; docs/deploy.md says what each is for): run the agent as root, or grant these capabilities (the chart grants them, or agent.privileged)", missing.join(", "))]
     MissingCapabilities { missing: Vec<&'static str> },
     #[error("pin folder {path}: {source}")]
     PinDir {

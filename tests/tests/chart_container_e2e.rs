@@ -1,0 +1,219 @@
+//! The agent and the controller from the chart's image, each run as the
+//! chart renders its container: the same command and args, env, added and
+//! dropped capabilities, user, read-only root filesystem, host mounts and
+//! host network (`egress_tests::chart_pods` says what stands in for
+//! Kubernetes). They run on the Kubernetes datastore against the in-memory
+//! API server with the chart's RBAC: the chart's `--datastore=kubernetes`
+//! args stay as rendered, only the service account token becomes a
+//! kubeconfig.
+//!
+//! `cargo xtask test` builds the image (`cargo xtask image --binary
+//! target/debug/egress`) before these run.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use egress_tests::{
+    chart_pods::{image_exists, ChartPods},
+    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Launcher},
+    egress_bin,
+    topology::eip,
+    Netns,
+};
+
+/// The chart with the harness's short failover timers (so a failover takes
+/// seconds), the underlay interface of the test nodes, and BGP off: the
+/// agents would look the reflectors up by their Service's DNS name, which
+/// no cluster DNS answers here. EIPs are announced by ARP/NDP, the default
+/// way without BGP.
+fn chart() -> Result<ChartPods> {
+    let sets: Vec<String> = [
+        "feature.tunnelUpdatePeriod=500ms",
+        "feature.tunnelMonitorPeriod=250ms",
+        "feature.eipEvictionTimeout=3s",
+        "controller.leaderElection.leaseDuration=3s",
+        "controller.replicas=1",
+        "agent.uplink=eth0",
+        "bgp.enabled=false",
+    ]
+    .map(String::from)
+    .to_vec();
+    let chart = ChartPods::render(&sets)?;
+    ensure!(
+        image_exists(&chart.image),
+        "podman has no image {}: run `cargo xtask image` (or `cargo xtask image --binary target/debug/egress`)",
+        chart.image
+    );
+    Ok(chart)
+}
+
+fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> Result<String> {
+    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
+    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
+}
+
+/// Capability numbers (linux/capability.h) of the names the chart uses.
+fn cap_bit(name: &str) -> u32 {
+    match name.trim_start_matches("CAP_") {
+        "NET_BIND_SERVICE" => 10,
+        "NET_ADMIN" => 12,
+        "NET_RAW" => 13,
+        "SYS_ADMIN" => 21,
+        "PERFMON" => 38,
+        "BPF" => 39,
+        other => panic!("no bit known for capability {other}"),
+    }
+}
+
+/// (uid, effective capabilities) of the `egress` process in `ns`.
+fn egress_process_in(ns: &Netns) -> Result<(u32, u64)> {
+    let pids = egress_tests::run(&["ip", "netns", "pids", ns.name()])?;
+    for pid in pids.split_whitespace() {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        if !status.lines().any(|l| l == "Name:\tegress") {
+            continue;
+        }
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_owned())
+                .with_context(|| format!("{key} of pid {pid}"))
+        };
+        let uid: u32 = field("Uid:")?
+            .split_whitespace()
+            .next()
+            .context("uid")?
+            .parse()?;
+        let caps = u64::from_str_radix(&field("CapEff:")?, 16)?;
+        return Ok((uid, caps));
+    }
+    anyhow::bail!("no egress process in {}", ns.name())
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, podman"]
+fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
+    let chart = chart()?;
+    // What the chart asks for, and so what the containers below run under.
+    let agent = &chart.agent;
+    assert!(agent.host_network && !agent.privileged && agent.read_only_root);
+    assert_eq!(agent.caps_drop, ["ALL"]);
+    assert_eq!(agent.run_as_user, Some(0));
+    let controller = &chart.controller;
+    assert!(!controller.host_network && controller.read_only_root);
+    assert!(controller.caps_add.is_empty() && controller.no_new_privileges);
+    assert_eq!(controller.run_as_user, Some(65532));
+    let agent_caps: u64 = agent.caps_add.iter().map(|c| 1u64 << cap_bit(c)).sum();
+
+    let spec = ClusterSpec {
+        kubernetes: true,
+        launcher: Launcher::Chart(Box::new(chart.clone())),
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+
+    // Each agent runs as root with exactly the chart's capabilities; the
+    // controller as 65532 with none.
+    for node in &cluster.topo.nodes {
+        let (uid, caps) = egress_process_in(&node.ns)?;
+        assert_eq!(
+            (uid, caps),
+            (0, agent_caps),
+            "agent of {}: uid and CapEff",
+            node.name
+        );
+    }
+    assert_eq!(egress_process_in(&cluster.topo.fabric)?, (65532, 0));
+
+    cluster.apply_examples()?;
+    let eip = eip(0).to_string();
+    let owner = cluster.example_eip_owner()?;
+    ensure!(
+        cluster.topo.nodes[owner].name.starts_with('g'),
+        "a worker announces the EIP"
+    );
+    wait_until("w1 applies the policy", Duration::from_secs(30), || {
+        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
+    })?;
+    // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
+    assert_eq!(source_seen(&cluster, 0, 0)?, eip);
+    let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
+    assert_eq!(source_seen(&cluster, 0, 1)?, p12);
+
+    // The owner's agent container is removed (as a node's agent crashing):
+    // the controller moves the EIP to the other gateway, whose agent
+    // announces it with a gratuitous ARP from its raw socket, and p11
+    // leaves with it there.
+    cluster.kill_agent(owner);
+    wait_until(
+        "another gateway announces the EIP",
+        Duration::from_secs(30),
+        || Ok(matches!(cluster.announcers(&eip).as_slice(), [n] if *n != owner)),
+    )?;
+    wait_until(
+        "p11 leaves with the EIP again",
+        Duration::from_secs(30),
+        || Ok(source_seen(&cluster, 0, 0)? == eip),
+    )?;
+    let refused: Vec<_> = cluster
+        .api_server()
+        .requests()
+        .into_iter()
+        .filter(|r| r.status == 401 || r.status == 403)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "refused by the chart's RBAC: {refused:#?}"
+    );
+    Ok(())
+}
+/// The agent checks its capabilities before it touches the kernel: started
+/// with the chart's set minus any one capability, it exits naming the one
+/// it lacks; with the chart's whole set it comes up. So a chart that grants
+/// less than the agent needs fails here.
+#[test]
+#[ignore = "needs root: namespaces, BPF, podman"]
+fn the_agent_names_each_capability_of_the_chart_it_lacks() -> Result<()> {
+    let chart = chart()?;
+    let spec = ClusterSpec {
+        workers: 1,
+        gateways: 1,
+        pods_per_worker: 1,
+        kubernetes: true,
+        launcher: Launcher::Chart(Box::new(chart.clone())),
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    let gateway = 1;
+    cluster.kill_agent(gateway);
+    ensure!(!chart.agent.caps_add.is_empty(), "the chart grants nothing");
+    for cap in &chart.agent.caps_add {
+        let mut fewer = chart.agent.clone();
+        fewer.caps_add.retain(|c| c != cap);
+        let mut agent = cluster.spawn_agent_container(gateway, &fewer)?;
+        let line = agent
+            .wait_for_line("lacks", Duration::from_secs(30))
+            .with_context(|| format!("the agent without {cap} did not say what it lacks"))?;
+        assert!(
+            line.contains(&format!("CAP_{cap}")),
+            "without {cap}: {line}"
+        );
+        let others: Vec<String> = chart
+            .agent
+            .caps_add
+            .iter()
+            .filter(|c| *c != cap)
+            .map(|c| format!("CAP_{c}"))
+            .collect();
+        for other in &others {
+            assert!(!line.contains(other.as_str()), "without {cap}: {line}");
+        }
+    }
+    // The chart's whole set: the same node's agent comes up.
+    let mut agent = cluster.spawn_agent_container(gateway, &chart.agent)?;
+    agent.wait_for_line("ready node=", Duration::from_secs(30))?;
+    Ok(())
+}
