@@ -73,5 +73,7 @@ pub const NAT_TABLE_SIZE: u32 = 262144;
 pub const PORT_BLOCKS_SIZE: u32 = 4096;
 pub const STEERING_SIZE: u32 = 65536;
 pub const OWNED_EIPS_SIZE: u32 = 4096;
-pub const POLICY_STATS_SIZE: u32 = 1024;
+/// Counters of every policy a node can hold, of their fail-closed
+/// stand-ins and of the shared overflow slot, with room to spare.
+pub const POLICY_STATS_SIZE: u32 = 2 * crate::policy::MAX_POLICY_SLOTS as u32;
 pub const POD_LINKS_SIZE: u32 = 65536;

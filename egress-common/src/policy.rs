@@ -1,18 +1,38 @@
 //! Policy match: two LPM tries and a slot table.
 //!
-//! Userspace gives every policy that applies on this node a slot `0..64`,
-//! ordered by priority (slot 0 wins). The source trie maps a pod prefix to
+//! Userspace gives every policy that applies on this node a slot
+//! `0..MAX_POLICY_SLOTS`, ordered by priority (slot 0 wins). The source trie maps a pod prefix to
 //! the set (bitmask) of slots whose pods it covers; the destination trie maps
 //! a destination prefix to the slots whose `destSubnet` covers it and the
 //! slots whose `excludedSubnet` covers it. Userspace folds every covering
 //! prefix into each more specific one, so one longest-prefix lookup per trie
 //! gives the complete sets. The program takes
 //! `src.slots & dst.slots & !dst.excluded` and picks the lowest set bit.
+//! A set of slots is `SLOT_WORDS` 64-bit words; bit `b` of word `w` is slot
+//! `64 * w + b`.
 
 use crate::addr::Addr;
 
 /// Most policies that can apply on one node at the same time.
-pub const MAX_POLICY_SLOTS: usize = 64;
+pub const MAX_POLICY_SLOTS: usize = 1024;
+
+/// 64-bit words of one set of slots.
+pub const SLOT_WORDS: usize = MAX_POLICY_SLOTS / 64;
+
+/// A set of policy slots as a bitmask (see the module comment).
+pub type SlotSet = [u64; SLOT_WORDS];
+
+/// Adds `slot` to `set`.
+#[inline(always)]
+pub fn set_slot(set: &mut SlotSet, slot: usize) {
+    set[slot / 64] |= 1 << (slot % 64);
+}
+
+/// Whether `slot` is in `set`.
+#[inline(always)]
+pub fn has_slot(set: &SlotSet, slot: usize) -> bool {
+    set[slot / 64] & (1 << (slot % 64)) != 0
+}
 
 /// The destination is a cluster CIDR (pods, services, nodes, extra): skip.
 pub const DST_CLUSTER: u32 = 1 << 0;
@@ -21,15 +41,15 @@ pub const DST_CLUSTER: u32 = 1 << 0;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SrcMatch {
-    pub slots: u64,
+    pub slots: SlotSet,
 }
 
 /// Value of the destination trie (key: destination prefix).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DstMatch {
-    pub slots: u64,
-    pub excluded: u64,
+    pub slots: SlotSet,
+    pub excluded: SlotSet,
     /// `DST_*` bits.
     pub flags: u32,
     pub _pad: u32,
@@ -84,17 +104,22 @@ impl PolicyStats {
 }
 
 /// Picks the winning slot: the lowest bit of `src & dst & !excluded`.
+/// A bounded scan over the words (the verifier sees `SLOT_WORDS` rounds at
+/// most); the first word with a candidate decides.
 #[inline(always)]
-pub fn pick_slot(src: u64, dst: &DstMatch) -> Option<u32> {
+pub fn pick_slot(src: &SrcMatch, dst: &DstMatch) -> Option<u32> {
     if dst.flags & DST_CLUSTER != 0 {
         return None;
     }
-    let cand = src & dst.slots & !dst.excluded;
-    if cand == 0 {
-        None
-    } else {
-        Some(cand.trailing_zeros())
+    let mut w = 0;
+    while w < SLOT_WORDS {
+        let cand = src.slots[w] & dst.slots[w] & !dst.excluded[w];
+        if cand != 0 {
+            return Some(w as u32 * 64 + cand.trailing_zeros());
+        }
+        w += 1;
     }
+    None
 }
 
 #[cfg(feature = "user")]
@@ -111,24 +136,56 @@ mod tests {
     use super::*;
     #[test]
     fn layout() {
-        assert_eq!(core::mem::size_of::<DstMatch>(), 24);
+        assert_eq!(core::mem::size_of::<SrcMatch>(), 8 * SLOT_WORDS);
+        assert_eq!(core::mem::size_of::<DstMatch>(), 16 * SLOT_WORDS + 8);
+        assert_eq!(core::mem::offset_of!(DstMatch, excluded), 8 * SLOT_WORDS);
+        assert_eq!(core::mem::offset_of!(DstMatch, flags), 16 * SLOT_WORDS);
         assert_eq!(core::mem::size_of::<EgressTarget>(), 48);
         assert_eq!(core::mem::offset_of!(EgressTarget, gateway_tunnel_ip), 40);
     }
+
+    fn src(slots: &[usize]) -> SrcMatch {
+        let mut m = SrcMatch::default();
+        slots.iter().for_each(|s| set_slot(&mut m.slots, *s));
+        m
+    }
+
+    fn dst(slots: &[usize], excluded: &[usize]) -> DstMatch {
+        let mut m = DstMatch::default();
+        slots.iter().for_each(|s| set_slot(&mut m.slots, *s));
+        excluded.iter().for_each(|s| set_slot(&mut m.excluded, *s));
+        m
+    }
+
     #[test]
     fn lowest_slot_wins_and_exclusions_and_cluster_skip() {
-        let d = DstMatch {
-            slots: 0b110,
-            excluded: 0b010,
-            flags: 0,
-            _pad: 0,
-        };
-        assert_eq!(pick_slot(0b111, &d), Some(2));
-        assert_eq!(pick_slot(0b001, &d), None);
+        let d = dst(&[1, 2], &[1]);
+        assert_eq!(pick_slot(&src(&[0, 1, 2]), &d), Some(2));
+        assert_eq!(pick_slot(&src(&[0]), &d), None);
         let c = DstMatch {
             flags: DST_CLUSTER,
             ..d
         };
-        assert_eq!(pick_slot(0b111, &c), None);
+        assert_eq!(pick_slot(&src(&[0, 1, 2]), &c), None);
+    }
+
+    #[test]
+    fn slots_beyond_the_first_word_match_and_the_lowest_still_wins() {
+        let last = MAX_POLICY_SLOTS - 1;
+        assert_eq!(pick_slot(&src(&[700]), &dst(&[700], &[])), Some(700));
+        assert_eq!(
+            pick_slot(&src(&[last]), &dst(&[last], &[])),
+            Some(last as u32)
+        );
+        assert_eq!(
+            pick_slot(&src(&[63, 700]), &dst(&[64, 700], &[])),
+            Some(700)
+        );
+        assert_eq!(
+            pick_slot(&src(&[65, 700]), &dst(&[65, 700], &[65])),
+            Some(700)
+        );
+        assert_eq!(pick_slot(&src(&[700]), &dst(&[701], &[])), None);
+        assert!(has_slot(&src(&[700]).slots, 700) && !has_slot(&src(&[700]).slots, 636));
     }
 }

@@ -8,7 +8,7 @@ use egress_common::{
     addr::Addr,
     config::DatapathConfig,
     drops::DROP_REASONS,
-    maps::POD_LINKS_SIZE,
+    maps::{POD_LINKS_SIZE, POLICY_STATS_SIZE, POLICY_TRIE_SIZE},
     nat::{NatEntry, NatKey},
     pod_link::PodLink,
     policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
@@ -19,13 +19,14 @@ use egress_common::{
 };
 
 #[btf_map]
-pub static POLICY_SRC: LpmTrie<Addr, SrcMatch, 16384> = LpmTrie::new();
+pub static POLICY_SRC: LpmTrie<Addr, SrcMatch, { POLICY_TRIE_SIZE as usize }> = LpmTrie::new();
 #[btf_map]
-pub static POLICY_DST: LpmTrie<Addr, DstMatch, 16384> = LpmTrie::new();
+pub static POLICY_DST: LpmTrie<Addr, DstMatch, { POLICY_TRIE_SIZE as usize }> = LpmTrie::new();
 #[btf_map]
 pub static POLICY_TARGETS: Array<EgressTarget, MAX_POLICY_SLOTS> = Array::new();
 #[btf_map]
-pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, 1024> = PerCpuHashMap::new();
+pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, { POLICY_STATS_SIZE as usize }> =
+    PerCpuHashMap::new();
 #[btf_map]
 pub static NAT_FWD: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
 #[btf_map]

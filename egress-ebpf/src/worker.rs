@@ -225,9 +225,10 @@ fn stays_on_link(dst: &Addr) -> bool {
 /// The policy slot's target that selects `f` (source pod, destination), if any.
 #[inline(always)]
 fn policy_target(f: &Flow) -> Option<&'static EgressTarget> {
-    let src = POLICY_SRC.get(&Key::new(128, f.src))?.slots;
-    let dst = *POLICY_DST.get(&Key::new(128, f.dst))?;
-    POLICY_TARGETS.get(pick_slot(src, &dst)?)
+    // Read in place: a `DstMatch` is too big to copy onto the BPF stack.
+    let src = POLICY_SRC.get(&Key::new(128, f.src))?;
+    let dst = POLICY_DST.get(&Key::new(128, f.dst))?;
+    POLICY_TARGETS.get(pick_slot(src, dst)?)
 }
 
 /// Remembers the translation of a first fragment for the later ones (`frag`).

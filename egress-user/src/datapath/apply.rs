@@ -50,6 +50,8 @@ pub enum ApplyError {
 pub struct ApplyReport {
     pub written: BTreeMap<&'static str, usize>,
     pub removed: BTreeMap<&'static str, usize>,
+    /// Policies left out because they do not fit (see `capacity`).
+    pub over_capacity: Vec<crate::datapath::capacity::OverCapacity>,
 }
 
 impl ApplyReport {
@@ -261,5 +263,7 @@ fn write_config(src: &mut dyn MapSource, c: &DatapathConfig) -> Result<usize, Ap
 /// Translates `desired` and writes it into the maps by diffing.
 pub fn apply(src: &mut dyn MapSource, desired: &DesiredMaps) -> Result<ApplyReport, ApplyError> {
     let m = translate(desired)?;
-    apply_contents(src, &m)
+    let mut report = apply_contents(src, &m)?;
+    report.over_capacity = m.over_capacity;
+    Ok(report)
 }

@@ -63,24 +63,46 @@ fn errno_in(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
     None
 }
 
-/// A pinned map whose shape an older object defined differently would be
-/// reused as it is (pinned maps are reused by name): unpin it so that a
-/// map of the right shape is created. `DROPS` with fewer drop reasons (only
-/// counters are lost) and `CONFIG` of another size (the agent writes it
-/// whole on its first apply).
 /// Whether a pinned map's shape no longer fits the object.
 type Incompatible = fn(&aya::maps::MapInfo) -> bool;
 
-fn replace_incompatible_pins(pin_dir: &Path) {
-    let checks: [(&str, Incompatible); 2] = [
-        (egress_common::maps::DROPS, |i| {
+/// The pinned maps an older object may have defined with another shape,
+/// and how to tell. A pinned map is reused by name as it is, so one of an
+/// old shape would be misread; these are replaced instead. What that
+/// costs: `DROPS` and `POLICY_STATS` lose their counters; `CONFIG` and
+/// the policy maps (`POLICY_SRC`, `POLICY_DST`, `POLICY_TARGETS`, whose
+/// slot sets grew from 64 to 1024 slots) start empty and are written
+/// whole by the agent's first apply.
+fn shape_checks() -> [(&'static str, Incompatible); 6] {
+    use core::mem::size_of;
+    use egress_common::{config::DatapathConfig, maps, policy};
+    [
+        (maps::DROPS, |i| {
             (i.max_entries() as usize) < egress_common::drops::DROP_REASONS
         }),
-        (egress_common::maps::CONFIG, |i| {
-            i.value_size() as usize != core::mem::size_of::<egress_common::config::DatapathConfig>()
+        (maps::CONFIG, |i| {
+            i.value_size() as usize != size_of::<DatapathConfig>()
         }),
-    ];
-    for (name, incompatible) in checks {
+        (maps::POLICY_SRC, |i| {
+            i.value_size() as usize != size_of::<policy::SrcMatch>()
+        }),
+        (maps::POLICY_DST, |i| {
+            i.value_size() as usize != size_of::<policy::DstMatch>()
+        }),
+        (maps::POLICY_TARGETS, |i| {
+            (i.max_entries() as usize) < policy::MAX_POLICY_SLOTS
+        }),
+        (maps::POLICY_STATS, |i| {
+            i.max_entries() < maps::POLICY_STATS_SIZE
+        }),
+    ]
+}
+
+/// Unpins every map of [`shape_checks`] whose pin has an old shape, so
+/// that the load creates it anew; returns their names.
+fn replace_incompatible_pins(pin_dir: &Path) -> Vec<&'static str> {
+    let mut replaced = Vec::new();
+    for (name, incompatible) in shape_checks() {
         let path = pin_dir.join(name);
         let Ok(data) = aya::maps::MapData::from_pin(&path) else {
             continue;
@@ -90,8 +112,10 @@ fn replace_incompatible_pins(pin_dir: &Path) {
         if replace {
             tracing::info!(path = %path.display(), "map pinned by an older datapath has another shape; replacing it");
             let _ = std::fs::remove_file(&path);
+            replaced.push(name);
         }
     }
+    replaced
 }
 
 /// Map sizes the operator chooses at load time.
@@ -141,9 +165,21 @@ fn warn_on_pinned_nat_size(pin_dir: &Path, want: u32) {
 pub struct Datapath {
     pub ebpf: Ebpf,
     pub pin_dir: PathBuf,
+    /// Pinned maps of an old shape that this load replaced by empty ones.
+    pub replaced: Vec<&'static str>,
 }
 
 impl Datapath {
+    /// Whether the policy maps started empty (replaced after an upgrade):
+    /// until the first apply fills them, the program would match no
+    /// policy, so pod veths keep their old program until then.
+    pub fn policy_maps_replaced(&self) -> bool {
+        use egress_common::maps::{POLICY_DST, POLICY_SRC, POLICY_TARGETS};
+        self.replaced
+            .iter()
+            .any(|m| [POLICY_SRC, POLICY_DST, POLICY_TARGETS].contains(m))
+    }
+
     /// Loads `object`, reusing maps already pinned in `pin_dir` (so a restart
     /// keeps the state the programs use) and pinning the others there.
     pub fn load(object: &[u8], pin_dir: &Path) -> Result<Self, LoadError> {
@@ -160,7 +196,7 @@ impl Datapath {
             path: pin_dir.to_owned(),
             source,
         })?;
-        replace_incompatible_pins(pin_dir);
+        let replaced = replace_incompatible_pins(pin_dir);
         warn_on_pinned_nat_size(pin_dir, sizes.nat_entries);
         let paths: Vec<(&str, PathBuf)> =
             PINNED_MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
@@ -178,6 +214,7 @@ impl Datapath {
         Ok(Self {
             ebpf,
             pin_dir: pin_dir.to_owned(),
+            replaced,
         })
     }
 

@@ -9,6 +9,7 @@
 pub mod announce;
 pub mod apply;
 pub mod bpffs;
+pub mod capacity;
 pub mod caps;
 pub mod desired;
 pub mod lease;

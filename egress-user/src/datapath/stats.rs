@@ -171,7 +171,9 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
                 std::net::IpAddr::V4(_) => k.prefix_len().saturating_sub(96),
                 std::net::IpAddr::V6(_) => k.prefix_len(),
             };
-            let slots: Vec<u32> = (0..64).filter(|i| m.slots & (1u64 << i) != 0).collect();
+            let slots: Vec<usize> = (0..egress_common::policy::MAX_POLICY_SLOTS)
+                .filter(|i| egress_common::policy::has_slot(&m.slots, *i))
+                .collect();
             v.push(json!({ "source": format!("{ip}/{len}"), "slots": slots }));
         }
         out.insert("policy_sources".into(), v.into());

@@ -17,7 +17,10 @@ use egress_common::{
     },
 };
 
-use super::desired::{Cidr, DesiredMaps};
+use super::{
+    capacity::{self, Caps, OverCapacity},
+    desired::{Cidr, DesiredMaps},
+};
 
 /// An LPM key: (prefix length in the 128-bit space, address).
 pub type LpmKey = (u32, Addr);
@@ -35,12 +38,13 @@ pub struct MapContents {
     pub steering: BTreeMap<SteerKey, SteerTarget>,
     pub owned: BTreeMap<Addr, OwnedVal>,
     pub routes: BTreeMap<LpmKey, RouteNextHop>,
+    /// Policies left out because they do not fit (a fail-closed rule
+    /// stands in for each; see [`capacity`]).
+    pub over_capacity: Vec<OverCapacity>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TranslateError {
-    #[error("{0} policies apply on this node; the datapath holds at most {MAX_POLICY_SLOTS}")]
-    TooManyPolicies(usize),
     #[error("EIP {eip}: {count} port blocks granted; at most {MAX_BLOCKS_PER_EIP} per EIP")]
     TooManyBlocks { eip: IpAddr, count: usize },
     #[error("policy {0} has neither an IPv4 nor an IPv6 EIP (and is not marked no_gateway)")]
@@ -66,26 +70,31 @@ pub fn lpm_key(c: &Cidr) -> LpmKey {
     }
 }
 
-/// The IPv4 "everything" prefix; always present in both tries so an IPv4
-/// lookup never falls through to an IPv6 prefix that happens to cover the
-/// IPv4-mapped range (such as `::/0`).
-fn v4_any() -> Cidr {
-    "0.0.0.0/0".parse().expect("valid")
-}
+/// The map sizes this node's policies must fit.
+pub const NODE_CAPS: Caps = Caps {
+    slots: MAX_POLICY_SLOTS,
+    src_entries: egress_common::maps::POLICY_TRIE_SIZE as usize,
+    dst_entries: egress_common::maps::POLICY_TRIE_SIZE as usize,
+};
 
 pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
+    translate_within(d, NODE_CAPS)
+}
+
+/// [`translate`] into maps of the sizes `caps` (smaller in tests).
+pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, TranslateError> {
     if d.config.port_block_size == 0 {
         return Err(TranslateError::BlockSize);
     }
-    let mut policies: Vec<_> = d.policies.iter().collect();
-    if policies.len() > MAX_POLICY_SLOTS {
-        return Err(TranslateError::TooManyPolicies(policies.len()));
-    }
+    let mut sorted: Vec<_> = d.policies.iter().collect();
     // Slot order = priority order: slot 0 wins.
-    policies.sort_by_key(|p| (p.priority, p.id));
+    sorted.sort_by_key(|p| (p.priority, p.id));
+    let placed = capacity::place(&sorted, &d.cluster_cidrs, caps);
+    let policies: Vec<_> = placed.rules.iter().collect();
 
     let mut out = MapContents {
         targets: vec![EgressTarget::default(); MAX_POLICY_SLOTS],
+        over_capacity: placed.over,
         ..Default::default()
     };
     let c = &d.config;
@@ -109,11 +118,13 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
     };
 
     // Sources and destinations per slot; "no destSubnet" means everything.
-    let all_dst = [v4_any(), "::/0".parse().expect("valid")];
-    let mut src_prefixes: BTreeSet<Cidr> = BTreeSet::new();
-    let mut dst_prefixes: BTreeSet<Cidr> = BTreeSet::new();
-    src_prefixes.insert(v4_any());
-    dst_prefixes.insert(v4_any());
+    // Both "everything" prefixes are always in both tries: an IPv4 lookup
+    // then never falls through to an IPv6 prefix that covers the
+    // IPv4-mapped range (such as `::/0`), and a fail-closed stand-in can
+    // always be written (see `capacity`).
+    let all_dst = capacity::always_present();
+    let mut src_prefixes: BTreeSet<Cidr> = all_dst.into();
+    let mut dst_prefixes: BTreeSet<Cidr> = all_dst.into();
     for (slot, p) in policies.iter().enumerate() {
         if p.eip_v4.is_none() && p.eip_v6.is_none() && !p.no_gateway {
             return Err(TranslateError::NoEip(p.id));
@@ -155,13 +166,13 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
 
     // Fold every covering prefix into each more specific one.
     for pre in &src_prefixes {
-        let mut slots = 0u64;
+        let mut m = SrcMatch::default();
         for (slot, p) in policies.iter().enumerate() {
             if p.sources.iter().any(|s| s.contains(pre)) {
-                slots |= 1 << slot;
+                set_slot(&mut m.slots, slot);
             }
         }
-        out.policy_src.insert(lpm_key(pre), SrcMatch { slots });
+        out.policy_src.insert(lpm_key(pre), m);
     }
     for pre in &dst_prefixes {
         let mut m = DstMatch::default();
@@ -172,10 +183,10 @@ pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
                 &p.destinations
             };
             if dsts.iter().any(|s| s.contains(pre)) {
-                m.slots |= 1 << slot;
+                set_slot(&mut m.slots, slot);
             }
             if p.excluded.iter().any(|s| s.contains(pre)) {
-                m.excluded |= 1 << slot;
+                set_slot(&mut m.excluded, slot);
             }
         }
         if d.cluster_cidrs.iter().any(|s| s.contains(pre)) {
@@ -281,13 +292,13 @@ fn policy_epoch(m: &MapContents) -> u32 {
     for ((len, a), v) in &m.policy_src {
         eat(&len.to_le_bytes());
         eat(a);
-        eat(&v.slots.to_le_bytes());
+        v.slots.iter().for_each(|w| eat(&w.to_le_bytes()));
     }
     for ((len, a), v) in &m.policy_dst {
         eat(&len.to_le_bytes());
         eat(a);
-        eat(&v.slots.to_le_bytes());
-        eat(&v.excluded.to_le_bytes());
+        v.slots.iter().for_each(|w| eat(&w.to_le_bytes()));
+        v.excluded.iter().for_each(|w| eat(&w.to_le_bytes()));
         eat(&v.flags.to_le_bytes());
     }
     for t in &m.targets {
@@ -349,7 +360,7 @@ pub fn lookup_policy(m: &MapContents, src: IpAddr, dst: IpAddr) -> Option<u32> {
     }
     let s = lpm(&m.policy_src, src)?;
     let d = lpm(&m.policy_dst, dst)?;
-    let slot = pick_slot(s.slots, d)?;
+    let slot = pick_slot(s, d)?;
     let t = &m.targets[slot as usize];
     // A fail-closed policy matches (and drops) whatever the family.
     if t.flags & TARGET_NO_GATEWAY != 0 {
@@ -546,7 +557,7 @@ mod tests {
             .policy_dst
             .get(&lpm_key(&"0.0.0.0/0".parse().unwrap()))
             .unwrap();
-        assert_eq!(any4.slots, 0);
+        assert_eq!(any4.slots, SlotSet::default());
     }
 
     #[test]
@@ -579,13 +590,6 @@ mod tests {
             translate(&d),
             Err(TranslateError::TooManyBlocks { .. })
         ));
-        let many = DesiredMaps {
-            policies: (0..65)
-                .map(|i| policy(i, 0, &["10.0.0.0/8"], &[], &[]))
-                .collect(),
-            ..Default::default()
-        };
-        assert_eq!(translate(&many), Err(TranslateError::TooManyPolicies(65)));
         let mut noeip = policy(9, 0, &["10.0.0.0/8"], &[], &[]);
         noeip.eip_v4 = None;
         noeip.eip_v6 = None;
@@ -630,3 +634,6 @@ mod tests {
         assert_eq!(translate(&d), Err(TranslateError::NoEip(7)));
     }
 }
+
+#[cfg(test)]
+mod capacity_tests;
