@@ -25,7 +25,7 @@ pub use policy::{
 pub use records::{NamespaceRecord, NodeRecord, PodRecord};
 pub use tunnel::{
     EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, EipEpoch, EipPortBlocks, Parent,
-    TunnelInfo, TunnelPhase,
+    PolicyOverCapacity, TunnelInfo, TunnelPhase,
 };
 
 /// The API group of every custom resource of this project.

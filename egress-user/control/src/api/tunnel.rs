@@ -2,8 +2,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// One per node: the node's tunnel endpoint and the EIPs it asks to have
-/// reconfirmed, written by its agent (`tunnel`, `awaitingReconfirmation`);
+/// One per node: the node's tunnel endpoint, the EIPs it asks to have
+/// reconfirmed and the policies it could not apply, written by its agent
+/// (`tunnel`, `awaitingReconfirmation`, `overCapacity`);
 /// its health and the port blocks it holds as a worker, written by the
 /// controller (`phase`, `lastHeartbeatTime`, `portBlocks`,
 /// `portBlockSize`).
@@ -57,6 +58,31 @@ pub struct EgressTunnelStatus {
     /// EIPs would stay dark.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub awaiting_reconfirmation: Vec<EipEpoch>,
+    /// Policies selecting pods on this node that its agent could not
+    /// apply because they exceed a map limit of the node's datapath (their
+    /// traffic there is dropped instead). Written by the agent under its own
+    /// field manager; the controller turns it into the policies' conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub over_capacity: Vec<PolicyOverCapacity>,
+}
+
+/// One policy an agent left out of its maps, and the limit it exceeds.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyOverCapacity {
+    /// `EgressPolicy` or `EgressClusterPolicy`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+    /// `policySlots`, `destinationCIDRs` or `sourcePods`.
+    pub limit: String,
+    /// What the policy needs: its prefixes, or the node's policy count.
+    pub count: u64,
+    /// What the datapath holds.
+    pub max: u64,
 }
 
 /// One EIP assignment as the agent holds it: the address and its epoch.

@@ -2,6 +2,7 @@
 //! leader-elected loop that runs them against a datastore.
 
 mod cache;
+mod capacity;
 mod heartbeat;
 mod reconcile;
 pub(crate) mod run;

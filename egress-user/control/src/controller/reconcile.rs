@@ -382,6 +382,7 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
     for t in plan.tunnels.values_mut() {
         t.port_blocks.sort();
     }
+    super::capacity::fold_into(view, &mut plan);
     plan
 }
 

@@ -298,7 +298,7 @@ async fn allocation_table() {
 
 /// Gateway `g1` (pool 10.0.0.1-4) on the Ready `nodes`, policies `p1` and
 /// `p2` using it, after one controller pass.
-async fn gateway_with_two_policies(nodes: &[&str]) -> MemoryDatastore {
+pub(crate) async fn gateway_with_two_policies(nodes: &[&str]) -> MemoryDatastore {
     let ds = MemoryDatastore::new();
     ds.create(
         Kind::EgressGateway,

@@ -25,6 +25,10 @@ pub const MANAGER: &str = "egress-agent";
 /// was never reconfirmed).
 pub const RECONFIRMATION_MANAGER: &str = "egress-agent-reconfirmation";
 
+/// The agent's field manager for `status.overCapacity` of its EgressTunnel
+/// (its own set of fields, as [`RECONFIRMATION_MANAGER`] has).
+pub const CAPACITY_MANAGER: &str = "egress-agent-capacity";
+
 /// What the agent says about itself.
 #[derive(Clone, Debug)]
 pub struct SelfDescription {
@@ -130,3 +134,29 @@ pub fn registration_lost(view: &ClusterView, me: &SelfDescription, writes_node: 
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// Writes the policies this node's datapath could not hold
+/// (`status.overCapacity` of its EgressTunnel, under [`CAPACITY_MANAGER`]);
+/// an empty list clears it. The controller turns it into the policies'
+/// conditions.
+pub async fn publish_over_capacity(
+    ds: &dyn Datastore,
+    node: &str,
+    over: &[crate::api::PolicyOverCapacity],
+) -> Result<()> {
+    ds.write_status(
+        Kind::EgressTunnel,
+        &ObjectKey::cluster(node),
+        &StatusPatch {
+            manager: CAPACITY_MANAGER.into(),
+            owned: vec![OVER_CAPACITY.into()],
+            status: json!({ OVER_CAPACITY: over }),
+        },
+    )
+    .await
+    .context("writing the policies over capacity")?;
+    Ok(())
+}
+
+/// The status field of [`publish_over_capacity`].
+const OVER_CAPACITY: &str = "overCapacity";
