@@ -19,6 +19,8 @@ type Labels = Vec<(String, String)>;
 pub struct AgentFacts {
     /// Policy id -> "kind/namespace/name".
     pub policy_names: BTreeMap<u32, String>,
+    /// Policies the maps could not hold.
+    pub over_capacity: Vec<egress_control::api::PolicyOverCapacity>,
     pub announced_eips: usize,
     pub fenced: bool,
     pub reconciles: u64,
@@ -67,6 +69,23 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
                 bytes.get_or_create(&l).inc_by(b);
             }
         }
+    }
+    let over = Family::<Labels, Gauge>::default();
+    reg.register(
+        "policy_over_capacity",
+        "Policies this node's datapath cannot hold (their traffic is dropped): what the policy needs, by the limit it exceeds and that limit's size",
+        over.clone(),
+    );
+    for r in &facts.over_capacity {
+        let l = vec![
+            (
+                "policy".to_string(),
+                crate::agent::capacity::policy_label(r),
+            ),
+            ("limit".to_string(), r.limit.clone()),
+            ("max".to_string(), r.max.to_string()),
+        ];
+        over.get_or_create(&l).set(r.count as i64);
     }
     let drops = Family::<Labels, Counter>::default();
     reg.register(
@@ -200,6 +219,34 @@ fn register_nat_fill(reg: &mut Registry, pin_dir: &std::path::Path, entries: u64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_over_capacity_is_a_gauge_of_what_it_needs() {
+        let facts = AgentFacts {
+            over_capacity: vec![egress_control::api::PolicyOverCapacity {
+                kind: "EgressPolicy".into(),
+                namespace: "ns".into(),
+                name: "big".into(),
+                limit: "destinationCIDRs".into(),
+                count: 20000,
+                max: 16384,
+            }],
+            ..Default::default()
+        };
+        let text = render(Path::new("/nonexistent"), &facts);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("egress_policy_over_capacity{"))
+            .unwrap_or_else(|| panic!("{text}"));
+        for part in [
+            "policy=\"EgressPolicy/ns/big\"",
+            "limit=\"destinationCIDRs\"",
+            "max=\"16384\"",
+            "} 20000",
+        ] {
+            assert!(line.contains(part), "{part} in {line}");
+        }
+    }
 
     #[test]
     fn renders_gauges_even_without_maps() {

@@ -11,6 +11,7 @@
 
 pub mod adapt;
 pub mod bgp;
+pub mod capacity;
 pub mod metrics;
 pub mod node_ports;
 pub mod pod_devices;

@@ -36,6 +36,8 @@ pub(super) struct Published {
     pub(super) removed: usize,
     /// Policy id (the key of its counters) -> kind/namespace/name.
     pub(super) policy_names: BTreeMap<u32, String>,
+    /// Policies the maps could not hold (see `capacity`).
+    pub(super) over_capacity: Vec<egress_control::api::PolicyOverCapacity>,
     /// What this run took over from the previous one's pinned state.
     pub(super) resumed: Resumed,
     /// When the heartbeat was last renewed (for the metrics).
@@ -77,6 +79,7 @@ pub(super) fn admin_handler(
                 "/metrics" => {
                     let facts = super::metrics::AgentFacts {
                         policy_names: p.policy_names.clone(),
+                        over_capacity: p.over_capacity.clone(),
                         announced_eips: p.announced.len(),
                         fenced: p.fenced,
                         reconciles: p.reconciles,

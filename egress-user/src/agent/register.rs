@@ -7,8 +7,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use anyhow::{Context, Result};
 pub use egress_control::registration::{
-    mac_string, node_addresses, register, registration_lost, SelfDescription, MANAGER,
-    RECONFIRMATION_MANAGER,
+    mac_string, node_addresses, publish_over_capacity, register, registration_lost,
+    SelfDescription, CAPACITY_MANAGER, MANAGER, RECONFIRMATION_MANAGER,
 };
 use egress_control::{
     api::EipEpoch,

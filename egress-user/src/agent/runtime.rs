@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use egress_common::maps::{PROG_TUNNEL_INGRESS, PROG_UPLINK_INGRESS, PROG_WORKER_EGRESS};
 use egress_control::{
     agent_state::{self, AgentConfig},
-    api::NodeRecord,
+    api::{NodeRecord, PolicyOverCapacity},
     controller::{Changed, ClusterView, ViewCache},
     datastore::Datastore,
 };
@@ -39,8 +39,8 @@ use super::{
     adapt::{desired_maps, NodeFacts},
     published::{admin_handler, Published},
     register::{
-        addresses_changed, node_addresses, publish_awaiting_reconfirmation, register,
-        registration_lost, SelfDescription,
+        addresses_changed, node_addresses, publish_awaiting_reconfirmation, publish_over_capacity,
+        register, registration_lost, SelfDescription,
     },
     uplink_addr,
 };
@@ -48,6 +48,7 @@ use crate::{
     admin,
     datapath::{apply, lease, links, Datapath, DesiredMaps, PinnedMaps},
     node::{
+        link::ObservedLink,
         vxlan::{self, VxlanSpec},
         watch::{LinkEvent, LinkWatch},
     },
@@ -257,6 +258,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     // What this run last wrote as `awaitingReconfirmation` (the view may
     // not show it yet).
     let mut asked_published = None;
+    // The policies the maps could not hold, as of the last apply, and as
+    // last written to the datastore.
+    let mut over_now: Vec<PolicyOverCapacity> = Vec::new();
+    let mut over_published: Option<Vec<PolicyOverCapacity>> = None;
+    // Policy maps created anew (their pins had an older layout): pod veths
+    // keep the previous program, with its filled maps, until the first
+    // apply has filled the new ones; a new program would match no policy
+    // and let selected pods' traffic out untranslated.
+    let mut held_links: Option<Vec<ObservedLink>> = dp.policy_maps_replaced().then(Vec::new);
 
     loop {
         // The fence closed (also while a call was pending): same as its deadline.
@@ -373,6 +383,12 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                             .collect();
                         p.written = report.total_written();
                         p.removed = report.total_removed();
+                        over_now = super::capacity::reports(&report.over_capacity, &nd.policies);
+                        p.over_capacity = over_now.clone();
+                        drop(p);
+                        for link in held_links.take().unwrap_or_default() {
+                            attach_pod_veth(&mut dp, &link, &published);
+                        }
                     }
                     Err(e) => {
                         tracing::error!(error = %format!("{e:#}"), "writing the maps failed");
@@ -405,6 +421,23 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     }
                 }
                 announced = now_announced;
+                let stored = stored_over_capacity(view, &s.node);
+                if super::capacity::must_publish(&over_now, &stored, over_published.as_deref()) {
+                    let write = publish_over_capacity(ds.as_ref(), &s.node, &over_now);
+                    match ds_call(&fence, &s.timers, write).await {
+                        Ok(()) => {
+                            for r in &over_now {
+                                tracing::warn!(policy = %super::capacity::policy_label(r), limit = %r.limit,
+                                    count = r.count, max = r.max,
+                                    "policy exceeds this node's datapath: not applied, its traffic is dropped");
+                            }
+                            over_published = Some(over_now.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %format!("{e:#}"), "publishing the policies over capacity failed; retrying");
+                        }
+                    }
+                }
                 // Healthy again after fencing itself: ask for newer epochs
                 // of the EIPs it withholds (once per change of the set).
                 let asked = fence.awaiting_reconfirmation();
@@ -440,17 +473,14 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                 // The uplink can be a veth too (nodes that are containers or
                 // namespaces); it is never a pod's.
                 Some(LinkEvent::Present(link)) if link.is_pod_veth() && link.index != facts.uplink_ifindex => {
-                    match links::attach_ingress(&mut dp, PROG_WORKER_EGRESS, &link.name, link.index) {
-                        Ok(how) => {
-                            let mut p = published.lock().unwrap();
-                            match how {
-                                links::Attached::TakenOver => p.resumed.pod_links_taken_over += 1,
-                                links::Attached::New => p.resumed.pod_links_new += 1,
-                            }
-                            tracing::info!(iface = %link.name, ?how, "worker program on pod veth")
-                        }
-                        Err(e) => tracing::error!(iface = %link.name, error = %format!("{e:#}"), "attaching to pod veth failed"),
+                    match held_links.as_mut() {
+                        Some(held) => held.push(link),
+                        None => attach_pod_veth(&mut dp, &link, &published),
                     }
+                }
+                Some(LinkEvent::Removed(link)) if held_links.is_some() => {
+                    held_links.iter_mut().for_each(|h| h.retain(|l| l.index != link.index));
+                    links::forget_interface(&s.pin_dir, link.index);
                 }
                 Some(LinkEvent::Removed(link)) => links::forget_interface(&s.pin_dir, link.index),
                 Some(LinkEvent::AddressChanged(i)) if i == facts.uplink_ifindex => {
@@ -536,6 +566,32 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     }
     tracing::info!("agent stopping; programs stay attached and maps pinned for the next start");
     Ok(())
+}
+
+/// Puts the worker program on a pod's veth (taking over a previous
+/// agent's attachment).
+fn attach_pod_veth(dp: &mut Datapath, link: &ObservedLink, published: &Mutex<Published>) {
+    match links::attach_ingress(dp, PROG_WORKER_EGRESS, &link.name, link.index) {
+        Ok(how) => {
+            let mut p = published.lock().unwrap();
+            match how {
+                links::Attached::TakenOver => p.resumed.pod_links_taken_over += 1,
+                links::Attached::New => p.resumed.pod_links_new += 1,
+            }
+            tracing::info!(iface = %link.name, ?how, "worker program on pod veth")
+        }
+        Err(e) => {
+            tracing::error!(iface = %link.name, error = %format!("{e:#}"), "attaching to pod veth failed")
+        }
+    }
+}
+
+/// The node's `overCapacity` as the view holds it.
+fn stored_over_capacity(view: &ClusterView, node: &str) -> Vec<PolicyOverCapacity> {
+    view.tunnel(node)
+        .and_then(|t| t.status.as_ref())
+        .map(|s| s.over_capacity.clone())
+        .unwrap_or_default()
 }
 
 /// The node's `awaitingReconfirmation` as the view holds it.
