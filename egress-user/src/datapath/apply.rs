@@ -138,9 +138,14 @@ fn diff_hash<K: Pod + Ord, V: Pod + PartialEq>(
     Ok(())
 }
 
+/// Diffs a trie of `cap` entries. New keys go in before stale ones go out
+/// (no lookup falls through to a shorter prefix meanwhile), unless that
+/// would need more than `cap` entries at once: then the stale keys go
+/// first, as a trie filled close to its size needs.
 fn diff_lpm<V: Pod + PartialEq>(
     src: &mut dyn MapSource,
     name: &'static str,
+    cap: usize,
     want: &BTreeMap<LpmKey, V>,
     report: &mut ApplyReport,
 ) -> Result<(), ApplyError> {
@@ -151,6 +156,22 @@ fn diff_lpm<V: Pod + PartialEq>(
         .map(|r| r.map(|(k, v)| ((k.prefix_len(), k.data()), v)))
         .collect::<Result<_, _>>()
         .map_err(wrap(name))?;
+    let stale: Vec<LpmKey> = have
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    let added = want.keys().filter(|k| !have.contains_key(k)).count();
+    let remove_first = have.len() + added > cap;
+    let remove = |map: &mut LpmTrie<&mut MapData, Addr, V>| {
+        for (len, a) in &stale {
+            map.remove(&LpmKeyK::new(*len, *a)).map_err(wrap(name))?;
+        }
+        Ok::<_, ApplyError>(())
+    };
+    if remove_first {
+        remove(&mut map)?;
+    }
     let mut written = 0;
     for ((len, a), v) in want {
         if have.get(&(*len, *a)) != Some(v) {
@@ -159,13 +180,11 @@ fn diff_lpm<V: Pod + PartialEq>(
             written += 1;
         }
     }
-    let mut removed = 0;
-    for (len, a) in have.keys().filter(|k| !want.contains_key(k)) {
-        map.remove(&LpmKeyK::new(*len, *a)).map_err(wrap(name))?;
-        removed += 1;
+    if !remove_first {
+        remove(&mut map)?;
     }
     report.written.insert(name, written);
-    report.removed.insert(name, removed);
+    report.removed.insert(name, stale.len());
     Ok(())
 }
 
@@ -218,6 +237,11 @@ fn diff_policy_stats(
     Ok(())
 }
 
+/// Entries of the policy tries and of the routes trie, as the object
+/// defines them.
+const TRIE: usize = egress_common::maps::POLICY_TRIE_SIZE as usize;
+const ROUTES_SIZE: usize = 4096;
+
 /// Writes already translated contents (see [`translate`]).
 pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyReport, ApplyError> {
     let mut r = ApplyReport::default();
@@ -236,10 +260,10 @@ pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyR
     config.gateway_epoch = current.map_or(0, |c| c.gateway_epoch);
     let mut config_writes = write_config(src, &config)?;
     diff_policy_stats(src, &m.policy_ids, &mut r)?;
-    diff_lpm::<RouteNextHop>(src, ROUTES, &m.routes, &mut r)?;
+    diff_lpm::<RouteNextHop>(src, ROUTES, ROUTES_SIZE, &m.routes, &mut r)?;
     diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, &mut r)?;
-    diff_lpm::<DstMatch>(src, POLICY_DST, &m.policy_dst, &mut r)?;
-    diff_lpm::<SrcMatch>(src, POLICY_SRC, &m.policy_src, &mut r)?;
+    diff_lpm::<DstMatch>(src, POLICY_DST, TRIE, &m.policy_dst, &mut r)?;
+    diff_lpm::<SrcMatch>(src, POLICY_SRC, TRIE, &m.policy_src, &mut r)?;
     // Every table is current: now the epochs may say so.
     config_writes += write_config(src, &m.config)?;
     r.written.insert(CONFIG, config_writes);

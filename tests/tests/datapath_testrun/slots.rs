@@ -120,3 +120,38 @@ fn policy_maps_pinned_with_64_slots_are_replaced_on_load() -> anyhow::Result<()>
     assert!(dp.replaced.is_empty(), "{:?}", dp.replaced);
     Ok(())
 }
+
+/// `n` /24s from 100.64.0.0 on, `offset` /24s in.
+fn dests(offset: u32, n: u32) -> Vec<Cidr> {
+    (offset..offset + n)
+        .map(|i| {
+            cidr(&format!(
+                "{}.{}.{}.0/24",
+                100 + i / 65536,
+                (i / 256) % 256,
+                i % 256
+            ))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_trie_filled_past_half_its_size_is_rewritten_with_other_prefixes() -> anyhow::Result<()> {
+    // 12,000 destinations, then 12,000 others: both fit the 16,384-entry
+    // trie, not both at once.
+    let mut d = desired();
+    d.policies[0].destinations = dests(0, 12_000);
+    let mut fx = fixture_with(&d)?;
+    d.policies[0].destinations = dests(20_000, 12_000);
+    apply(&mut fx.dp, &d)?;
+    let new_dst = Ipv4Addr::new(100, 78, 33, 1); // /24 number 20,001
+    let (rc, out) = fx.run("worker_egress", &tcp4(POD, new_dst, 40000, 443, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(check(&out).src, IpAddr::from(EIP));
+    let old_dst = Ipv4Addr::new(100, 0, 1, 1);
+    let (rc, out) = fx.run("worker_egress", &tcp4(POD, old_dst, 40001, 443, true))?;
+    assert_eq!(rc, TC_ACT_OK, "no longer a destination of the policy");
+    assert_eq!(check(&out).src, IpAddr::from(POD));
+    Ok(())
+}
