@@ -42,6 +42,8 @@ pub const ROUTES: &str = "ROUTES";
 /// LRU hash: pod address -> `pod_link::PodLink`, learned by the worker
 /// program from the pod's frames; how replies are delivered.
 pub const POD_LINKS: &str = "POD_LINKS";
+/// Per-CPU array: `nat::NAT_EVENT_*` -> `TrafficCounter`.
+pub const NAT_EVENTS: &str = "NAT_EVENTS";
 
 /// Every map userspace pins, in the order it creates them.
 pub const PINNED_MAPS: &[&str] = &[
@@ -60,6 +62,7 @@ pub const PINNED_MAPS: &[&str] = &[
     ANNOUNCE_UNTIL,
     ROUTES,
     POD_LINKS,
+    NAT_EVENTS,
 ];
 
 /// Programs in the object.

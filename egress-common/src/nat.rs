@@ -29,6 +29,16 @@ pub const TCP_CLOSING: u8 = 3;
 /// Forward entry flag: the gateway is this node (no tunnel).
 pub const NAT_LOCAL_GATEWAY: u8 = 1;
 
+/// `NAT_EVENTS` slots (per-CPU counters): translations made, and TCP
+/// segments other than a SYN that found none (their entry was evicted from
+/// a full table, or the connection began before its policy applied): the
+/// server does not know the new port and resets the connection.
+pub const NAT_EVENT_NEW: u32 = 0;
+pub const NAT_EVENT_TCP_MIDSTREAM: u32 = 1;
+pub const NAT_EVENT_KINDS: usize = 2;
+/// Names in slot order, for tools.
+pub const NAT_EVENT_NAMES: [&str; NAT_EVENT_KINDS] = ["new", "tcp_midstream"];
+
 /// Value of both NAT maps: the other side of the translation.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

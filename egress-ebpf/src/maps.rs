@@ -9,7 +9,7 @@ use egress_common::{
     config::DatapathConfig,
     drops::DROP_REASONS,
     maps::{POD_LINKS_SIZE, POLICY_STATS_SIZE, POLICY_TRIE_SIZE},
-    nat::{NatEntry, NatKey},
+    nat::{NatEntry, NatKey, NAT_EVENT_KINDS},
     pod_link::PodLink,
     policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
     ports::PortBlocks,
@@ -49,6 +49,9 @@ pub static ROUTES: LpmTrie<Addr, RouteNextHop, 4096> = LpmTrie::new();
 /// See `egress_common::pod_link`.
 #[btf_map]
 pub static POD_LINKS: LruHashMap<Addr, PodLink, { POD_LINKS_SIZE as usize }> = LruHashMap::new();
+/// See `egress_common::nat::NAT_EVENT_NEW`.
+#[btf_map]
+pub static NAT_EVENTS: PerCpuArray<TrafficCounter, NAT_EVENT_KINDS> = PerCpuArray::new();
 #[btf_map]
 pub static DROPS: PerCpuArray<TrafficCounter, DROP_REASONS> = PerCpuArray::new();
 

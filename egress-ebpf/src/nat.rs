@@ -243,10 +243,26 @@ pub fn forward_port_inner(
                 let _ = NAT_REV.remove(&rev);
                 return err(DROP_NAT_INSERT);
             }
+            count_event(ctx, NAT_EVENT_NEW);
+            if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0 {
+                count_event(ctx, NAT_EVENT_TCP_MIDSTREAM);
+            }
             return i64::from(port);
         }
     }
     err(DROP_PORTS_EXHAUSTED)
+}
+
+/// Counts a NAT event (`egress_common::nat::NAT_EVENT_*`) on this CPU.
+#[inline(always)]
+fn count_event(ctx: &TcContext, event: u32) {
+    if let Some(c) = crate::maps::NAT_EVENTS.get_ptr_mut(event) {
+        // SAFETY: per-CPU slot owned by this CPU for the program's run.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += u64::from(ctx.len());
+        }
+    }
 }
 
 /// Reverse key of a reply (or of the flow an ICMP error quotes).

@@ -112,6 +112,21 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         "EIP ports in use on this worker",
         ports.clone(),
     );
+    let events = Family::<Labels, Counter>::default();
+    reg.register(
+        "nat_events",
+        "NAT events on this worker: `new` translations made; `tcp_midstream`, TCP \
+         segments other than a SYN that found no translation (evicted from a full \
+         table, or begun before the policy applied): the server resets those connections",
+        events.clone(),
+    );
+    if let Ok(ev) = crate::datapath::stats::read_nat_events(pin_dir) {
+        for (event, c) in ev {
+            events
+                .get_or_create(&vec![("event".to_string(), event.to_string())])
+                .inc_by(c.packets);
+        }
+    }
     let mut nat_total = 0u64;
     if let Ok(uses) = read_nat_use(pin_dir) {
         for u in uses {

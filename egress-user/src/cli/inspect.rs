@@ -182,6 +182,12 @@ fn print_datapath(dp: &serde_json::Value) {
             );
         }
     }
+    if let Some(e) = dp.get("nat_events").and_then(|v| v.as_object()) {
+        println!("\nNAT EVENTS");
+        for (event, n) in e {
+            println!("  {event:<20} {:>12}", s(n));
+        }
+    }
     if let Some(d) = dp.get("drops").and_then(|v| v.as_object()) {
         println!("\nDROPS");
         for (reason, c) in d {

@@ -21,14 +21,30 @@ pub fn read_iface_stats(pin_dir: &Path) -> anyhow::Result<TrafficCounter> {
 
 /// Dropped packets per reason (summed over CPUs), in `DROP_NAMES` order.
 pub fn read_drops(pin_dir: &Path) -> anyhow::Result<Vec<(&'static str, TrafficCounter)>> {
-    use egress_common::drops::{DROP_NAMES, DROP_REASONS};
-    let path = pin_dir.join(egress_common::maps::DROPS);
+    use egress_common::drops::DROP_NAMES;
+    read_counters(pin_dir, egress_common::maps::DROPS, &DROP_NAMES)
+}
+
+/// NAT events (translations made, TCP segments that found none), summed
+/// over CPUs, in `NAT_EVENT_NAMES` order.
+pub fn read_nat_events(pin_dir: &Path) -> anyhow::Result<Vec<(&'static str, TrafficCounter)>> {
+    use egress_common::nat::NAT_EVENT_NAMES;
+    read_counters(pin_dir, egress_common::maps::NAT_EVENTS, &NAT_EVENT_NAMES)
+}
+
+/// The per-CPU array `map` of counters, one named slot each.
+fn read_counters(
+    pin_dir: &Path,
+    map: &str,
+    names: &[&'static str],
+) -> anyhow::Result<Vec<(&'static str, TrafficCounter)>> {
+    let path = pin_dir.join(map);
     let data = MapData::from_pin(&path)
         .map_err(|e| anyhow::anyhow!("opening pinned map {}: {e}", path.display()))?;
     let map: PerCpuArray<_, TrafficCounter> =
         PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))?;
-    let mut out = Vec::with_capacity(DROP_REASONS);
-    for (i, name) in DROP_NAMES.iter().enumerate() {
+    let mut out = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
         let mut total = TrafficCounter::default();
         // A map pinned by an older object may hold fewer reasons (until the
         // loader replaces it): those read as zero.
@@ -237,6 +253,13 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
             })
             .collect();
         out.insert("drops".into(), d.into());
+    }
+    if pin_dir.join(NAT_EVENTS).exists() {
+        let e: serde_json::Map<String, serde_json::Value> = read_nat_events(pin_dir)?
+            .into_iter()
+            .map(|(n, c)| (n.to_string(), json!(c.packets)))
+            .collect();
+        out.insert("nat_events".into(), e.into());
     }
     if pin_dir.join(POLICY_STATS).exists() {
         let p: serde_json::Map<String, serde_json::Value> = read_policy_stats(pin_dir)?

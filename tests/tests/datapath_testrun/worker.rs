@@ -235,6 +235,42 @@ fn the_nat_table_size_is_a_setting_and_a_pinned_table_keeps_its_flows() -> anyho
     Ok(())
 }
 
+/// Every translation made is counted, and a TCP segment other than a SYN
+/// that finds none (its entry evicted from a full table, or its connection
+/// older than its policy) is counted apart: the server will reset it.
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn new_translations_and_tcp_segments_that_found_none_are_counted() -> anyhow::Result<()> {
+    let mut fx = fixture()?;
+    let events = |fx: &Fixture| -> Vec<u64> {
+        stats::read_nat_events(fx.pins.path())
+            .unwrap()
+            .iter()
+            .map(|(_, c)| c.packets)
+            .collect()
+    };
+    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(
+        events(&fx),
+        [1, 0],
+        "a SYN made one translation, its ACK reused it"
+    );
+    // An ACK of a connection with no entry.
+    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 40001, 443, false))?;
+    assert_eq!(
+        rc, TC_ACT_REDIRECT,
+        "still translated, so the server's reset reaches the pod"
+    );
+    assert_eq!(events(&fx), [2, 1]);
+    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 5353, 53, b"q"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(events(&fx), [3, 1]);
+    Ok(())
+}
+
 /// The tunnel endpoint the forward NAT entries send to (all of them).
 fn nat_gateways(fx: &Fixture) -> Vec<Ipv4Addr> {
     use egress_common::nat::{NatEntry, NatKey};
