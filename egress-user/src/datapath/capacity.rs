@@ -31,6 +31,9 @@ pub enum Limit {
     DestinationCidrs,
     /// Its source prefixes (pods, pod subnets) do not fit the source trie.
     SourcePods,
+    /// Its EIPs are more than the port-block table holds besides those of
+    /// the policies before it.
+    Eips,
 }
 
 impl Limit {
@@ -40,6 +43,7 @@ impl Limit {
             Self::PolicySlots => "policySlots",
             Self::DestinationCidrs => "destinationCIDRs",
             Self::SourcePods => "sourcePods",
+            Self::Eips => "eips",
         }
     }
 }
@@ -61,6 +65,8 @@ pub struct Caps {
     pub slots: usize,
     pub src_entries: usize,
     pub dst_entries: usize,
+    /// Distinct EIPs the node's port-block table holds.
+    pub eips: usize,
 }
 
 /// The rules to write, in slot order, and the policies left out.
@@ -84,8 +90,11 @@ pub fn place(sorted: &[&PolicyRule], cluster: &[Cidr], caps: Caps) -> Placement 
     let mut src: BTreeSet<Cidr> = always_present().into();
     let mut dst: BTreeSet<Cidr> = always_present().into();
     dst.extend(cluster.iter().map(|c| c.normalized()));
+    let mut eips: BTreeSet<std::net::IpAddr> = BTreeSet::new();
     let mut out = Placement::default();
     for p in sorted {
+        let new_e: BTreeSet<std::net::IpAddr> =
+            rule_eips(p).filter(|e| !eips.contains(e)).collect();
         let s = p.sources.iter().map(|c| c.normalized());
         let d = p
             .destinations
@@ -102,6 +111,8 @@ pub fn place(sorted: &[&PolicyRule], cluster: &[Cidr], caps: Caps) -> Placement 
             ))
         } else if src.len() + new_s.len() > caps.src_entries {
             Some((Limit::SourcePods, p.sources.len(), caps.src_entries))
+        } else if eips.len() + new_e.len() > caps.eips {
+            Some((Limit::Eips, eips.len() + new_e.len(), caps.eips))
         } else {
             None
         };
@@ -109,6 +120,7 @@ pub fn place(sorted: &[&PolicyRule], cluster: &[Cidr], caps: Caps) -> Placement 
             None => {
                 src.extend(new_s);
                 dst.extend(new_d);
+                eips.extend(new_e);
                 (*p).clone()
             }
             Some((limit, count, max)) => {
@@ -125,6 +137,16 @@ pub fn place(sorted: &[&PolicyRule], cluster: &[Cidr], caps: Caps) -> Placement 
     }
     share_last_slot(&mut out, caps.slots);
     out
+}
+
+/// The EIPs (IPv4, IPv6) rule `p` translates to.
+pub fn rule_eips(p: &PolicyRule) -> impl Iterator<Item = std::net::IpAddr> {
+    [
+        p.eip_v4.map(std::net::IpAddr::V4),
+        p.eip_v6.map(std::net::IpAddr::V6),
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// The fail-closed rule standing in for `p`; its prefixes are added to the sets.

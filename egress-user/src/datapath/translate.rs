@@ -75,6 +75,7 @@ pub const NODE_CAPS: Caps = Caps {
     slots: MAX_POLICY_SLOTS,
     src_entries: egress_common::maps::POLICY_TRIE_SIZE as usize,
     dst_entries: egress_common::maps::POLICY_TRIE_SIZE as usize,
+    eips: egress_common::maps::PORT_BLOCKS_SIZE as usize,
 };
 
 pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
@@ -206,7 +207,18 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
     }
     out.config.policy_epoch = policy_epoch(&out);
 
-    for g in &d.port_blocks {
+    // More EIPs granted than the table holds: only those of the policies
+    // placed are written (the others' policies fail closed, reported).
+    let placed_eips: BTreeSet<IpAddr> = policies
+        .iter()
+        .flat_map(|p| capacity::rule_eips(p))
+        .collect();
+    let over_eips = d.port_blocks.len() > caps.eips;
+    for g in d
+        .port_blocks
+        .iter()
+        .filter(|g| !over_eips || placed_eips.contains(&g.eip))
+    {
         let mut blocks: Vec<u16> = g.blocks.clone();
         blocks.sort_unstable();
         blocks.dedup();

@@ -77,7 +77,7 @@ pub struct PolicyOverCapacity {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
     pub name: String,
-    /// `policySlots`, `destinationCIDRs` or `sourcePods`.
+    /// `policySlots`, `destinationCIDRs`, `sourcePods` or `eips`.
     pub limit: String,
     /// What the policy needs: its prefixes, or the node's policy count.
     pub count: u64,

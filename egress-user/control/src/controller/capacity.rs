@@ -51,6 +51,7 @@ pub fn describe(node: &str, r: &PolicyOverCapacity) -> String {
         "policySlots" => "policies on the node",
         "destinationCIDRs" => "destination CIDRs",
         "sourcePods" => "source pods and subnets",
+        "eips" => "EIPs in use on the node",
         other => other,
     };
     format!(

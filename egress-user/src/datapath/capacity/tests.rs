@@ -31,6 +31,7 @@ const BIG: Caps = Caps {
     slots: 8,
     src_entries: 64,
     dst_entries: 64,
+    eips: 16,
 };
 
 #[test]
@@ -154,4 +155,37 @@ fn summarize_shortens_only_as_far_as_needed() {
         vec!["0.0.0.0/0".parse::<Cidr>().unwrap()]
     );
     assert!(summarize(&[], &have, 0).is_empty());
+}
+
+/// A policy whose EIP would be one more than the port-block table holds
+/// stands in and is reported; a later one reusing a placed EIP still fits.
+#[test]
+fn a_policy_past_the_eip_table_is_reported_and_fails_closed() {
+    let caps = Caps { eips: 2, ..BIG };
+    let with_eip = |id: u32, last: u8| PolicyRule {
+        eip_v4: Some(Ipv4Addr::new(198, 51, 100, last)),
+        ..rule(id, id as i32, &[&format!("10.244.1.{id}/32")], &[])
+    };
+    let rules = [
+        with_eip(1, 1),
+        with_eip(2, 2),
+        with_eip(3, 3),
+        with_eip(4, 1),
+    ];
+    let refs: Vec<&PolicyRule> = rules.iter().collect();
+    let p = place(&refs, &[], caps);
+    assert_eq!(
+        p.over,
+        [OverCapacity {
+            policy_id: 3,
+            limit: Limit::Eips,
+            count: 3,
+            max: 2
+        }]
+    );
+    assert!(
+        p.rules[2].no_gateway && p.rules[2].eip_v4.is_none(),
+        "stands in"
+    );
+    assert_eq!(p.rules[3], rules[3], "an EIP already placed costs nothing");
 }

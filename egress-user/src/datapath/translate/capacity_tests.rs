@@ -114,3 +114,49 @@ fn a_policy_with_more_destinations_than_the_trie_is_reported_and_drops() {
         "the next one applies"
     );
 }
+
+/// More EIPs granted on the node than the port-block table holds: the
+/// policies past it fail closed and are reported, and only the placed
+/// policies' EIPs are written (the map update does not fail whole).
+#[test]
+fn more_eips_than_the_port_block_table_are_reported_not_a_failed_update() {
+    let eip = |i: u32| Ipv4Addr::new(100, 64 + (i / 256) as u8, (i % 256) as u8, 1);
+    let d = DesiredMaps {
+        policies: (0..1000)
+            .map(|i| PolicyRule {
+                eip_v4: Some(eip(i)),
+                ..numbered(i)
+            })
+            .collect(),
+        port_blocks: (0..700)
+            .map(|i| crate::datapath::desired::PortBlockGrant {
+                eip: IpAddr::V4(eip(i)),
+                blocks: vec![1],
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let caps = Caps {
+        eips: 600,
+        ..NODE_CAPS
+    };
+    let m = translate_within(&d, caps).expect("no error past the EIP table");
+    assert!(
+        m.port_blocks.len() <= 600,
+        "{} EIPs written",
+        m.port_blocks.len()
+    );
+    let over: Vec<_> = m
+        .over_capacity
+        .iter()
+        .filter(|o| o.limit == Limit::Eips)
+        .collect();
+    assert_eq!(over.len(), 400, "policies 600..1000 are past the table");
+    assert!(over.iter().all(|o| o.max == 600));
+    let t = target_of(&m, pod(700), "192.0.2.9").unwrap();
+    assert_ne!(
+        t.flags & TARGET_NO_GATEWAY,
+        0,
+        "a policy past the table drops"
+    );
+}
