@@ -70,6 +70,9 @@ fn a_healthy_cluster_reads_healthy() -> anyhow::Result<()> {
         cluster.pin_dir(0).to_str().unwrap(),
     ])?;
     assert!(inspect.contains("EgressPolicy/default/web"), "{inspect}");
+    // ... and shows its destination table.
+    assert!(inspect.contains("POLICY DESTINATIONS"), "{inspect}");
+    assert!(inspect.contains("198.51.100.0/24"), "{inspect}");
 
     let egw = cluster.egress(&["get", "egw"])?;
     for col in ["DEFAULTV4", "V4FREE", "DEFAULTV6", "V6FREE", "V6TOTAL"] {

@@ -146,6 +146,11 @@ fn print_datapath(dp: &serde_json::Value) {
         ],
     );
     table("POLICY SOURCES", "policy_sources", &["source", "slots"]);
+    table(
+        "POLICY DESTINATIONS",
+        "policy_destinations",
+        &["destination", "slots", "excluded", "cluster"],
+    );
     table("PORT BLOCKS", "port_blocks", &["eip", "blocks"]);
     table(
         "REPLY STEERING",

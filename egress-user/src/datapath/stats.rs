@@ -124,6 +124,24 @@ pub fn read_nat_use(pin_dir: &Path) -> anyhow::Result<Vec<EipNatUse>> {
         .collect())
 }
 
+/// A trie key as `address/length` (an IPv4 prefix sits behind the 96
+/// mapped bits of the 128-bit key).
+fn prefix_text(k: &aya::maps::lpm_trie::Key<egress_common::addr::Addr>) -> String {
+    let ip = addr_from_key(&k.data());
+    let len = match ip {
+        std::net::IpAddr::V4(_) => k.prefix_len().saturating_sub(96),
+        std::net::IpAddr::V6(_) => k.prefix_len(),
+    };
+    format!("{ip}/{len}")
+}
+
+/// The slot numbers set in `set`.
+fn slot_list(set: &egress_common::policy::SlotSet) -> Vec<usize> {
+    (0..egress_common::policy::MAX_POLICY_SLOTS)
+        .filter(|i| egress_common::policy::has_slot(set, *i))
+        .collect()
+}
+
 /// Everything the datapath maps of a node hold, decoded, as JSON (maps that
 /// are not pinned are left out). `egress inspect` prints this.
 pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
@@ -181,18 +199,25 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
         let mut v = Vec::new();
         for r in t.iter() {
             let (k, m) = r?;
-            let ip = addr_from_key(&k.data());
-            // Keys are 128-bit; an IPv4 prefix sits behind the 96 mapped bits.
-            let len = match ip {
-                std::net::IpAddr::V4(_) => k.prefix_len().saturating_sub(96),
-                std::net::IpAddr::V6(_) => k.prefix_len(),
-            };
-            let slots: Vec<usize> = (0..egress_common::policy::MAX_POLICY_SLOTS)
-                .filter(|i| egress_common::policy::has_slot(&m.slots, *i))
-                .collect();
-            v.push(json!({ "source": format!("{ip}/{len}"), "slots": slots }));
+            v.push(json!({ "source": prefix_text(&k), "slots": slot_list(&m.slots) }));
         }
         out.insert("policy_sources".into(), v.into());
+    }
+    if let Some(m) = open(POLICY_DST) {
+        // Which destinations each slot covers or excludes; cluster CIDRs.
+        let t: aya::maps::LpmTrie<_, Addr, egress_common::policy::DstMatch> =
+            aya::maps::LpmTrie::try_from(m)?;
+        let mut v = Vec::new();
+        for r in t.iter() {
+            let (k, m) = r?;
+            v.push(json!({
+                "destination": prefix_text(&k),
+                "slots": slot_list(&m.slots),
+                "excluded": slot_list(&m.excluded),
+                "cluster": m.flags & egress_common::policy::DST_CLUSTER != 0,
+            }));
+        }
+        out.insert("policy_destinations".into(), v.into());
     }
     if let Some(m) = open(PORT_BLOCKS) {
         let h: HashMap<_, Addr, PortBlocks> = HashMap::try_from(m)?;
