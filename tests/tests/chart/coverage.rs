@@ -172,6 +172,12 @@ fn every_value_changes_the_output() {
         ),
         ("metrics.enabled", json!(false), json!({})),
         ("metrics.port", json!(9478), json!({})),
+        ("dashboards.grafana.enabled", json!(true), json!({})),
+        (
+            "dashboards.grafana.labels",
+            json!({"dashboards": "egress"}),
+            json!({"dashboards": {"grafana": {"enabled": true}}}),
+        ),
         ("log.level", json!("debug"), json!({})),
         ("log.json", json!(true), json!({})),
         ("rbac.agentOwnNodeOnly", json!(false), json!({})),
