@@ -432,7 +432,9 @@ impl Cluster {
             Launcher::Process => {
                 let argv = self.egress_argv(Caller::Controller, &args);
                 let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-                self.topo.fabric.spawn(&argv)?
+                self.topo
+                    .fabric
+                    .spawn_logged(&argv, &format!("controller-{i}"))?
             }
             Launcher::Chart(chart) => {
                 // The fabric stands in for the pod network (the chart's
@@ -538,7 +540,7 @@ impl Cluster {
         let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
         let argv = self.egress_argv(Caller::Controller, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let mut p = self.topo.fabric.spawn(&argv)?;
+        let mut p = self.topo.fabric.spawn_logged(&argv, "reflector")?;
         p.wait_for_line("ready bgp=", Duration::from_secs(20))?;
         Ok(p)
     }
@@ -599,7 +601,7 @@ impl Cluster {
         }
         let argv = self.egress_argv(Caller::Agent, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        node.ns.spawn(&argv)
+        node.ns.spawn_logged(&argv, &format!("agent-{}", node.name))
     }
 
     /// Kills node `i`'s agent and starts it again without waiting for it to

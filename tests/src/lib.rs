@@ -20,7 +20,7 @@ pub mod scenarios;
 pub mod topology;
 
 pub use netns::{link_veth, unique_name, Netns, PinDir};
-pub use process::{run, Proc};
+pub use process::{run, Proc, LOG_DIR_VAR};
 
 /// Runs the TC program `prog` of `ebpf` once on `pkt` with
 /// BPF_PROG_TEST_RUN (loading it first if needed): (verdict, output frame).

@@ -80,6 +80,12 @@ impl Netns {
         Proc::spawn(self.command(argv), argv.join(" "))
     }
 
+    /// [`Netns::spawn`], its output in the log file `name` when the
+    /// harness logs to a folder ([`crate::process::LOG_DIR_VAR`]).
+    pub fn spawn_logged(&self, argv: &[&str], name: &str) -> Result<Proc> {
+        Proc::spawn_logged(self.command(argv), argv.join(" "), name)
+    }
+
     /// Adds an address (CIDR notation) to `dev` and brings it up.
     pub fn addr(&self, dev: &str, cidr: &str) -> Result<()> {
         let family = if cidr.contains(':') { "-6" } else { "-4" };

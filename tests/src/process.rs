@@ -4,7 +4,10 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
-    sync::mpsc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -38,7 +41,13 @@ pub struct Proc {
     /// stops it for good where killing the child alone does not (a
     /// container outlives its `podman run`).
     cleanup: Option<Vec<String>>,
+    /// Set when the process is killed: the log follower stops.
+    stop_following: Option<Arc<AtomicBool>>,
 }
+
+/// Where [`Proc::spawn_logged`] writes each process's output, when set
+/// (the demo sets it; tests leave their processes' logs on the terminal).
+pub const LOG_DIR_VAR: &str = "EGRESS_HARNESS_LOG_DIR";
 
 impl Proc {
     pub fn spawn(cmd: Command, what: String) -> Result<Self> {
@@ -69,6 +78,35 @@ impl Proc {
             what,
             lines,
             cleanup,
+            stop_following: None,
+        })
+    }
+
+    /// [`Proc::spawn`]; with [`LOG_DIR_VAR`] set, the process writes its
+    /// stdout and stderr to `<dir>/<name>.log` instead (plain text: not a
+    /// terminal), and its lines are read back from that file. So a process
+    /// left running after the caller exits (`demo --keep`) neither writes
+    /// to the caller's terminal nor loses its stdout.
+    pub fn spawn_logged(mut cmd: Command, what: String, name: &str) -> Result<Self> {
+        let Some(dir) = std::env::var_os(LOG_DIR_VAR) else {
+            return Self::spawn(cmd, what);
+        };
+        let path = std::path::Path::new(&dir).join(format!("{name}.log"));
+        let file =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        cmd.stdout(file.try_clone()?)
+            .stderr(file)
+            .stdin(Stdio::null());
+        let child = cmd.spawn().with_context(|| format!("starting `{what}`"))?;
+        let (tx, lines) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        follow_lines(std::fs::File::open(&path)?, tx, Arc::clone(&stop));
+        Ok(Self {
+            child,
+            what,
+            lines,
+            cleanup: None,
+            stop_following: Some(stop),
         })
     }
 
@@ -82,9 +120,30 @@ impl Proc {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
+            // A followed log is looked at in slices, to notice an exit.
+            let slice = if self.stop_following.is_some() {
+                left.min(Duration::from_millis(100))
+            } else {
+                left
+            };
+            match self.lines.recv_timeout(slice) {
                 Ok(line) if line.contains(needle) => return Ok(line),
                 Ok(_) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout) if self.stop_following.is_some() => {
+                    // A followed log never disconnects: an exit is seen here.
+                    if let Some(status) = self.exited() {
+                        bail!(
+                            "`{}` exited ({status}) before printing {needle:?}",
+                            self.what
+                        )
+                    }
+                    if left.is_zero() {
+                        bail!(
+                            "`{}` printed no line with {needle:?} within {timeout:?}",
+                            self.what
+                        )
+                    }
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     bail!(
                         "`{}` printed no line with {needle:?} within {timeout:?}",
@@ -122,6 +181,9 @@ impl Proc {
 
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
+        if let Some(stop) = &self.stop_following {
+            stop.store(true, Ordering::Relaxed);
+        }
         if let Some(argv) = self.cleanup.take() {
             let _ = Command::new(&argv[0])
                 .args(&argv[1..])
@@ -132,6 +194,30 @@ impl Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends every line appended to `file` to `tx`, on a thread of its own,
+/// until `stop` is set or nobody listens. At the end of the file it looks
+/// again every 20 ms (the writer is another process).
+fn follow_lines(file: std::fs::File, tx: mpsc::Sender<String>, stop: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(file);
+        let mut line = String::new();
+        while !stop.load(Ordering::Relaxed) {
+            match r.read_line(&mut line) {
+                Ok(0) => std::thread::sleep(Duration::from_millis(20)),
+                Ok(_) if line.ends_with('\n') => {
+                    if tx.send(line.trim_end().to_owned()).is_err() {
+                        break;
+                    }
+                    line.clear();
+                }
+                // A partial line: the rest is still being written.
+                Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break,
+            }
+        }
+    });
 }
 
 /// Sends every line `from` yields to `tx`, on a thread of its own.

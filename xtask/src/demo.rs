@@ -94,14 +94,15 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
         crate::setup::run(root)?;
         build_ebpf::build(root, true)?;
         step("build egress and the traffic tool");
+        // The whole workspace selected, as a plain `cargo build --release
+        // --bin egress` in the root selects it: the features of shared
+        // dependencies come out the same, so neither build redoes the
+        // other's work.
         let mut build = vec![
             "build",
-            "-p",
-            "egress-user",
+            "--workspace",
             "--bin",
             "egress",
-            "-p",
-            "egress-tests",
             "--bin",
             "egress-traffic",
         ];
@@ -123,6 +124,16 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     }
     // The harness finds the traffic tool through this variable.
     std::env::set_var("EGRESS_TRAFFIC_BIN", &traffic);
+    // Each process logs to its own file, so the terminal shows the steps.
+    let logs = root
+        .join("target/demo")
+        .join(format!("logs-{}", std::process::id()));
+    std::fs::create_dir_all(&logs)?;
+    std::env::set_var(egress_tests::LOG_DIR_VAR, &logs);
+    println!(
+        "logs of every agent, controller and the reflector: {}/<role>-<node>.log",
+        logs.display()
+    );
 
     let started = Instant::now();
     let mut summary = Summary::default();
@@ -135,6 +146,9 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
     // Everything is dropped by now: check that nothing is left behind.
     summary.leftover = leftovers(&prefix);
     print_summary(&summary, started.elapsed());
+    if result.is_err() {
+        print_log_tails(&logs);
+    }
     result?;
     let ok = summary.eip_seen_by_server
         && summary.tcp_survived
@@ -311,6 +325,22 @@ fn run_cluster(
     println!("tcp sink:   {tcp_seen}");
     drop(cluster);
     Ok(())
+}
+
+/// The last lines of every process's log, for a failed run (CI shows
+/// nothing else of them).
+fn print_log_tails(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        println!("\n--- last lines of {}", e.path().display());
+        for l in &lines[lines.len().saturating_sub(20)..] {
+            println!("{l}");
+        }
+    }
 }
 
 fn upstream_routes(cluster: &Cluster) -> Result<std::collections::BTreeMap<String, String>> {
