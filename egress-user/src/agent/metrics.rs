@@ -76,6 +76,15 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         "Policies this node's datapath cannot hold (their traffic is dropped): what the policy needs, by the limit it exceeds and that limit's size",
         over.clone(),
     );
+    // The count is always there (an empty family prints nothing): an
+    // alert on `egress_policies_over_capacity > 0` needs no per-policy series.
+    let count = Gauge::<i64>::default();
+    count.set(facts.over_capacity.len() as i64);
+    reg.register(
+        "policies_over_capacity",
+        "How many policies this node's datapath cannot hold (0 when all fit)",
+        count,
+    );
     for r in &facts.over_capacity {
         let l = vec![
             (

@@ -53,7 +53,7 @@ fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
         Some(map)
             if !matches!(
                 prefix.rsplit('.').next(),
-                Some("resources" | "nodeSelector")
+                Some("resources" | "nodeSelector" | "labels")
             ) =>
         {
             for (k, child) in map {

@@ -86,8 +86,8 @@ fn values_and_schema_cover_the_same_keys() {
                     format!("{prefix}.{k}")
                 };
                 out.insert(here.clone());
-                // maps of free keys (resources, nodeSelector) end here
-                if !matches!(k.as_str(), "resources" | "nodeSelector") {
+                // maps of free keys (resources, nodeSelector, labels) end here
+                if !matches!(k.as_str(), "resources" | "nodeSelector" | "labels") {
                     keys(&here, child, out);
                 }
             }
@@ -102,7 +102,7 @@ fn values_and_schema_cover_the_same_keys() {
                     format!("{prefix}.{k}")
                 };
                 out.insert(here.clone());
-                if !matches!(k.as_str(), "resources" | "nodeSelector") {
+                if !matches!(k.as_str(), "resources" | "nodeSelector" | "labels") {
                     schema_keys(&here, child, out);
                 }
             }
