@@ -389,8 +389,10 @@ fn print_keep(cluster: &Cluster, egress: &Path) {
     let w1 = &cluster.topo.nodes[0].ns;
     let fab = &cluster.topo.fabric;
     println!("\n--keep: the cluster stays up. Look at it with:");
+    // In w1's namespace so that inspect finds the agent's /state (names).
     println!(
-        "  {e} inspect --pin-dir {}   # w1's maps",
+        "  {} {e} inspect --pin-dir {}   # w1's maps",
+        enter(w1),
         cluster.pin_dir(0).display()
     );
     println!(

@@ -54,6 +54,11 @@ pub fn stop(root: &Path) -> Result<()> {
     let removed = remove(&kept, &[Path::new("/sys/fs/bpf"), &std::env::temp_dir()])?;
     std::fs::remove_file(&path)?;
     println!("stopped the demo kept by process {}:", kept.pid);
+    println!(
+        "  (its logs stay in {})",
+        root.join(format!("target/demo/logs-{}", kept.pid))
+            .display()
+    );
     for r in removed {
         println!("  {r}");
     }
