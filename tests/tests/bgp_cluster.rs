@@ -17,8 +17,11 @@ fn learned(cluster: &Cluster, node: usize, prefix: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Reflector clients in the Established state, from `egress bgp status`.
-fn established_clients(cluster: &Cluster, egress: &std::path::Path) -> anyhow::Result<usize> {
+/// The reflector's peers, from `egress bgp status --json`.
+fn reflector_peers(
+    cluster: &Cluster,
+    egress: &std::path::Path,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     let status = cluster.topo.fabric.exec(&[
         egress.to_str().unwrap(),
         "bgp",
@@ -28,8 +31,12 @@ fn established_clients(cluster: &Cluster, egress: &std::path::Path) -> anyhow::R
         "--json",
     ])?;
     let status: serde_json::Value = serde_json::from_str(&status)?;
-    let peers = status["peers"].as_array().cloned().unwrap_or_default();
-    Ok(peers
+    Ok(status["peers"].as_array().cloned().unwrap_or_default())
+}
+
+/// Reflector clients in the Established state.
+fn established_clients(cluster: &Cluster, egress: &std::path::Path) -> anyhow::Result<usize> {
+    Ok(reflector_peers(cluster, egress)?
         .iter()
         .filter(|p| p["client"] == true && p["state"] == "Established")
         .count())
@@ -165,19 +172,8 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
     )?;
     // ... and lists no peer that cannot come up (a node's IPv6 address,
     // which its agent never connects from, used to sit "Active" forever).
-    let status = cluster.topo.fabric.exec(&[
-        egress.to_str().unwrap(),
-        "bgp",
-        "status",
-        "--admin-addr",
-        REFLECTOR_ADMIN,
-        "--json",
-    ])?;
-    let status: serde_json::Value = serde_json::from_str(&status)?;
-    let stuck: Vec<_> = status["peers"]
-        .as_array()
+    let stuck: Vec<_> = reflector_peers(&cluster, &egress)?
         .into_iter()
-        .flatten()
         .filter(|p| p["state"] != "Established")
         .collect();
     assert!(stuck.is_empty(), "peers not established: {stuck:?}");
