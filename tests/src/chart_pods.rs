@@ -48,6 +48,79 @@ pub enum EnvValue {
     Field(String),
 }
 
+/// The seccomp profile a container asks for (its own, else its pod's).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Seccomp {
+    /// `RuntimeDefault`: the container runtime's default profile, the one
+    /// [`ContainerSpec::runtime_default`] stands for.
+    RuntimeDefault,
+    Unconfined,
+    /// `Localhost` with its `localhostProfile` (not run here).
+    Localhost(String),
+    /// None asked for: the kubelet runs it unconfined (unless its
+    /// `SeccompDefault` is on, which the harness does not model).
+    Unset,
+}
+
+/// Which container runtime's default seccomp profile `RuntimeDefault` is.
+/// They differ on the one system call the agent lives on.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum RuntimeDefault {
+    /// containerd's: bpf() is let through to a process holding `CAP_BPF`
+    /// (or `CAP_SYS_ADMIN`). Run here as containers-common's profile with
+    /// that one rule changed: bpf() moves out of the `CAP_SYS_ADMIN`-only
+    /// rules into one of its own for `CAP_BPF`.
+    #[default]
+    CapBpfAllowsBpf,
+    /// containers-common's (podman's own default, and CRI-O's, as on
+    /// Debian 12): bpf() only with `CAP_SYS_ADMIN`.
+    SysAdminGatesBpf,
+}
+
+/// containers-common's default profile, the base of both [`RuntimeDefault`]s.
+const CONTAINERS_COMMON_PROFILE: &str = "/usr/share/containers/seccomp.json";
+
+/// Writes the [`RuntimeDefault::CapBpfAllowsBpf`] profile, made from
+/// containers-common's, and returns its path.
+fn cap_bpf_profile() -> Result<PathBuf> {
+    let text = std::fs::read_to_string(CONTAINERS_COMMON_PROFILE)
+        .with_context(|| format!("reading {CONTAINERS_COMMON_PROFILE} (containers-common)"))?;
+    let mut profile: serde_json::Value = serde_json::from_str(&text)?;
+    let rules = profile["syscalls"]
+        .as_array_mut()
+        .context("no syscalls in the profile")?;
+    let mut moved = 0;
+    for rule in rules.iter_mut() {
+        let gated = rule["includes"]["caps"] == serde_json::json!(["CAP_SYS_ADMIN"])
+            || rule["excludes"]["caps"] == serde_json::json!(["CAP_SYS_ADMIN"]);
+        if let (true, Some(names)) = (gated, rule["names"].as_array_mut()) {
+            let before = names.len();
+            names.retain(|n| n != "bpf");
+            moved += before - names.len();
+        }
+    }
+    ensure!(
+        moved > 0,
+        "{CONTAINERS_COMMON_PROFILE} gates no bpf() rule on CAP_SYS_ADMIN"
+    );
+    rules.push(serde_json::json!({
+        "names": ["bpf"],
+        "action": "SCMP_ACT_ALLOW",
+        "includes": {"caps": ["CAP_BPF"]},
+    }));
+    rules.push(serde_json::json!({
+        "names": ["bpf"],
+        "action": "SCMP_ACT_ALLOW",
+        "includes": {"caps": ["CAP_SYS_ADMIN"]},
+        "excludes": {"caps": ["CAP_BPF"]},
+    }));
+    let dir = root().join("target/tmp");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("seccomp-cap-bpf-allows-bpf.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&profile)?)?;
+    Ok(path)
+}
+
 /// One container of the rendered chart, with its pod's settings that shape it.
 #[derive(Clone, Debug)]
 pub struct ContainerSpec {
@@ -64,6 +137,10 @@ pub struct ContainerSpec {
     pub read_only_root: bool,
     pub no_new_privileges: bool,
     pub apparmor_unconfined: bool,
+    pub seccomp: Seccomp,
+    /// What `RuntimeDefault` means for this run (not from the chart: the
+    /// runtime of the node).
+    pub runtime_default: RuntimeDefault,
     pub mounts: Vec<Mount>,
     pub host_network: bool,
 }
@@ -148,6 +225,21 @@ impl ChartPods {
     }
 }
 
+/// The `seccompProfile` of a (pod or container) security context, if any.
+fn seccomp_of(security_context: &Value) -> Option<Seccomp> {
+    let profile = &security_context["seccompProfile"];
+    Some(match profile["type"].as_str()? {
+        "RuntimeDefault" => Seccomp::RuntimeDefault,
+        "Unconfined" => Seccomp::Unconfined,
+        _ => Seccomp::Localhost(
+            profile["localhostProfile"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        ),
+    })
+}
+
 fn strings(v: &Value) -> Vec<String> {
     v.as_sequence()
         .into_iter()
@@ -216,6 +308,10 @@ impl ContainerSpec {
             read_only_root: sc["readOnlyRootFilesystem"].as_bool().unwrap_or(false),
             no_new_privileges: sc["allowPrivilegeEscalation"].as_bool() == Some(false),
             apparmor_unconfined: sc["appArmorProfile"]["type"] == "Unconfined",
+            seccomp: seccomp_of(sc)
+                .or_else(|| seccomp_of(psc))
+                .unwrap_or(Seccomp::Unset),
+            runtime_default: RuntimeDefault::default(),
             mounts,
             host_network: pod["hostNetwork"].as_bool().unwrap_or(false),
         })
@@ -301,6 +397,17 @@ impl ContainerSpec {
         }
         if self.apparmor_unconfined {
             argv.push("--security-opt=apparmor=unconfined".into());
+        }
+        match (&self.seccomp, self.runtime_default) {
+            (Seccomp::RuntimeDefault, RuntimeDefault::SysAdminGatesBpf) => {}
+            (Seccomp::RuntimeDefault, RuntimeDefault::CapBpfAllowsBpf) => argv.push(format!(
+                "--security-opt=seccomp={}",
+                cap_bpf_profile()?.display()
+            )),
+            (Seccomp::Unconfined | Seccomp::Unset, _) => {
+                argv.push("--security-opt=seccomp=unconfined".into())
+            }
+            (Seccomp::Localhost(p), _) => bail!("seccomp profile Localhost {p}: not run here"),
         }
         for m in &self.mounts {
             match &m.source {

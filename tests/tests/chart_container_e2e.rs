@@ -7,6 +7,11 @@
 //! args stay as rendered, only the service account token becomes a
 //! kubeconfig.
 //!
+//! `RuntimeDefault` seccomp is containerd's rule for bpf() (allowed with
+//! `CAP_BPF`) unless a test says otherwise; the last test runs the agent
+//! under containers-common's (CRI-O's), which allows bpf() only with
+//! `CAP_SYS_ADMIN`.
+//!
 //! `cargo xtask test` builds the image (`cargo xtask image --binary
 //! target/debug/egress`) before these run.
 
@@ -14,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use egress_tests::{
-    chart_pods::{image_exists, ChartPods},
+    chart_pods::{image_exists, ChartPods, RuntimeDefault, Seccomp},
     cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Launcher},
     egress_bin,
     topology::eip,
@@ -27,7 +32,11 @@ use egress_tests::{
 /// no cluster DNS answers here. EIPs are announced by ARP/NDP, the default
 /// way without BGP.
 fn chart() -> Result<ChartPods> {
-    let sets: Vec<String> = [
+    chart_with(&[])
+}
+
+fn chart_with(more: &[&str]) -> Result<ChartPods> {
+    let mut sets: Vec<String> = [
         "feature.tunnelUpdatePeriod=500ms",
         "feature.tunnelMonitorPeriod=250ms",
         "feature.eipEvictionTimeout=3s",
@@ -38,6 +47,7 @@ fn chart() -> Result<ChartPods> {
     ]
     .map(String::from)
     .to_vec();
+    sets.extend(more.iter().map(|s| s.to_string()));
     let chart = ChartPods::render(&sets)?;
     ensure!(
         image_exists(&chart.image),
@@ -102,6 +112,7 @@ fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
     assert!(agent.host_network && !agent.privileged && agent.read_only_root);
     assert_eq!(agent.caps_drop, ["ALL"]);
     assert_eq!(agent.run_as_user, Some(0));
+    assert_eq!(agent.seccomp, Seccomp::RuntimeDefault);
     let controller = &chart.controller;
     assert!(!controller.host_network && controller.read_only_root);
     assert!(controller.caps_add.is_empty() && controller.no_new_privileges);
@@ -170,14 +181,10 @@ fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
     );
     Ok(())
 }
-/// The agent checks its capabilities before it touches the kernel: started
-/// with the chart's set minus any one capability, it exits naming the one
-/// it lacks; with the chart's whole set it comes up. So a chart that grants
-/// less than the agent needs fails here.
-#[test]
-#[ignore = "needs root: namespaces, BPF, podman"]
-fn the_agent_names_each_capability_of_the_chart_it_lacks() -> Result<()> {
-    let chart = chart()?;
+
+/// A one-worker, one-gateway cluster of the chart's containers whose
+/// gateway's agent is stopped, so a test can start its own variants there.
+fn cluster_with_a_free_gateway(chart: &ChartPods) -> Result<(Cluster, usize)> {
     let spec = ClusterSpec {
         workers: 1,
         gateways: 1,
@@ -189,6 +196,18 @@ fn the_agent_names_each_capability_of_the_chart_it_lacks() -> Result<()> {
     let mut cluster = Cluster::start(&egress_bin()?, spec)?;
     let gateway = 1;
     cluster.kill_agent(gateway);
+    Ok((cluster, gateway))
+}
+
+/// The agent checks its capabilities before it touches the kernel: started
+/// with the chart's set minus any one capability, it exits naming the one
+/// it lacks; with the chart's whole set it comes up. So a chart that grants
+/// less than the agent needs fails here.
+#[test]
+#[ignore = "needs root: namespaces, BPF, podman"]
+fn the_agent_names_each_capability_of_the_chart_it_lacks() -> Result<()> {
+    let chart = chart()?;
+    let (cluster, gateway) = cluster_with_a_free_gateway(&chart)?;
     ensure!(!chart.agent.caps_add.is_empty(), "the chart grants nothing");
     for cap in &chart.agent.caps_add {
         let mut fewer = chart.agent.clone();
@@ -214,6 +233,36 @@ fn the_agent_names_each_capability_of_the_chart_it_lacks() -> Result<()> {
     }
     // The chart's whole set: the same node's agent comes up.
     let mut agent = cluster.spawn_agent_container(gateway, &chart.agent)?;
+    agent.wait_for_line("ready node=", Duration::from_secs(30))?;
+    Ok(())
+}
+
+/// Under a runtime whose default seccomp profile lets bpf() through only
+/// with `CAP_SYS_ADMIN` (containers-common's: CRI-O, podman), the chart's
+/// default set (PERFMON, no SYS_ADMIN) cannot work: the agent exits saying
+/// so and naming the chart value that fixes it; with that value set
+/// (SYS_ADMIN instead of PERFMON) the agent comes up under the same profile.
+#[test]
+#[ignore = "needs root: namespaces, BPF, podman"]
+fn the_agent_names_the_value_for_a_runtime_that_gates_bpf_on_sys_admin() -> Result<()> {
+    let chart = chart()?;
+    let (cluster, gateway) = cluster_with_a_free_gateway(&chart)?;
+
+    let mut default_set = chart.agent.clone();
+    default_set.runtime_default = RuntimeDefault::SysAdminGatesBpf;
+    assert!(!default_set.caps_add.iter().any(|c| c == "SYS_ADMIN"));
+    let mut agent = cluster.spawn_agent_container(gateway, &default_set)?;
+    let line = agent
+        .wait_for_line("bpf() is refused", Duration::from_secs(30))
+        .context("the agent did not say that bpf() is refused")?;
+    assert!(line.contains("agent.sysAdminForBpf=true"), "{line}");
+    drop(agent);
+
+    let mut with_sys_admin = chart_with(&["agent.sysAdminForBpf=true"])?.agent;
+    assert!(with_sys_admin.caps_add.iter().any(|c| c == "SYS_ADMIN"));
+    assert!(!with_sys_admin.caps_add.iter().any(|c| c == "PERFMON"));
+    with_sys_admin.runtime_default = RuntimeDefault::SysAdminGatesBpf;
+    let mut agent = cluster.spawn_agent_container(gateway, &with_sys_admin)?;
     agent.wait_for_line("ready node=", Duration::from_secs(30))?;
     Ok(())
 }

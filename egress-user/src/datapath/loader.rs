@@ -15,6 +15,8 @@ use super::bpffs;
 pub enum LoadError {
     #[error("this process lacks {} (needed to load BPF programs and maps, attach them and announce EIPs; docs/deploy.md says what each is for): run the agent as root, or grant these capabilities (the chart grants them, or agent.privileged)", missing.join(", "))]
     MissingCapabilities { missing: Vec<&'static str> },
+    #[error("bpf() is refused (errno {errno}) although this process holds the capabilities it needs: the container runtime's seccomp profile lets bpf() through only with CAP_SYS_ADMIN (containers-common's default, which CRI-O and podman use), or an LSM denies it. Set the chart's agent.sysAdminForBpf=true, or give the agent a seccomp profile that allows bpf() (agent.seccompProfile); docs/deploy.md, \"Security settings of the pods\"")]
+    BpfRefused { errno: i32 },
     #[error("pin folder {path}: {source}")]
     PinDir {
         path: PathBuf,
@@ -39,7 +41,7 @@ pub enum LoadError {
 fn hint_for_errno(errno: Option<i32>) -> &'static str {
     match errno {
         Some(libc::EPERM) | Some(libc::EACCES) => {
-            "permission denied: the process needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (run as root, or privileged in the chart)"
+            "permission denied: the process needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON or CAP_SYS_ADMIN (run as root, or with the chart's capabilities)"
         }
         Some(libc::ENOSYS) => "this kernel has no bpf() system call (CONFIG_BPF_SYSCALL is off)",
         Some(libc::EINVAL) => "the kernel rejected the object: it needs BTF and TCX (Linux 6.6 or newer)",
@@ -191,6 +193,11 @@ impl Datapath {
         let missing = super::caps::missing();
         if !missing.is_empty() {
             return Err(LoadError::MissingCapabilities { missing });
+        }
+        // Only a refusal is told apart here; any other failure of the probe
+        // (memory, an old kernel) is left to the loader's own hint.
+        if let Err(errno @ (libc::EPERM | libc::EACCES)) = super::caps::bpf_syscall_allowed() {
+            return Err(LoadError::BpfRefused { errno });
         }
         bpffs::ensure_pin_dir(pin_dir).map_err(|source| LoadError::PinDir {
             path: pin_dir.to_owned(),

@@ -53,7 +53,7 @@ fn leaves(prefix: &str, v: &Value, out: &mut Vec<String>) {
         Some(map)
             if !matches!(
                 prefix.rsplit('.').next(),
-                Some("resources" | "nodeSelector" | "labels")
+                Some("resources" | "nodeSelector" | "labels" | "seccompProfile")
             ) =>
         {
             for (k, child) in map {
@@ -87,6 +87,12 @@ fn every_value_changes_the_output() {
         ("nameOverride", json!("egw2"), json!({})),
         ("fullnameOverride", json!("custom"), json!({})),
         ("agent.privileged", json!(true), json!({})),
+        ("agent.sysAdminForBpf", json!(true), json!({})),
+        (
+            "agent.seccompProfile",
+            json!({"type": "Localhost", "localhostProfile": "profiles/egress-agent.json"}),
+            json!({}),
+        ),
         ("agent.pinDir", json!("/sys/fs/bpf/other"), json!({})),
         ("agent.uplink", json!("ens5"), json!({})),
         ("agent.natTableSize", json!(65536), json!({})),

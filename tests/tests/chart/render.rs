@@ -243,7 +243,7 @@ fn apiserver_rules_hold_for_every_combination() {
     spec.containers[0].volume_mounts.as_mut().unwrap()[0].mount_propagation =
         Some("Bidirectional".into());
     assert!(apiserver_pod_rules(&spec).is_err());
-    let mut spec = agent(&render(&json!({})));
+    let mut spec = agent(&render(&json!({"agent": {"sysAdminForBpf": true}})));
     spec.containers[0]
         .security_context
         .as_mut()

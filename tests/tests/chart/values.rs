@@ -86,8 +86,12 @@ fn values_and_schema_cover_the_same_keys() {
                     format!("{prefix}.{k}")
                 };
                 out.insert(here.clone());
-                // maps of free keys (resources, nodeSelector, labels) end here
-                if !matches!(k.as_str(), "resources" | "nodeSelector" | "labels") {
+                // maps of free keys (resources, nodeSelector, labels) and
+                // Kubernetes objects passed through (seccompProfile) end here
+                if !matches!(
+                    k.as_str(),
+                    "resources" | "nodeSelector" | "labels" | "seccompProfile"
+                ) {
                     keys(&here, child, out);
                 }
             }
@@ -102,7 +106,10 @@ fn values_and_schema_cover_the_same_keys() {
                     format!("{prefix}.{k}")
                 };
                 out.insert(here.clone());
-                if !matches!(k.as_str(), "resources" | "nodeSelector" | "labels") {
+                if !matches!(
+                    k.as_str(),
+                    "resources" | "nodeSelector" | "labels" | "seccompProfile"
+                ) {
                     schema_keys(&here, child, out);
                 }
             }
@@ -174,6 +181,12 @@ fn schema_rejects_bad_values() {
         ("feature.clusterCIDR.extraCidr", json!(["10.96.0.0"])),
         ("feature.clusterCIDR.extraCidr", json!("10.96.0.0/12")),
         ("agent.privileged", json!("true")),
+        ("agent.sysAdminForBpf", json!("yes")),
+        ("agent.seccompProfile", json!({"type": "Strict"})),
+        (
+            "agent.seccompProfile",
+            json!({"localhostProfile": "p.json"}),
+        ),
         ("agent.pinDir", json!("/var/run/egress")),
         ("agent.uplink", json!("eth0 --mtu=1")),
         ("agent.tolerations", json!([{"operator": "Sometimes"}])),

@@ -31,10 +31,15 @@ fn agent_daemonset_by_default() {
     let caps = sc.capabilities.unwrap();
     assert_eq!(caps.drop, Some(vec!["ALL".to_owned()]));
     let add: BTreeSet<String> = caps.add.unwrap().into_iter().collect();
-    let want: BTreeSet<String> = ["BPF", "NET_ADMIN", "SYS_ADMIN", "NET_RAW"]
+    let want: BTreeSet<String> = ["BPF", "NET_ADMIN", "PERFMON", "NET_RAW"]
         .map(String::from)
         .into();
     assert_eq!(add, want);
+    assert_eq!(
+        sc.seccomp_profile.map(|p| p.type_),
+        Some("RuntimeDefault".to_owned())
+    );
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
     // bpffs and /sys from the host
     let vols = spec.volumes.clone().unwrap();
     let host_path = |name: &str| {
@@ -135,6 +140,18 @@ fn agent_daemonset_by_default() {
             .field_path,
         "status.hostIP"
     );
+}
+
+#[test]
+fn agent_gets_sys_admin_instead_of_perfmon_when_asked() {
+    let objs = render(&json!({"agent": {"sysAdminForBpf": true}}));
+    let sc = agent(&objs).containers[0].security_context.clone().unwrap();
+    let add: BTreeSet<String> = sc.capabilities.unwrap().add.unwrap().into_iter().collect();
+    let want: BTreeSet<String> = ["BPF", "NET_ADMIN", "SYS_ADMIN", "NET_RAW"]
+        .map(String::from)
+        .into();
+    assert_eq!(add, want);
+    assert_eq!(sc.allow_privilege_escalation, None);
 }
 
 #[test]
