@@ -22,10 +22,7 @@ use egress_tests::{
     Proc,
 };
 
-use crate::{
-    build_ebpf,
-    shell::{cargo, exec, step},
-};
+use crate::{build_ebpf, shell::step};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -94,22 +91,7 @@ pub fn run(root: &Path, args: DemoArgs) -> Result<()> {
         crate::setup::run(root)?;
         build_ebpf::build(root, true)?;
         step("build egress and the traffic tool");
-        // The whole workspace selected, as a plain `cargo build --release
-        // --bin egress` in the root selects it: the features of shared
-        // dependencies come out the same, so neither build redoes the
-        // other's work.
-        let mut build = vec![
-            "build",
-            "--workspace",
-            "--bin",
-            "egress",
-            "--bin",
-            "egress-traffic",
-        ];
-        if !args.debug {
-            build.push("--release");
-        }
-        exec(&mut cargo(root, &build))?;
+        crate::shell::build_binaries(root, !args.debug)?;
     }
     let bin_dir = root.join("target").join(profile);
     let egress = bin_dir.join("egress");

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use egress_tests::scenarios::{run_and_report, Bins, Options, SCENARIOS};
 
-use crate::shell::{cargo, exec, step};
+use crate::shell::step;
 
 /// Builds `egress` and `egress-traffic` (debug profile) and returns them.
 pub fn build_bins(root: &Path) -> Result<Bins> {
@@ -15,20 +15,7 @@ pub fn build_bins(root: &Path) -> Result<Bins> {
     // userspace's maps (e.g. a map added since).
     crate::build_ebpf::build(root, true)?;
     step("build egress and egress-traffic");
-    exec(&mut cargo(
-        root,
-        &[
-            "build",
-            "-p",
-            "egress-user",
-            "--bin",
-            "egress",
-            "-p",
-            "egress-tests",
-            "--bin",
-            "egress-traffic",
-        ],
-    ))?;
+    crate::shell::build_binaries(root, false)?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .map(|t| if t.is_relative() { root.join(t) } else { t })

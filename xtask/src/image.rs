@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::shell::{cargo, exec, step, succeeds};
+use crate::shell::{exec, step, succeeds};
 
 /// The base the Containerfile names (`FROM debian:bookworm-slim`), as podman
 /// resolves it.
@@ -106,10 +106,7 @@ pub fn build(root: &Path, binary: Option<&Path>) -> Result<String> {
         None => {
             crate::build_ebpf::build(root, true)?;
             step("release build of egress");
-            exec(&mut cargo(
-                root,
-                &["build", "--release", "-p", "egress-user", "--bin", "egress"],
-            ))?;
+            crate::shell::build_binaries(root, true)?;
             target_dir(root).join("release/egress")
         }
     };

@@ -48,6 +48,27 @@ pub fn cargo(root: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+/// Builds `egress` and `egress-traffic` in the debug or release profile.
+/// The one build of them in xtask: the demo, the tests, the benchmarks and
+/// the image all call it. The whole workspace is selected, as a plain
+/// `cargo build [--release] --bin egress` in the root selects it, so the
+/// features of shared dependencies come out the same in every one of them
+/// and none redoes another's (or the user's own) work.
+pub fn build_binaries(root: &Path, release: bool) -> Result<()> {
+    let mut args = vec![
+        "build",
+        "--workspace",
+        "--bin",
+        "egress",
+        "--bin",
+        "egress-traffic",
+    ];
+    if release {
+        args.push("--release");
+    }
+    exec(&mut cargo(root, &args))
+}
+
 /// Prints a step header so long tasks show where they are.
 pub fn step(what: &str) {
     println!("\n==> {what}");

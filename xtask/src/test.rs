@@ -37,19 +37,7 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
 
     // Tests start the real `egress` binary from the same target folder.
     step("build the binaries the tests run");
-    exec(&mut cargo(
-        root,
-        &[
-            "build",
-            "-p",
-            "egress-user",
-            "--bin",
-            "egress",
-            "-p",
-            "egress-tests",
-            "--bins",
-        ],
-    ))?;
+    crate::shell::build_binaries(root, false)?;
 
     step("tests (unprivileged)");
     exec(&mut cargo(root, &["test", "--workspace"]))?;
