@@ -6,6 +6,7 @@ mod bench_datapath;
 mod bench_failover;
 mod build_ebpf;
 mod demo;
+mod demo_check;
 mod demo_stop;
 mod e2e;
 mod fuzz;
@@ -62,6 +63,8 @@ enum Task {
     },
     /// The README's first command: a local cluster in network namespaces, shown step by step.
     Demo(demo::DemoArgs),
+    /// The test step on `demo --keep` / `--stop` alone (debug binaries built): every printed command works, --stop removes exactly the demo.
+    DemoCheck,
     /// A failover scenario of issue 5 in namespaces (gateway-kill, gateway-link-down, datastore-partition, controller-kill, gateway-recover, or all).
     E2e {
         name: String,
@@ -130,6 +133,7 @@ fn main() {
             setup::ensure_cargo_fuzz().and_then(|_| fuzz::run(&root, seconds))
         }
         Task::Demo(args) => demo::run(&root, args),
+        Task::DemoCheck => demo_check::run(&root),
         Task::E2e {
             name,
             default_timers,

@@ -93,5 +93,7 @@ pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
             stop: false,
         },
     )?;
+    step("demo --keep: each printed command, then --stop removes exactly the demo");
+    crate::demo_check::run(root)?;
     Ok(())
 }
