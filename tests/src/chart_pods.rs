@@ -141,6 +141,11 @@ pub struct ContainerSpec {
     /// What `RuntimeDefault` means for this run (not from the chart: the
     /// runtime of the node).
     pub runtime_default: RuntimeDefault,
+    /// The pod's namespaced sysctls.
+    pub sysctls: Vec<(String, String)>,
+    /// Names the cluster DNS would answer, with their addresses (not from
+    /// the chart: the harness's stand-in for the DNS).
+    pub hosts: Vec<(String, String)>,
     pub mounts: Vec<Mount>,
     pub host_network: bool,
 }
@@ -312,6 +317,18 @@ impl ContainerSpec {
                 .or_else(|| seccomp_of(psc))
                 .unwrap_or(Seccomp::Unset),
             runtime_default: RuntimeDefault::default(),
+            sysctls: psc["sysctls"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| {
+                    Some((
+                        s["name"].as_str()?.to_owned(),
+                        s["value"].as_str()?.to_owned(),
+                    ))
+                })
+                .collect(),
+            hosts: Vec::new(),
             mounts,
             host_network: pod["hostNetwork"].as_bool().unwrap_or(false),
         })
@@ -397,6 +414,12 @@ impl ContainerSpec {
         }
         if self.apparmor_unconfined {
             argv.push("--security-opt=apparmor=unconfined".into());
+        }
+        for (k, v) in &self.sysctls {
+            argv.push(format!("--sysctl={k}={v}"));
+        }
+        for (name, ip) in &self.hosts {
+            argv.push(format!("--add-host={name}:{ip}"));
         }
         match (&self.seccomp, self.runtime_default) {
             (Seccomp::RuntimeDefault, RuntimeDefault::SysAdminGatesBpf) => {}

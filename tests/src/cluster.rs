@@ -503,9 +503,20 @@ impl Cluster {
         };
         // Every node here shares the host's bpffs: each gets its own folder.
         let pin = self.pins[i].path().display().to_string();
+        // The cluster DNS: the reflectors' Service name is the controller's
+        // pod address, the fabric's.
+        let mut spec = spec.clone();
+        if let Some(name) = spec
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("--bgp-reflectors="))
+        {
+            spec.hosts
+                .push((name.to_owned(), FABRIC_UNDERLAY_IP.to_string()));
+        }
         self.spawn_container(
             &chart.image,
-            spec,
+            &spec,
             &format!("agent{}", node.name),
             &node.ns,
             &pod,

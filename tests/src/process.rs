@@ -118,6 +118,12 @@ impl Proc {
     /// Fails when the process exits first or `timeout` passes.
     pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<String> {
         let deadline = Instant::now() + timeout;
+        // The last lines seen, for the error: they usually say why.
+        let mut seen = std::collections::VecDeque::new();
+        let tail = |seen: &std::collections::VecDeque<String>| {
+            let lines: Vec<&str> = seen.iter().map(String::as_str).collect();
+            format!("; its last lines:\n{}", lines.join("\n"))
+        };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // A followed log is looked at in slices, to notice an exit.
@@ -128,33 +134,42 @@ impl Proc {
             };
             match self.lines.recv_timeout(slice) {
                 Ok(line) if line.contains(needle) => return Ok(line),
-                Ok(_) => continue,
+                Ok(line) => {
+                    if seen.len() == 12 {
+                        seen.pop_front();
+                    }
+                    seen.push_back(line);
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) if self.stop_following.is_some() => {
                     // A followed log never disconnects: an exit is seen here.
                     if let Some(status) = self.exited() {
                         bail!(
-                            "`{}` exited ({status}) before printing {needle:?}",
-                            self.what
+                            "`{}` exited ({status}) before printing {needle:?}{}",
+                            self.what,
+                            tail(&seen)
                         )
                     }
                     if left.is_zero() {
                         bail!(
-                            "`{}` printed no line with {needle:?} within {timeout:?}",
-                            self.what
+                            "`{}` printed no line with {needle:?} within {timeout:?}{}",
+                            self.what,
+                            tail(&seen)
                         )
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     bail!(
-                        "`{}` printed no line with {needle:?} within {timeout:?}",
-                        self.what
+                        "`{}` printed no line with {needle:?} within {timeout:?}{}",
+                        self.what,
+                        tail(&seen)
                     )
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.child.wait().ok();
                     bail!(
-                        "`{}` exited ({status:?}) before printing {needle:?}",
-                        self.what
+                        "`{}` exited ({status:?}) before printing {needle:?}{}",
+                        self.what,
+                        tail(&seen)
                     )
                 }
             }
