@@ -20,17 +20,16 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use egress_tests::{
     chart_pods::{image_exists, ChartPods, RuntimeDefault, Seccomp},
-    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Launcher},
+    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Launcher, UPSTREAM_IP},
     egress_bin,
     topology::eip,
     Netns,
 };
 
 /// The chart with the harness's short failover timers (so a failover takes
-/// seconds), the underlay interface of the test nodes, and BGP off: the
-/// agents would look the reflectors up by their Service's DNS name, which
-/// no cluster DNS answers here. EIPs are announced by ARP/NDP, the default
-/// way without BGP.
+/// seconds), the underlay interface of the test nodes, and BGP off, so
+/// that EIPs are announced by ARP/NDP (the way without BGP; the last test
+/// turns BGP on).
 fn chart() -> Result<ChartPods> {
     chart_with(&[])
 }
@@ -264,5 +263,95 @@ fn the_agent_names_the_value_for_a_runtime_that_gates_bpf_on_sys_admin() -> Resu
     with_sys_admin.runtime_default = RuntimeDefault::SysAdminGatesBpf;
     let mut agent = cluster.spawn_agent_container(gateway, &with_sys_admin)?;
     agent.wait_for_line("ready node=", Duration::from_secs(30))?;
+    Ok(())
+}
+
+/// The chart's default, BGP: the reflector runs in the controller's
+/// container (non-root, binding port 179 by its pod's sysctl), every agent
+/// container is its client through the reflectors' Service name (answered
+/// by the stand-in for the cluster DNS), and an FRR upstream router, the
+/// chart's `bgp.upstreamPeers`, learns every pod CIDR and the EIP from the
+/// owner's agent; when that agent's container goes, the EIP's route moves
+/// to the other gateway and the pod leaves with the EIP again.
+#[test]
+#[ignore = "needs root: namespaces, BPF, podman, FRR"]
+fn the_charts_reflector_serves_the_agent_containers_and_the_upstream() -> Result<()> {
+    let chart = chart_with(&[
+        "bgp.enabled=true",
+        &format!("bgp.upstreamPeers[0].address={UPSTREAM_IP}"),
+        "bgp.upstreamPeers[0].asn=64512",
+    ])?;
+    assert!(
+        !chart.controller.sysctls.is_empty(),
+        "no sysctl for port 179"
+    );
+    let spec = ClusterSpec {
+        kubernetes: true,
+        bgp: true,
+        upstream_frr: true,
+        reflector_in_controller: true,
+        launcher: Launcher::Chart(Box::new(chart)),
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    cluster.apply_examples()?;
+    let eip_prefix = format!("{}/32", eip(0));
+    let owner = cluster.example_eip_owner()?;
+    let routes_reach = |cluster: &Cluster, owner: usize| -> Result<bool> {
+        let frr = &cluster.upstream.as_ref().context("no upstream")?.frr;
+        let routes = frr.ipv4_routes()?;
+        let nodes = &cluster.topo.nodes;
+        Ok(nodes
+            .iter()
+            .all(|n| routes.get(&n.pod_cidr()) == Some(&n.ip.to_string()))
+            && routes.get(&eip_prefix) == Some(&nodes[owner].ip.to_string()))
+    };
+    wait_until(
+        "FRR has every pod CIDR and the EIP from its owner",
+        Duration::from_secs(60),
+        || routes_reach(&cluster, owner),
+    )
+    .with_context(|| {
+        let frr = cluster.upstream.as_ref().map(|u| u.frr.ipv4_routes());
+        let status = cluster.controller_http(0, "/bgp/status");
+        format!("FRR: {frr:?}; the reflector: {status:?}")
+    })?;
+    let status: serde_json::Value =
+        serde_json::from_str(&cluster.controller_http(0, "/bgp/status")?)?;
+    let established = |p: &serde_json::Value| p["state"] == "Established";
+    let peers = status["peers"].as_array().context("no peers")?;
+    let clients = peers
+        .iter()
+        .filter(|p| p["client"] == true && established(p))
+        .count();
+    assert_eq!(clients, cluster.topo.nodes.len(), "{status}");
+    assert!(
+        peers.iter().any(|p| p["client"] == false && established(p)),
+        "the upstream is not established: {status}"
+    );
+    assert_eq!(source_seen(&cluster, 0, 0)?, eip(0).to_string());
+
+    cluster.kill_agent(owner);
+    let address = eip(0).to_string();
+    wait_until(
+        "another gateway announces the EIP",
+        Duration::from_secs(30),
+        || Ok(matches!(cluster.announcers(&address).as_slice(), [n] if *n != owner)),
+    )?;
+    let other = cluster.announcers(&address)[0];
+    let other_ip = cluster.topo.nodes[other].ip.to_string();
+    wait_until(
+        "FRR's EIP route follows the new owner",
+        Duration::from_secs(30),
+        || {
+            let frr = &cluster.upstream.as_ref().context("no upstream")?.frr;
+            Ok(frr.ipv4_routes()?.get(&eip_prefix) == Some(&other_ip))
+        },
+    )?;
+    wait_until(
+        "p11 leaves with the EIP again",
+        Duration::from_secs(30),
+        || Ok(source_seen(&cluster, 0, 0)? == eip(0).to_string()),
+    )?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use egress_bgp::{
     speaker::{PeerSpec, Speaker, SpeakerConfig, SpeakerHandle},
     types::Prefix,
 };
+use egress_control::api::NodeRecord;
 use ipnet::IpNet;
 
 /// Where the agent's speaker connects.
@@ -29,6 +30,22 @@ pub struct AgentBgpConfig {
     pub graceful_restart_time: u16,
     /// TCP-MD5 (RFC 2385) key of the sessions with the reflectors.
     pub password: Option<String>,
+}
+
+/// The pod CIDRs this node announces: the `--pod-cidr` flags, or, without
+/// them, the ones the datastore knows for the node (a Kubernetes Node's
+/// `spec.podCIDRs`, which is how the chart's DaemonSet learns them).
+/// Entries that are not CIDRs are skipped (validation reports them).
+pub fn node_pod_cidrs(flags: &[IpNet], nodes: &[NodeRecord], node: &str) -> Vec<IpNet> {
+    if !flags.is_empty() {
+        return flags.to_vec();
+    }
+    nodes
+        .iter()
+        .filter(|n| n.name == node)
+        .flat_map(|n| &n.pod_cidrs)
+        .filter_map(|c| c.parse().ok())
+        .collect()
 }
 
 /// What the agent should announce: its pod CIDRs and the EIPs it may
@@ -241,6 +258,27 @@ mod tests {
 
     fn nh() -> IpAddr {
         NH.parse().unwrap()
+    }
+
+    #[test]
+    fn pod_cidrs_come_from_the_flags_else_from_the_node_record() {
+        let node = |name: &str, cidrs: &[&str]| NodeRecord {
+            name: name.into(),
+            pod_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+            ..Default::default()
+        };
+        let nodes = [
+            node("w1", &["10.244.1.0/24", "fd00:244:1::/64", "not-a-cidr"]),
+            node("w2", &["10.244.2.0/24"]),
+        ];
+        let from_record: Vec<String> = node_pod_cidrs(&[], &nodes, "w1")
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(from_record, ["10.244.1.0/24", "fd00:244:1::/64"]);
+        let flag: IpNet = "10.9.0.0/24".parse().unwrap();
+        assert_eq!(node_pod_cidrs(&[flag], &nodes, "w1"), [flag]);
+        assert!(node_pod_cidrs(&[], &nodes, "w3").is_empty());
     }
 
     #[test]

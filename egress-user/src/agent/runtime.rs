@@ -414,8 +414,8 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                         .filter(|o| !o.node_ip)
                         .map(|o| (o.eip, u64::from(o.epoch)))
                         .collect();
-                    let want =
-                        super::bgp::wanted_routes(&s.pod_cidrs, &eips, IpAddr::V4(tunnel_ip));
+                    let pod_cidrs = super::bgp::node_pod_cidrs(&s.pod_cidrs, &view.nodes, &s.node);
+                    let want = super::bgp::wanted_routes(&pod_cidrs, &eips, IpAddr::V4(tunnel_ip));
                     if let Err(e) = bgp.sync(&want).await {
                         tracing::warn!(error = %format!("{e:#}"), "BGP announcements not in step");
                     }
