@@ -718,6 +718,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// [`Cluster::apply_examples`], then waits until one gateway (not a
+    /// worker) announces the EIP and w1's agent applies the policy; returns
+    /// the owner's index. The start of most end-to-end tests.
+    pub fn examples_up(&self) -> Result<usize> {
+        self.apply_examples()?;
+        let owner = self.example_eip_owner()?;
+        anyhow::ensure!(
+            self.topo.nodes[owner].name.starts_with('g'),
+            "a worker announces the EIP"
+        );
+        wait_until("w1 applies the policy", Duration::from_secs(30), || {
+            Ok(self.agent_state(0)?["policies"].as_u64() == Some(1))
+        })?;
+        Ok(owner)
+    }
+
     /// Waits until exactly one node announces the examples' EIP
     /// ([`eip`]`(0)`) and returns that node's index.
     pub fn example_eip_owner(&self) -> Result<usize> {

@@ -138,16 +138,8 @@ fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
     }
     assert_eq!(egress_process_in(&cluster.topo.fabric)?, (65532, 0));
 
-    cluster.apply_examples()?;
     let eip = eip(0).to_string();
-    let owner = cluster.example_eip_owner()?;
-    ensure!(
-        cluster.topo.nodes[owner].name.starts_with('g'),
-        "a worker announces the EIP"
-    );
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    let owner = cluster.examples_up()?;
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
     assert_eq!(source_seen(&cluster, 0, 0)?, eip);
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();

@@ -23,18 +23,10 @@ fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> anyhow::Result<S
 fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Result<()> {
     let egress = egress_bin()?;
     let cluster = Cluster::start(&egress, ClusterSpec::default())?;
-    cluster.apply_examples()?;
 
     let eip = eip(0).to_string();
     // The EIP is announced by exactly one gateway, and the worker has the policy.
-    let owner = cluster.example_eip_owner()?;
-    assert!(
-        cluster.topo.nodes[owner].name.starts_with('g'),
-        "a worker announces the EIP"
-    );
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    cluster.examples_up()?;
 
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
     assert_eq!(

@@ -40,16 +40,8 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
         ..ClusterSpec::default()
     };
     let mut cluster = Cluster::start(&egress, spec)?;
-    cluster.apply_examples()?;
     let eip = eip(0).to_string();
-    let owner = cluster.example_eip_owner()?;
-    ensure!(
-        cluster.topo.nodes[owner].name.starts_with('g'),
-        "a worker announces the EIP"
-    );
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    let owner = cluster.examples_up()?;
 
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
     assert_eq!(source_seen(&cluster, 0, 0)?, eip);

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{ds_watch::DsWatch, say, tracker::Tracker, Bins, Options, Outcome};
 use crate::{
-    cluster::{wait_until, Cluster, ClusterSpec},
+    cluster::{Cluster, ClusterSpec},
     topology::{eip, SERVER_IP},
     Proc,
 };
@@ -46,16 +46,8 @@ pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<S
             "note: `egress agent` has no probe flags yet (prober not wired): the heartbeat decides",
         );
     }
-    cluster.apply_examples()?;
     let eip = eip(0).to_string();
-    let owner = cluster.example_eip_owner()?;
-    anyhow::ensure!(
-        cluster.topo.nodes[owner].name.starts_with('g'),
-        "a worker announces the EIP"
-    );
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    let owner = cluster.examples_up()?;
     say(&format!(
         "cluster up: EIP {eip} announced by {}",
         cluster.topo.nodes[owner].name
