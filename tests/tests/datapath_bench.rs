@@ -509,6 +509,28 @@ fn link_info(ns: &Netns, dev: &str) -> Result<(u32, [u8; 6])> {
     Ok((v[0]["ifindex"].as_u64().context("ifindex")? as u32, mac))
 }
 
+/// The gateway of the iptables and direct beds: the EIP on its uplink and
+/// the pod's traffic SNATed to it there.
+fn snat_to_the_eip(gw: &Netns) -> Result<()> {
+    gw.addr("eth1", &format!("{EIP}/32"))?;
+    gw.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-s",
+        &format!("{POD}/32"),
+        "-o",
+        "eth1",
+        "-j",
+        "SNAT",
+        "--to-source",
+        EIP,
+    ])?;
+    Ok(())
+}
+
 fn testbed(mode: Mode) -> Result<Bed> {
     let pod = Netns::new("bpod")?;
     let wk = Netns::new("bwk")?;
@@ -612,42 +634,12 @@ fn testbed(mode: Mode) -> Result<Bed> {
                 "600",
             ])?;
             // Gateway: the EIP on the uplink and SNAT.
-            gw.addr("eth1", &format!("{EIP}/32"))?;
-            gw.exec(&[
-                "iptables",
-                "-t",
-                "nat",
-                "-A",
-                "POSTROUTING",
-                "-s",
-                &format!("{POD}/32"),
-                "-o",
-                "eth1",
-                "-j",
-                "SNAT",
-                "--to-source",
-                EIP,
-            ])?;
+            snat_to_the_eip(&gw)?;
             gw.route(&["10.244.1.0/24", "via", "172.31.0.21", "dev", "egvx"])?;
         }
         Mode::Direct => {
             wk.route(&["default", "via", "10.100.0.11"])?;
-            gw.addr("eth1", &format!("{EIP}/32"))?;
-            gw.exec(&[
-                "iptables",
-                "-t",
-                "nat",
-                "-A",
-                "POSTROUTING",
-                "-s",
-                &format!("{POD}/32"),
-                "-o",
-                "eth1",
-                "-j",
-                "SNAT",
-                "--to-source",
-                EIP,
-            ])?;
+            snat_to_the_eip(&gw)?;
             gw.route(&["10.244.1.0/24", "via", "10.100.0.21"])?;
         }
     }
