@@ -8,10 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use egress_control::controller::{
-    run_controller_with_stats, ControllerConfig, LoopStats, RunConfig, TimerConfig,
+    run_controller_with_stats, ControllerConfig, LoopStats, RunConfig,
 };
 use egress_control::datastore::{kube::KubeDatastore, Datastore};
 use egress_failover::monitor::ProbeHealth;
+use egress_failover::FailoverTimers;
 use tokio::sync::watch;
 
 use super::datastore::{Backend, DatastoreArgs};
@@ -131,12 +132,11 @@ pub struct ControllerArgs {
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let timers = TimerConfig {
-        tunnel_update_period: args.tunnel_update_period,
-        tunnel_monitor_period: args.tunnel_monitor_period,
-        eip_eviction_timeout: args.eip_eviction_timeout,
-    };
-    timers.validate()?;
+    let timers = FailoverTimers::new(
+        args.tunnel_update_period,
+        args.tunnel_monitor_period,
+        args.eip_eviction_timeout,
+    )?;
     anyhow::ensure!(
         args.port_block_size.is_power_of_two() && (64..=16384).contains(&args.port_block_size),
         "--port-block-size: {} must be a power of two from 64 to 16384",

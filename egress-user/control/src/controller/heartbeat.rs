@@ -14,61 +14,6 @@ use crate::datastore::Heartbeat;
 
 use super::ClusterView;
 
-/// The failover timers (spidernet's names and defaults: 5, 5, 15 s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TimerConfig {
-    pub tunnel_update_period: Duration,
-    pub tunnel_monitor_period: Duration,
-    pub eip_eviction_timeout: Duration,
-}
-
-impl Default for TimerConfig {
-    fn default() -> Self {
-        Self {
-            tunnel_update_period: Duration::from_secs(5),
-            tunnel_monitor_period: Duration::from_secs(5),
-            eip_eviction_timeout: Duration::from_secs(15),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum TimerConfigError {
-    #[error(
-        "eipEvictionTimeout ({evict:?}) must be longer than tunnelMonitorPeriod ({monitor:?}) + tunnelUpdatePeriod ({update:?}): \
-         otherwise a node that is alive, whose heartbeat lands just after a check, is declared dead"
-    )]
-    TooShort {
-        evict: Duration,
-        monitor: Duration,
-        update: Duration,
-    },
-    #[error("{0} must be greater than zero")]
-    Zero(&'static str),
-}
-
-impl TimerConfig {
-    pub fn validate(&self) -> Result<(), TimerConfigError> {
-        for (n, d) in [
-            ("tunnelUpdatePeriod", self.tunnel_update_period),
-            ("tunnelMonitorPeriod", self.tunnel_monitor_period),
-            ("eipEvictionTimeout", self.eip_eviction_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(TimerConfigError::Zero(n));
-            }
-        }
-        if self.eip_eviction_timeout <= self.tunnel_monitor_period + self.tunnel_update_period {
-            return Err(TimerConfigError::TooShort {
-                evict: self.eip_eviction_timeout,
-                monitor: self.tunnel_monitor_period,
-                update: self.tunnel_update_period,
-            });
-        }
-        Ok(())
-    }
-}
-
 /// A phase change the controller must write, with its event message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TunnelChange {

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress_failover::FailoverTimers;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -14,7 +15,7 @@ use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, S
 
 use super::{
     reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
-    StaleTunnels, TimerConfig, ViewCache,
+    StaleTunnels, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
@@ -33,7 +34,7 @@ pub struct RunConfig {
     /// Election name (the Lease name on Kubernetes).
     pub election: String,
     pub lease_ttl: Duration,
-    pub timers: TimerConfig,
+    pub timers: FailoverTimers,
     pub controller: ControllerConfig,
     /// After a change wakes the loop, how long to gather further changes
     /// into the same pass (heartbeat timeouts are not delayed by this).
@@ -49,7 +50,7 @@ impl Default for RunConfig {
             identity: format!("controller-{}", std::process::id()),
             election: ELECTION.into(),
             lease_ttl: Duration::from_secs(15),
-            timers: TimerConfig::default(),
+            timers: FailoverTimers::default(),
             controller: ControllerConfig::default(),
             coalesce: Duration::from_millis(50),
             probe_down: None,
@@ -595,7 +596,7 @@ pub async fn run_controller_with_stats(
 /// How long a tunnel's node must have been gone before the tunnel is
 /// deleted: four eviction timeouts (a minute with the defaults), well past
 /// the moment a new node's tunnel and Node reach the view in either order.
-fn stale_tunnel_grace(timers: &TimerConfig) -> Duration {
+fn stale_tunnel_grace(timers: &FailoverTimers) -> Duration {
     timers.eip_eviction_timeout * 4
 }
 
