@@ -191,7 +191,8 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::{evaluate, HeartbeatTracker, NodeObservation, ProbeHealth, TunnelPhase};
+    use crate::monitor::{evaluate, HeartbeatTracker, NodeObservation, ProbeHealth};
+    use crate::phase::TunnelPhase;
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)

@@ -6,6 +6,7 @@
 //! - [`timers`]: the three heartbeat timers, their parsing and validation.
 //! - [`probe`]: a BFD-style session state machine and its 24-byte packet.
 //! - [`prober`]: one UDP socket, one [`probe::Session`] per peer (I/O edge).
+//! - [`phase`]: the EgressTunnel phases (the API's `status.phase`).
 //! - [`monitor`]: the controller's decision: tunnel phases, events, evictions.
 //! - [`fence`]: the agent's decision: which EIPs it may announce right now.
 //!
@@ -13,12 +14,14 @@
 
 pub mod fence;
 pub mod monitor;
+pub mod phase;
 pub mod probe;
 pub mod prober;
 pub mod timers;
 
 pub use fence::{Announcement, Assignment, Fence};
-pub use monitor::{HeartbeatTracker, MonitorDecision, NodeObservation, ProbeHealth, TunnelPhase};
+pub use monitor::{HeartbeatTracker, MonitorDecision, NodeObservation, ProbeHealth};
+pub use phase::TunnelPhase;
 pub use probe::{Session, SessionConfig, SessionEvent, SessionState};
 pub use prober::{ProbeEvent, Prober, ProberConfig, DEFAULT_PROBE_PORT};
 pub use timers::FailoverTimers;

@@ -8,49 +8,13 @@
 //! nodes in [`MonitorDecision::evict`] (each move with a new epoch).
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::phase::TunnelPhase;
 use crate::probe::{DownReason, SessionEvent};
 use crate::timers::FailoverTimers;
-
-/// EgressTunnel `status.phase`; the same names as `egress_control`'s
-/// `TunnelPhase` (this crate does not depend on the control plane).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum TunnelPhase {
-    Pending,
-    Init,
-    Ready,
-    Failed,
-    HeartbeatTimeout,
-    NodeNotReady,
-}
-
-impl TunnelPhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Init => "Init",
-            Self::Ready => "Ready",
-            Self::Failed => "Failed",
-            Self::HeartbeatTimeout => "HeartbeatTimeout",
-            Self::NodeNotReady => "NodeNotReady",
-        }
-    }
-
-    /// Phases whose EIPs must move away.
-    pub fn is_dead(self) -> bool {
-        matches!(self, Self::Failed | Self::HeartbeatTimeout)
-    }
-}
-
-impl fmt::Display for TunnelPhase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Times heartbeat renewals on the monitor's clock. The datastore gives a
 /// counter that grows on every renewal; the instant at which the monitor
@@ -235,7 +199,7 @@ pub fn evaluate(
             TunnelPhase::HeartbeatTimeout
         } else if obs.probe == ProbeHealth::Down {
             TunnelPhase::Failed
-        } else if obs.phase.is_dead() && obs.last_heartbeat.is_some() {
+        } else if is_dead(obs.phase) && obs.last_heartbeat.is_some() {
             TunnelPhase::Ready
         } else {
             obs.phase
@@ -250,7 +214,7 @@ pub fn evaluate(
                 decision.events.push(event);
             }
         }
-        if to.is_dead() && obs.eip_count > 0 {
+        if is_dead(to) && obs.eip_count > 0 {
             decision.evict.push(obs.node.clone());
         }
         decision.phases.insert(obs.node.clone(), to);
@@ -258,11 +222,16 @@ pub fn evaluate(
     decision
 }
 
+/// Phases whose EIPs must move away.
+fn is_dead(phase: TunnelPhase) -> bool {
+    matches!(phase, TunnelPhase::Failed | TunnelPhase::HeartbeatTimeout)
+}
+
 fn event_for(node: &str, from: TunnelPhase, to: TunnelPhase) -> Option<TunnelEvent> {
     let (event_type, reason) = match to {
         TunnelPhase::HeartbeatTimeout => (EventType::Warning, "HeartbeatTimeout"),
         TunnelPhase::Failed => (EventType::Warning, "ProbeFailed"),
-        TunnelPhase::Ready if from.is_dead() => (EventType::Normal, "TunnelRecovered"),
+        TunnelPhase::Ready if is_dead(from) => (EventType::Normal, "TunnelRecovered"),
         _ => return None,
     };
     Some(TunnelEvent {

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use egress_failover::monitor::{evaluate, EventType, NodeObservation, ProbeHealth, TunnelPhase};
+use egress_failover::monitor::{evaluate, EventType, NodeObservation, ProbeHealth};
 use egress_failover::probe::SessionConfig;
-use egress_failover::{FailoverTimers, Prober, ProberConfig};
+use egress_failover::{FailoverTimers, Prober, ProberConfig, TunnelPhase};
 
 fn config(accept_unknown_peers: bool) -> ProberConfig {
     ProberConfig {
