@@ -11,7 +11,7 @@ mod view;
 
 pub(crate) use cache::put_listed;
 pub use cache::{sizes, Changed, Pending, ViewCache};
-pub use heartbeat::{HeartbeatMonitor, TunnelChange};
+pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 pub use reconcile::{
     reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,
     DEFAULT_NODE_IP_PORTS,

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress_failover::monitor::EventType;
 use egress_failover::FailoverTimers;
 use serde_json::json;
 use tokio::time::Instant;
@@ -14,8 +15,8 @@ use crate::datastore::typed::load_view;
 use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
 use super::{
-    reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
-    StaleTunnels, ViewCache,
+    heartbeat, reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor,
+    PhaseChange, Plan, StaleTunnels, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
@@ -231,9 +232,10 @@ pub async fn tick(
     cfg: &RunConfig,
 ) -> Result<usize> {
     let now = Instant::now();
-    monitor.observe(&ds.heartbeats().await?, now);
+    heartbeat::observe(monitor, &ds.heartbeats().await?, now);
     let view = load_view(ds).await?;
-    let changes = monitor.changes(
+    let changes = heartbeat::changes(
+        monitor,
         &view,
         &gateway_eligible(&view),
         now,
@@ -253,18 +255,7 @@ pub async fn tick(
             Err(e) if e.is_not_found() => continue,
             r => r?,
         };
-        let ev = if c.to == crate::api::TunnelPhase::Ready {
-            Event::normal
-        } else {
-            Event::warning
-        };
-        ds.record_event(ev(
-            Kind::EgressTunnel,
-            ObjectKey::cluster(&c.node),
-            c.to.as_str(),
-            c.message(),
-        ))
-        .await?;
+        ds.record_event(phase_event(c)).await?;
         n += 1;
     }
     let view = if changes.is_empty() {
@@ -289,6 +280,48 @@ pub async fn tick_cached(
     Ok(tick_cached_report(ds, cache, monitor, cfg).await?.writes)
 }
 
+/// Writes the tunnels' new phases (into the cache too) and records their
+/// events. Returns how many tunnels were written.
+async fn write_phases(
+    ds: &dyn Datastore,
+    cache: &mut ViewCache,
+    changes: &[PhaseChange],
+) -> Result<usize> {
+    let mut n = 0;
+    for c in changes {
+        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
+        let s = match ds
+            .write_status(
+                Kind::EgressTunnel,
+                &ObjectKey::cluster(&c.node),
+                &patch(TUNNEL_FIELDS, st),
+            )
+            .await
+        {
+            Err(e) if e.is_not_found() => continue,
+            r => r?,
+        };
+        cache.put_stored(&s);
+        ds.record_event(phase_event(c)).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The event recorded on the tunnel of a phase change.
+fn phase_event(c: &PhaseChange) -> Event {
+    let event = match c.event_type() {
+        EventType::Normal => Event::normal,
+        EventType::Warning => Event::warning,
+    };
+    event(
+        Kind::EgressTunnel,
+        ObjectKey::cluster(&c.node),
+        c.reason(),
+        c.message(),
+    )
+}
+
 /// What one pass did, for metrics.
 #[derive(Clone, Debug, Default)]
 pub struct TickReport {
@@ -309,42 +342,15 @@ pub async fn tick_cached_report(
     cfg: &RunConfig,
 ) -> Result<TickReport> {
     let now = Instant::now();
-    monitor.observe(&ds.heartbeats().await?, now);
+    heartbeat::observe(monitor, &ds.heartbeats().await?, now);
     let eligible = gateway_eligible(&cache.view);
     let last_heartbeat = eligible
         .iter()
-        .map(|n| (n.clone(), monitor.last_seen(n)))
+        .map(|n| (n.clone(), heartbeat::last_seen(monitor, n)))
         .collect();
-    let changes = monitor.changes(&cache.view, &eligible, now, cfg.timers.eip_eviction_timeout);
-    let mut n = 0;
-    for c in &changes {
-        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
-        let s = match ds
-            .write_status(
-                Kind::EgressTunnel,
-                &ObjectKey::cluster(&c.node),
-                &patch(TUNNEL_FIELDS, st),
-            )
-            .await
-        {
-            Err(e) if e.is_not_found() => continue,
-            r => r?,
-        };
-        cache.put_stored(&s);
-        let ev = if c.to == crate::api::TunnelPhase::Ready {
-            Event::normal
-        } else {
-            Event::warning
-        };
-        ds.record_event(ev(
-            Kind::EgressTunnel,
-            ObjectKey::cluster(&c.node),
-            c.to.as_str(),
-            c.message(),
-        ))
-        .await?;
-        n += 1;
-    }
+    let timeout = cfg.timers.eip_eviction_timeout;
+    let changes = heartbeat::changes(monitor, &cache.view, &eligible, now, timeout);
+    let mut n = write_phases(ds, cache, &changes).await?;
     let t = std::time::Instant::now();
     let plan = reconcile(&cache.view, &cfg.controller);
     let reconciled = t.elapsed();
@@ -498,7 +504,7 @@ pub async fn run_controller_with_stats(
         if !indexes_complete {
             indexes_complete = complete_indexes(ds.as_ref(), &cfg.identity).await;
         }
-        let mut monitor = HeartbeatMonitor::new(Instant::now());
+        let mut monitor = HeartbeatMonitor::new(Instant::now().into_std());
         // None: list every kind before the next pass (at first, and after a
         // watch failed or fell behind).
         let mut cache: Option<ViewCache> = None;

@@ -777,7 +777,7 @@ async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
         "a conflict surfaces"
     );
     // The loop's next pass retries from fresh state and gets through.
-    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let cfg = RunConfig::default();
     let mut tries = 0;
     while tick(&ds, &mut monitor, &cfg).await.is_err() {
@@ -837,7 +837,7 @@ async fn heartbeat_timeout_and_recovery() {
         },
         ..Default::default()
     };
-    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     for n in ["n1", "n2"] {
         ds.renew_heartbeat(n, Duration::from_secs(1)).await.unwrap();
     }
@@ -948,7 +948,7 @@ async fn cached_passes_see_their_own_writes_at_once() {
     .await
     .unwrap();
     let cfg = RunConfig::default();
-    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let mut cache = ViewCache::start(&ds).await.unwrap();
     assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
     // No watch event applied yet: the pass still sees its own writes.
