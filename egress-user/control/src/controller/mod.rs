@@ -17,9 +17,8 @@ pub use reconcile::{
     DEFAULT_NODE_IP_PORTS,
 };
 pub use run::{
-    gateway_eligible, run_controller, run_controller_with_stats, tick, tick_cached,
-    tick_cached_report, write_plan, write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION,
-    MANAGER, PORT_BLOCK_MANAGER,
+    gateway_eligible, run_controller, run_controller_with_stats, tick_cached_report, write_plan,
+    write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION, MANAGER, PORT_BLOCK_MANAGER,
 };
 pub use stale::StaleTunnels;
 pub use view::{ClusterView, PolicyIndex, PolicyView};

@@ -11,7 +11,6 @@ use egress_failover::FailoverTimers;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::datastore::typed::load_view;
 use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
 use super::{
@@ -225,61 +224,6 @@ pub fn gateway_eligible(view: &ClusterView) -> BTreeSet<String> {
         .collect()
 }
 
-/// One pass as leader: heartbeats, tunnel phases, allocation, writes.
-pub async fn tick(
-    ds: &dyn Datastore,
-    monitor: &mut HeartbeatMonitor,
-    cfg: &RunConfig,
-) -> Result<usize> {
-    let now = Instant::now();
-    heartbeat::observe(monitor, &ds.heartbeats().await?, now);
-    let view = load_view(ds).await?;
-    let changes = heartbeat::changes(
-        monitor,
-        &view,
-        &gateway_eligible(&view),
-        now,
-        cfg.timers.eip_eviction_timeout,
-    );
-    let mut n = 0;
-    for c in &changes {
-        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
-        match ds
-            .write_status(
-                Kind::EgressTunnel,
-                &ObjectKey::cluster(&c.node),
-                &patch(TUNNEL_FIELDS, st),
-            )
-            .await
-        {
-            Err(e) if e.is_not_found() => continue,
-            r => r?,
-        };
-        ds.record_event(phase_event(c)).await?;
-        n += 1;
-    }
-    let view = if changes.is_empty() {
-        view
-    } else {
-        load_view(ds).await?
-    };
-    let plan = reconcile(&view, &cfg.controller);
-    n += write_plan(ds, &view, &plan).await?;
-    Ok(n)
-}
-
-/// One pass as leader on a [`ViewCache`]: no relist; what this pass writes
-/// goes into the cache at once, so the next pass never works on a view that
-/// lacks its own writes (which would hand out epochs twice).
-pub async fn tick_cached(
-    ds: &dyn Datastore,
-    cache: &mut ViewCache,
-    monitor: &mut HeartbeatMonitor,
-    cfg: &RunConfig,
-) -> Result<usize> {
-    Ok(tick_cached_report(ds, cache, monitor, cfg).await?.writes)
-}
-
 /// Writes the tunnels' new phases (into the cache too) and records their
 /// events. Returns how many tunnels were written.
 async fn write_phases(
@@ -334,7 +278,11 @@ pub struct TickReport {
     pub last_heartbeat: BTreeMap<String, Instant>,
 }
 
-/// [`tick_cached`], reporting the failovers it wrote and the heartbeats it saw.
+/// One pass as leader on a [`ViewCache`]: heartbeats, tunnel phases,
+/// allocation, writes. No relist; what this pass writes goes into the cache
+/// at once, so the next pass never works on a view that lacks its own writes
+/// (which would hand out epochs twice). Reports the failovers it wrote and
+/// the heartbeats it saw.
 pub async fn tick_cached_report(
     ds: &dyn Datastore,
     cache: &mut ViewCache,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
-use super::run::{tick, write_plan, write_plan_stored};
+use super::run::{write_plan, write_plan_stored};
 use super::*;
 use crate::api::*;
 use crate::datastore::memory::MemoryDatastore;
@@ -779,8 +779,12 @@ async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
     // The loop's next pass retries from fresh state and gets through.
     let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let cfg = RunConfig::default();
+    let mut cache = ViewCache::start(&ds).await.unwrap();
     let mut tries = 0;
-    while tick(&ds, &mut monitor, &cfg).await.is_err() {
+    while tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
+        .await
+        .is_err()
+    {
         tries += 1;
         assert!(tries < 3);
     }
@@ -838,10 +842,13 @@ async fn heartbeat_timeout_and_recovery() {
         ..Default::default()
     };
     let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
+    let mut cache = ViewCache::start(&ds).await.unwrap();
     for n in ["n1", "n2"] {
         ds.renew_heartbeat(n, Duration::from_secs(1)).await.unwrap();
     }
-    tick(&ds, &mut mon, &cfg).await.unwrap();
+    tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+        .await
+        .unwrap();
     let view = load_view(&ds).await.unwrap();
     assert_eq!(view.phase("n1"), TunnelPhase::Ready);
     assert_eq!(
@@ -857,7 +864,9 @@ async fn heartbeat_timeout_and_recovery() {
         ds.renew_heartbeat("n2", Duration::from_secs(1))
             .await
             .unwrap();
-        tick(&ds, &mut mon, &cfg).await.unwrap();
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap();
     }
     let view = load_view(&ds).await.unwrap();
     assert_eq!(view.phase("n1"), TunnelPhase::HeartbeatTimeout);
@@ -870,7 +879,9 @@ async fn heartbeat_timeout_and_recovery() {
     ds.renew_heartbeat("n1", Duration::from_secs(1))
         .await
         .unwrap();
-    tick(&ds, &mut mon, &cfg).await.unwrap();
+    tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+        .await
+        .unwrap();
     assert_eq!(
         load_view(&ds).await.unwrap().phase("n1"),
         TunnelPhase::Ready
@@ -950,10 +961,19 @@ async fn cached_passes_see_their_own_writes_at_once() {
     let cfg = RunConfig::default();
     let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let mut cache = ViewCache::start(&ds).await.unwrap();
-    assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
+    assert!(
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes
+            > 0
+    );
     // No watch event applied yet: the pass still sees its own writes.
     assert_eq!(
-        tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap(),
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes,
         0
     );
     let assigned =
@@ -962,7 +982,10 @@ async fn cached_passes_see_their_own_writes_at_once() {
     // Then the watch delivers the same writes: still nothing to do.
     cache.next_batch().await.unwrap().unwrap();
     assert_eq!(
-        tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap(),
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes,
         0
     );
     assert_eq!(gw_status(&ds, "g1").await.epoch, 1);
@@ -981,7 +1004,13 @@ async fn cached_passes_see_their_own_writes_at_once() {
     {
         cache.next_batch().await.unwrap().unwrap();
     }
-    assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
+    assert!(
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes
+            > 0
+    );
     assert_eq!(policy_status(&ds, "q").await.eip.ipv4, "10.0.0.2");
 }
 
