@@ -9,75 +9,26 @@
 //! never two announcers; "a" silent from T0 + eipEvictionTimeout at the
 //! latest; "b" takes over; no move back.
 
+mod fixture;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use egress_control::api::{EgressGateway, NodeRecord, API_VERSION};
+use egress_control::api::EgressGateway;
 use egress_control::controller::{
     tick_cached_report, HeartbeatMonitor, RunConfig, TickReport, ViewCache,
 };
 use egress_control::datastore::memory::MemoryDatastore;
-use egress_control::datastore::typed::node_object;
-use egress_control::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
+use egress_control::datastore::Datastore;
 use egress_failover::fence::{Assignment, Fence};
 use egress_failover::FailoverTimers;
-use serde_json::json;
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
 
 const NODES: [&str; 2] = ["a", "b"];
-
-/// One gateway with one EIP over nodes "a" and "b", both Ready, and a
-/// policy that uses the EIP.
-async fn cluster() -> MemoryDatastore {
-    let ds = MemoryDatastore::new();
-    let gateway = json!({
-        "apiVersion": API_VERSION, "kind": "EgressGateway",
-        "metadata": {"name": "g1", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {
-            "ippools": {"ipv4": ["10.0.0.10"]},
-            "nodeSelector": {"selector": {"matchLabels": {"gw": "yes"}}}
-        }
-    });
-    ds.create(Kind::EgressGateway, gateway).await.unwrap();
-    for (i, name) in NODES.iter().enumerate() {
-        add_gateway_node(&ds, name, i).await;
-    }
-    let policy = json!({
-        "apiVersion": API_VERSION, "kind": "EgressPolicy",
-        "metadata": {"name": "p", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {
-            "egressGatewayName": "g1",
-            "appliedTo": {"podSelector": {"matchLabels": {"app": "x"}}}
-        }
-    });
-    ds.create(Kind::EgressPolicy, policy).await.unwrap();
-    ds
-}
-
-async fn add_gateway_node(ds: &MemoryDatastore, name: &str, i: usize) {
-    let node = NodeRecord {
-        name: name.into(),
-        labels: [("gw".to_string(), "yes".to_string())].into(),
-        addresses: vec![format!("172.18.0.{}", 10 + i)],
-        pod_cidrs: vec![],
-        ready: true,
-    };
-    ds.create(Kind::Node, node_object(&node)).await.unwrap();
-    let tunnel = json!({"apiVersion": API_VERSION, "kind": "EgressTunnel", "metadata": {"name": name}, "spec": {}});
-    ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
-    let status = json!({"tunnel": {"ipv4": format!("192.168.0.{}", 10 + i)}, "phase": "Ready"});
-    ds.write_status(
-        Kind::EgressTunnel,
-        &ObjectKey::cluster(name),
-        &StatusPatch::owning_all("agent", status),
-    )
-    .await
-    .unwrap();
-}
 
 /// The EIP's assignment in the controller's view (its writes included).
 fn assignment(cache: &ViewCache) -> Option<Assignment> {
@@ -142,7 +93,7 @@ impl Simulation {
         monitor_phase: u64,
         partition_at: u64,
     ) -> Self {
-        let ds = cluster().await;
+        let ds = fixture::two_gateway_nodes("10.0.0.10", NODES).await;
         let cfg = RunConfig {
             timers: *timers,
             ..Default::default()

@@ -3,20 +3,20 @@
 //! datastore: the gateway's heartbeat stays fresh, only its datapath (here:
 //! its prober) dies, and the pass marks it Failed and moves its EIP.
 
+mod fixture;
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use egress_control::api::{NodeRecord, TunnelPhase, API_VERSION};
+use egress_control::api::TunnelPhase;
 use egress_control::controller::{
     tick_cached_report, HeartbeatMonitor, RunConfig, TickReport, ViewCache,
 };
 use egress_control::datastore::memory::MemoryDatastore;
-use egress_control::datastore::typed::node_object;
-use egress_control::datastore::{Datastore, Event, Kind, ObjectKey, StatusPatch};
+use egress_control::datastore::{Datastore, Event, Kind};
 use egress_failover::monitor::ProbeHealth;
 use egress_failover::probe::SessionConfig;
 use egress_failover::{FailoverTimers, Prober, ProberConfig};
-use serde_json::json;
 
 fn config(accept_unknown_peers: bool) -> ProberConfig {
     ProberConfig {
@@ -28,47 +28,6 @@ fn config(accept_unknown_peers: bool) -> ProberConfig {
         },
         accept_unknown_peers,
     }
-}
-
-/// Gateway g1 over gw1 and gw2 (both Ready), one policy: its EIP on gw1.
-async fn cluster() -> MemoryDatastore {
-    let ds = MemoryDatastore::new();
-    let gateway = json!({
-        "apiVersion": API_VERSION, "kind": "EgressGateway",
-        "metadata": {"name": "g1", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {
-            "ippools": {"ipv4": ["10.0.0.1"]},
-            "nodeSelector": {"selector": {"matchLabels": {"gw": "yes"}}}
-        }
-    });
-    ds.create(Kind::EgressGateway, gateway).await.unwrap();
-    for (i, name) in ["gw1", "gw2"].into_iter().enumerate() {
-        let node = NodeRecord {
-            name: name.into(),
-            labels: [("gw".to_string(), "yes".to_string())].into(),
-            addresses: vec![format!("172.18.0.{}", 10 + i)],
-            pod_cidrs: vec![],
-            ready: true,
-        };
-        ds.create(Kind::Node, node_object(&node)).await.unwrap();
-        let tunnel = json!({"apiVersion": API_VERSION, "kind": "EgressTunnel", "metadata": {"name": name}, "spec": {}});
-        ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
-        let status = json!({"tunnel": {"ipv4": format!("192.168.0.{}", 10 + i)}, "phase": "Ready"});
-        let patch = StatusPatch::owning_all("agent", status);
-        ds.write_status(Kind::EgressTunnel, &ObjectKey::cluster(name), &patch)
-            .await
-            .unwrap();
-    }
-    let policy = json!({
-        "apiVersion": API_VERSION, "kind": "EgressPolicy",
-        "metadata": {"name": "p", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {
-            "egressGatewayName": "g1",
-            "appliedTo": {"podSelector": {"matchLabels": {"app": "x"}}}
-        }
-    });
-    ds.create(Kind::EgressPolicy, policy).await.unwrap();
-    ds
 }
 
 /// The controller's state between passes.
@@ -109,7 +68,7 @@ impl Controller {
 #[tokio::test]
 async fn a_dead_datapath_with_a_healthy_heartbeat_evicts() {
     let timers = FailoverTimers::default();
-    let ds = cluster().await;
+    let ds = fixture::two_gateway_nodes("10.0.0.1", ["gw1", "gw2"]).await;
     let cache = ViewCache::start(&ds).await.unwrap();
     let cfg = RunConfig {
         timers,
