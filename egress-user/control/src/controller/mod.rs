@@ -7,9 +7,11 @@ mod heartbeat;
 mod reconcile;
 pub(crate) mod run;
 mod stale;
-mod view;
 
-pub(crate) use cache::put_listed;
+// The view types live outside the controller (agents read them too); its
+// modules reach them as `super::view`.
+use crate::view;
+pub use crate::view::{ClusterView, PolicyIndex, PolicyView};
 pub use cache::{sizes, Changed, Pending, ViewCache};
 pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 pub use reconcile::{
@@ -21,7 +23,6 @@ pub use run::{
     write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION, MANAGER, PORT_BLOCK_MANAGER,
 };
 pub use stale::StaleTunnels;
-pub use view::{ClusterView, PolicyIndex, PolicyView};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -9,8 +9,9 @@ use super::run::{write_plan, write_plan_stored};
 use super::*;
 use crate::api::*;
 use crate::datastore::memory::MemoryDatastore;
-use crate::datastore::typed::{self, load_view, node_object, pod_object};
+use crate::datastore::typed::{self, node_object, pod_object};
 use crate::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
+use crate::view::load_view;
 
 pub(crate) fn ts(n: u32) -> String {
     format!("2026-01-01T00:00:{n:02}Z")
