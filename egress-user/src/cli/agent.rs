@@ -285,19 +285,9 @@ async fn run_count_probe(args: AgentArgs) -> anyhow::Result<()> {
     }
     // A line on stdout that supervisors and tests wait for instead of sleeping.
     println!("ready pin_dir={}", args.pin_dir.display());
-    shutdown_signal().await;
+    crate::signals::shutdown_signal().await;
     tracing::info!("agent stopping; pinned maps stay for the next start");
     Ok(())
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 /// The interface of the IPv4 default route, for a missing `--uplink`.
