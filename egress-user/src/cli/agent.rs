@@ -230,7 +230,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &args.eip_eviction_timeout,
     )?;
     let ds =
-        super::controller::connect_for_node(&args.datastore, &args.lease_namespace, &node).await?;
+        super::datastore::connect_for_node(&args.datastore, &args.lease_namespace, &node).await?;
     anyhow::ensure!(
         (1..=255).contains(&args.probe_detect_multiplier) && args.probe_interval_ms >= 10,
         "--probe-interval-ms must be at least 10 and --probe-detect-multiplier from 1 to 255"
