@@ -13,7 +13,8 @@ use std::{
 use anyhow::{Context, Result};
 use egress_control::{
     controller::{gateway_eligible, ClusterView},
-    datastore::{typed::load_kinds, Datastore, Kind},
+    datastore::{Datastore, Kind},
+    view::load_kinds,
 };
 use egress_failover::{
     monitor::ProbeHealth,

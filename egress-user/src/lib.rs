@@ -10,6 +10,7 @@ pub mod controller_probes;
 pub mod datapath;
 pub mod node;
 pub mod reflector_clients;
+pub mod signals;
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at compile time.
 pub static EBPF_OBJECT: &[u8] =

@@ -21,10 +21,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use egress_control::agent_state::{AgentConfig, NodeDesired, Prepared};
 use egress_control::api::{NodeRecord, PodRecord, API_VERSION};
-use egress_control::controller::{run_controller, RunConfig, TimerConfig, ViewCache};
+use egress_control::controller::{run_controller, RunConfig, ViewCache};
 use egress_control::datastore::etcd::EtcdDatastore;
 use egress_control::datastore::typed::{node_object, pod_object};
 use egress_control::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
+use egress_failover::FailoverTimers;
 use serde_json::json;
 
 const NODES: usize = 100;
@@ -342,7 +343,7 @@ async fn controller(endpoint: &str) {
     let cfg = RunConfig {
         identity: "bench".into(),
         lease_ttl: Duration::from_secs(10),
-        timers: TimerConfig {
+        timers: FailoverTimers {
             tunnel_update_period: Duration::from_secs(5),
             tunnel_monitor_period: Duration::from_secs(5),
             eip_eviction_timeout: Duration::from_secs(3600),

@@ -23,9 +23,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 
 use crate::api::TunnelPhase;
-use crate::controller::{ClusterView, PolicyIndex};
 use crate::datastore::{Kind, ObjectKey};
 use crate::validate::parse_cidr;
+use crate::view::{ClusterView, PolicyIndex};
 
 /// What the agent knows that the datastore does not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -181,7 +181,7 @@ pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
 /// when one process computes many nodes, as the benchmark does).
 pub struct Prepared<'a> {
     view: &'a ClusterView,
-    views: Vec<crate::controller::PolicyView<'a>>,
+    views: Vec<crate::view::PolicyView<'a>>,
     index: PolicyIndex,
     /// Policy index (into `views`) -> id, for active policies.
     active: BTreeMap<usize, u32>,

@@ -6,10 +6,11 @@ use std::time::Duration;
 use egress_control::api::{EgressGateway, EgressPolicy, TunnelPhase, API_VERSION};
 use egress_control::controller::{self, ClusterView, RunConfig};
 use egress_control::datastore::etcd::EtcdDatastore;
-use egress_control::datastore::typed::{decode, load_view, node_object};
+use egress_control::datastore::typed::{decode, node_object};
 use egress_control::datastore::{
     Datastore, DatastoreError, Kind, ObjectKey, StatusPatch, WatchEvent,
 };
+use egress_control::view::load_view;
 use egress_tests::etcd::EtcdServer;
 use futures::StreamExt;
 use serde_json::json;

@@ -6,19 +6,23 @@
 //! - [`timers`]: the three heartbeat timers, their parsing and validation.
 //! - [`probe`]: a BFD-style session state machine and its 24-byte packet.
 //! - [`prober`]: one UDP socket, one [`probe::Session`] per peer (I/O edge).
-//! - [`monitor`]: the controller's decision: tunnel phases, events, evictions.
+//! - [`phase`]: the EgressTunnel phases (the API's `status.phase`).
+//! - [`monitor`]: the controller's decision: tunnel phases and their events
+//!   (the controller's reconcile then moves the EIPs of nodes not Ready).
 //! - [`fence`]: the agent's decision: which EIPs it may announce right now.
 //!
 //! See `docs/failover.md` for how the pieces fit together.
 
 pub mod fence;
 pub mod monitor;
+pub mod phase;
 pub mod probe;
 pub mod prober;
 pub mod timers;
 
 pub use fence::{Announcement, Assignment, Fence};
-pub use monitor::{HeartbeatTracker, MonitorDecision, NodeObservation, ProbeHealth, TunnelPhase};
+pub use monitor::{HeartbeatMonitor, PhaseChange, ProbeHealth, TunnelFacts};
+pub use phase::TunnelPhase;
 pub use probe::{Session, SessionConfig, SessionEvent, SessionState};
 pub use prober::{ProbeEvent, Prober, ProberConfig, DEFAULT_PROBE_PORT};
 pub use timers::FailoverTimers;

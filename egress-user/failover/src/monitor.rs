@@ -1,95 +1,177 @@
-//! The controller's heartbeat monitor: from what it has observed (heartbeats
-//! on its own clock, probe results), decide each gateway-eligible node's
-//! EgressTunnel phase, the events to record, and whose EIPs must move.
+//! The controller's heartbeat monitor: from the heartbeats it has seen (on
+//! its own clock) and the probes' verdict, decide every EgressTunnel's
+//! phase. This is the one phase model: the controller's loop runs it
+//! (`egress_control::controller::tick_cached_report`), and the tests of the
+//! partition and of the probe path run it through that loop.
 //!
-//! Pure. The controller calls [`HeartbeatTracker::observe`] for every
-//! heartbeat it reads and [`evaluate`] every `tunnelMonitorPeriod`, then
-//! writes the phase changes, records the events and moves the EIPs of the
-//! nodes in [`MonitorDecision::evict`] (each move with a new epoch).
+//! Pure: the caller passes what it read and the time. It writes the
+//! [`PhaseChange`]s and their events; the controller's reconcile then moves
+//! the EIPs of every gateway node that is not `Ready`.
 
-use std::collections::BTreeMap;
-use std::fmt;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::phase::TunnelPhase;
 use crate::probe::{DownReason, SessionEvent};
-use crate::timers::FailoverTimers;
 
-/// EgressTunnel `status.phase`; the same names as `egress_control`'s
-/// `TunnelPhase` (this crate does not depend on the control plane).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum TunnelPhase {
-    Pending,
-    Init,
-    Ready,
-    Failed,
-    HeartbeatTimeout,
-    NodeNotReady,
+/// What the controller knows of one EgressTunnel at a check, besides the
+/// heartbeats and the probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunnelFacts<'a> {
+    pub node: &'a str,
+    /// The phase stored in its EgressTunnel now.
+    pub phase: TunnelPhase,
+    /// False when the node's Node says it is not Ready (true without one).
+    pub node_ready: bool,
+    /// Its agent wrote a tunnel address (IPv4 or IPv6).
+    pub registered: bool,
+    /// Some EgressGateway selects the node: only such nodes heartbeat.
+    pub eligible: bool,
 }
 
-impl TunnelPhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Init => "Init",
-            Self::Ready => "Ready",
-            Self::Failed => "Failed",
-            Self::HeartbeatTimeout => "HeartbeatTimeout",
-            Self::NodeNotReady => "NodeNotReady",
+/// Normal or Warning, as Kubernetes events have it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// A phase the controller must write, with the event it records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhaseChange {
+    pub node: String,
+    pub from: TunnelPhase,
+    pub to: TunnelPhase,
+    /// The writer's renew time of the last heartbeat seen, if any.
+    pub last_heartbeat: Option<String>,
+}
+
+impl PhaseChange {
+    /// The event's reason: the new phase's name.
+    pub fn reason(&self) -> &'static str {
+        self.to.as_str()
+    }
+
+    /// Normal for `Ready`, Warning for every other phase.
+    pub fn event_type(&self) -> EventType {
+        if self.to == TunnelPhase::Ready {
+            EventType::Normal
+        } else {
+            EventType::Warning
         }
     }
 
-    /// Phases whose EIPs must move away.
-    pub fn is_dead(self) -> bool {
-        matches!(self, Self::Failed | Self::HeartbeatTimeout)
+    pub fn message(&self) -> String {
+        format!("EgressTunnel {} status changes to {}", self.node, self.to)
     }
 }
 
-impl fmt::Display for TunnelPhase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// A heartbeat counter value and when the monitor first saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    counter: u64,
+    at: Instant,
+    renew_time: String,
 }
 
-/// Times heartbeat renewals on the monitor's clock. The datastore gives a
-/// counter that grows on every renewal; the instant at which the monitor
-/// first sees a new value is the heartbeat time, so the writer's clock (and
-/// its skew) never matters.
-#[derive(Clone, Debug, Default)]
-pub struct HeartbeatTracker {
-    seen: BTreeMap<String, (u64, Instant)>,
+/// Remembers when each node's heartbeat counter last changed, and which
+/// nodes' datapath probes are down.
+#[derive(Clone, Debug)]
+pub struct HeartbeatMonitor {
+    started: Instant,
+    seen: BTreeMap<String, Seen>,
+    /// Nodes whose datapath probe failed: their EIPs move like after a
+    /// heartbeat timeout, even while their heartbeats still arrive.
+    probe_down: BTreeSet<String>,
 }
 
-impl HeartbeatTracker {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Records the counter read for `node` at `now`; true when it changed
-    /// (the first observation counts as a change: a new leader gives every
-    /// node a full timeout before judging it).
-    pub fn observe(&mut self, node: &str, counter: u64, now: Instant) -> bool {
-        match self.seen.get_mut(node) {
-            Some((c, _)) if *c == counter => false,
-            Some(entry) => {
-                *entry = (counter, now);
-                true
-            }
-            None => {
-                self.seen.insert(node.to_string(), (counter, now));
-                true
-            }
+impl HeartbeatMonitor {
+    /// `now` starts every node's grace period: a new leader gives each node
+    /// a full timeout before it declares it dead.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            seen: BTreeMap::new(),
+            probe_down: BTreeSet::new(),
         }
     }
 
-    pub fn last_heartbeat(&self, node: &str) -> Option<Instant> {
-        self.seen.get(node).map(|(_, at)| *at)
+    /// The nodes whose datapath probe is down now (replaces the last set).
+    pub fn set_probe_down(&mut self, nodes: BTreeSet<String>) {
+        self.probe_down = nodes;
     }
 
-    /// Forgets nodes that are no longer gateway-eligible.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.seen.retain(|node, _| keep(node));
+    /// Records the counter read for `node` at `now`; true when it changed.
+    /// The instant a new value is first seen is the heartbeat's time, so
+    /// the writer's clock (`renew_time`, kept for people) never matters. A
+    /// recreated heartbeat restarts its counter: that is a change too.
+    pub fn observe(&mut self, node: &str, counter: u64, renew_time: &str, now: Instant) -> bool {
+        if self.seen.get(node).is_some_and(|s| s.counter == counter) {
+            return false;
+        }
+        let seen = Seen {
+            counter,
+            at: now,
+            renew_time: renew_time.to_string(),
+        };
+        self.seen.insert(node.to_string(), seen);
+        true
+    }
+
+    /// When the node's heartbeat last changed (the grace start if never).
+    pub fn last_seen(&self, node: &str) -> Instant {
+        self.seen.get(node).map_or(self.started, |s| s.at)
+    }
+
+    /// The phase of one tunnel now. Rules, in order:
+    /// 1. its Node is not Ready -> NodeNotReady;
+    /// 2. no tunnel address yet -> Pending;
+    /// 3. not gateway-eligible (sends no heartbeat) -> Ready;
+    /// 4. no new heartbeat for longer than `timeout` -> HeartbeatTimeout;
+    /// 5. its datapath probe is down -> Failed;
+    /// 6. a heartbeat seen by this monitor, or Ready already -> Ready (so a
+    ///    node in HeartbeatTimeout or Failed recovers with a fresh heartbeat
+    ///    and a probe not down; its EIPs do not move back);
+    /// 7. otherwise -> Init (waiting for its first heartbeat).
+    pub fn phase(&self, t: &TunnelFacts<'_>, now: Instant, timeout: Duration) -> TunnelPhase {
+        if !t.node_ready {
+            TunnelPhase::NodeNotReady
+        } else if !t.registered {
+            TunnelPhase::Pending
+        } else if !t.eligible {
+            TunnelPhase::Ready
+        } else if now.saturating_duration_since(self.last_seen(t.node)) > timeout {
+            TunnelPhase::HeartbeatTimeout
+        } else if self.probe_down.contains(t.node) {
+            TunnelPhase::Failed
+        } else if self.seen.contains_key(t.node) || t.phase == TunnelPhase::Ready {
+            TunnelPhase::Ready
+        } else {
+            TunnelPhase::Init
+        }
+    }
+
+    /// The phase changes of every tunnel (only those whose phase differs).
+    pub fn changes<'a>(
+        &self,
+        tunnels: impl IntoIterator<Item = TunnelFacts<'a>>,
+        now: Instant,
+        timeout: Duration,
+    ) -> Vec<PhaseChange> {
+        tunnels
+            .into_iter()
+            .filter_map(|t| {
+                let to = self.phase(&t, now, timeout);
+                (to != t.phase).then(|| PhaseChange {
+                    node: t.node.to_string(),
+                    from: t.phase,
+                    to,
+                    last_heartbeat: self.seen.get(t.node).map(|s| s.renew_time.clone()),
+                })
+            })
+            .collect()
     }
 }
 
@@ -147,448 +229,5 @@ impl ProbeHealth {
     }
 }
 
-/// What the controller knows about one gateway-eligible node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeObservation {
-    pub node: String,
-    /// The phase stored in its EgressTunnel now.
-    pub phase: TunnelPhase,
-    /// From [`HeartbeatTracker::last_heartbeat`]; None if none seen since
-    /// this controller started monitoring.
-    pub last_heartbeat: Option<Instant>,
-    pub probe: ProbeHealth,
-    /// EIPs assigned to the node now.
-    pub eip_count: usize,
-}
-
-/// Normal or Warning, as Kubernetes events have it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
-/// An event to record on the node's EgressTunnel.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TunnelEvent {
-    pub node: String,
-    pub event_type: EventType,
-    /// Stable machine-readable cause, for alerts.
-    pub reason: String,
-    pub message: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PhaseChange {
-    pub node: String,
-    pub from: TunnelPhase,
-    pub to: TunnelPhase,
-}
-
-/// The outcome of one check.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MonitorDecision {
-    /// The phase of every observed node after this check.
-    pub phases: BTreeMap<String, TunnelPhase>,
-    /// Phase writes to make (only nodes whose phase changes).
-    pub changes: Vec<PhaseChange>,
-    pub events: Vec<TunnelEvent>,
-    /// Nodes that are dead and still own EIPs: move all of them. Repeated on
-    /// every check until the moves are done, so a failed write is retried.
-    pub evict: Vec<String>,
-}
-
-impl MonitorDecision {
-    /// The Ready node with the fewest EIPs (ties: the smaller name), the
-    /// target of a move. `eip_count` gives the current count of a node.
-    pub fn least_loaded_ready(&self, eip_count: impl Fn(&str) -> usize) -> Option<&str> {
-        self.phases
-            .iter()
-            .filter(|(_, p)| **p == TunnelPhase::Ready)
-            .map(|(n, _)| n.as_str())
-            .min_by_key(|n| (eip_count(n), *n))
-    }
-}
-
-/// One heartbeat check. `monitor_started` stands in for the last heartbeat of
-/// nodes not seen yet, so a fresh controller gives them a full timeout.
-///
-/// Rules, in order, for each node:
-/// 1. no heartbeat for longer than `eipEvictionTimeout` -> HeartbeatTimeout;
-/// 2. probes say the datapath is Down -> Failed (the datastore is healthy,
-///    the datapath is not);
-/// 3. a node in HeartbeatTimeout or Failed with a fresh heartbeat and no
-///    failed probe -> Ready (recovery; its EIPs do not move back);
-/// 4. otherwise the phase stays (Pending/Init/NodeNotReady belong to tunnel
-///    registration and node readiness, not to the monitor).
-pub fn evaluate(
-    now: Instant,
-    monitor_started: Instant,
-    timers: &FailoverTimers,
-    nodes: &[NodeObservation],
-) -> MonitorDecision {
-    let mut decision = MonitorDecision::default();
-    for obs in nodes {
-        let last = obs.last_heartbeat.unwrap_or(monitor_started);
-        let silent = now.saturating_duration_since(last);
-        let to = if silent > timers.eip_eviction_timeout {
-            TunnelPhase::HeartbeatTimeout
-        } else if obs.probe == ProbeHealth::Down {
-            TunnelPhase::Failed
-        } else if obs.phase.is_dead() && obs.last_heartbeat.is_some() {
-            TunnelPhase::Ready
-        } else {
-            obs.phase
-        };
-        if to != obs.phase {
-            decision.changes.push(PhaseChange {
-                node: obs.node.clone(),
-                from: obs.phase,
-                to,
-            });
-            if let Some(event) = event_for(&obs.node, obs.phase, to) {
-                decision.events.push(event);
-            }
-        }
-        if to.is_dead() && obs.eip_count > 0 {
-            decision.evict.push(obs.node.clone());
-        }
-        decision.phases.insert(obs.node.clone(), to);
-    }
-    decision
-}
-
-fn event_for(node: &str, from: TunnelPhase, to: TunnelPhase) -> Option<TunnelEvent> {
-    let (event_type, reason) = match to {
-        TunnelPhase::HeartbeatTimeout => (EventType::Warning, "HeartbeatTimeout"),
-        TunnelPhase::Failed => (EventType::Warning, "ProbeFailed"),
-        TunnelPhase::Ready if from.is_dead() => (EventType::Normal, "TunnelRecovered"),
-        _ => return None,
-    };
-    Some(TunnelEvent {
-        node: node.to_string(),
-        event_type,
-        reason: reason.to_string(),
-        message: format!("EgressTunnel {node} status changes to {to}"),
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use TunnelPhase::*;
-
-    fn ms(v: u64) -> Duration {
-        Duration::from_millis(v)
-    }
-
-    /// Default timers: 5 s / 5 s / 15 s.
-    fn timers() -> FailoverTimers {
-        FailoverTimers::default()
-    }
-
-    struct Case {
-        name: &'static str,
-        phase: TunnelPhase,
-        /// Milliseconds since the last heartbeat; None: never seen.
-        silent_ms: Option<u64>,
-        probe: ProbeHealth,
-        eips: usize,
-        want: TunnelPhase,
-        want_reason: Option<&'static str>,
-        want_evict: bool,
-    }
-
-    #[test]
-    fn phase_table() {
-        let cases = [
-            Case {
-                name: "fresh heartbeat stays Ready",
-                phase: Ready,
-                silent_ms: Some(1_000),
-                probe: ProbeHealth::Up,
-                eips: 2,
-                want: Ready,
-                want_reason: None,
-                want_evict: false,
-            },
-            Case {
-                name: "exactly the timeout is not yet a timeout",
-                phase: Ready,
-                silent_ms: Some(15_000),
-                probe: ProbeHealth::Unknown,
-                eips: 2,
-                want: Ready,
-                want_reason: None,
-                want_evict: false,
-            },
-            Case {
-                name: "past the timeout",
-                phase: Ready,
-                silent_ms: Some(15_001),
-                probe: ProbeHealth::Up,
-                eips: 2,
-                want: HeartbeatTimeout,
-                want_reason: Some("HeartbeatTimeout"),
-                want_evict: true,
-            },
-            Case {
-                name: "timeout without EIPs: nothing to move",
-                phase: Ready,
-                silent_ms: Some(20_000),
-                probe: ProbeHealth::Unknown,
-                eips: 0,
-                want: HeartbeatTimeout,
-                want_reason: Some("HeartbeatTimeout"),
-                want_evict: false,
-            },
-            Case {
-                name: "still timed out: no new event, evict again",
-                phase: HeartbeatTimeout,
-                silent_ms: Some(30_000),
-                probe: ProbeHealth::Down,
-                eips: 1,
-                want: HeartbeatTimeout,
-                want_reason: None,
-                want_evict: true,
-            },
-            Case {
-                name: "probe down with healthy datastore",
-                phase: Ready,
-                silent_ms: Some(1_000),
-                probe: ProbeHealth::Down,
-                eips: 1,
-                want: Failed,
-                want_reason: Some("ProbeFailed"),
-                want_evict: true,
-            },
-            Case {
-                name: "probe admin down is not a failure",
-                phase: Ready,
-                silent_ms: Some(1_000),
-                probe: ProbeHealth::AdminDown,
-                eips: 1,
-                want: Ready,
-                want_reason: None,
-                want_evict: false,
-            },
-            Case {
-                name: "heartbeat back: recovered, nothing to move",
-                phase: HeartbeatTimeout,
-                silent_ms: Some(100),
-                probe: ProbeHealth::Unknown,
-                eips: 0,
-                want: Ready,
-                want_reason: Some("TunnelRecovered"),
-                want_evict: false,
-            },
-            Case {
-                name: "probe back up: recovered",
-                phase: Failed,
-                silent_ms: Some(100),
-                probe: ProbeHealth::Up,
-                eips: 0,
-                want: Ready,
-                want_reason: Some("TunnelRecovered"),
-                want_evict: false,
-            },
-            Case {
-                name: "heartbeat back but probe still down",
-                phase: HeartbeatTimeout,
-                silent_ms: Some(100),
-                probe: ProbeHealth::Down,
-                eips: 0,
-                want: Failed,
-                want_reason: Some("ProbeFailed"),
-                want_evict: false,
-            },
-            Case {
-                name: "pending node is left to registration",
-                phase: Pending,
-                silent_ms: Some(100),
-                probe: ProbeHealth::Unknown,
-                eips: 0,
-                want: Pending,
-                want_reason: None,
-                want_evict: false,
-            },
-            Case {
-                name: "never seen, within grace",
-                phase: Ready,
-                silent_ms: None,
-                probe: ProbeHealth::Unknown,
-                eips: 1,
-                want: Ready,
-                want_reason: None,
-                want_evict: false,
-            },
-            Case {
-                name: "dead node is not recovered by the grace period",
-                phase: HeartbeatTimeout,
-                silent_ms: None,
-                probe: ProbeHealth::Unknown,
-                eips: 1,
-                want: HeartbeatTimeout,
-                want_reason: None,
-                want_evict: true,
-            },
-        ];
-        let started = Instant::now();
-        let now = started + ms(60_000);
-        for c in cases {
-            let obs = NodeObservation {
-                node: "gw1".into(),
-                phase: c.phase,
-                last_heartbeat: c.silent_ms.map(|s| now - ms(s)),
-                probe: c.probe,
-                eip_count: c.eips,
-            };
-            // "never seen" cases: the controller started 10 s ago.
-            let monitor_started = if c.silent_ms.is_none() {
-                now - ms(10_000)
-            } else {
-                started
-            };
-            let d = evaluate(now, monitor_started, &timers(), &[obs]);
-            assert_eq!(d.phases["gw1"], c.want, "{}", c.name);
-            assert_eq!(
-                d.changes.len(),
-                usize::from(c.want != c.phase),
-                "{}",
-                c.name
-            );
-            assert_eq!(
-                d.events.first().map(|e| e.reason.as_str()),
-                c.want_reason,
-                "{}",
-                c.name
-            );
-            assert_eq!(d.evict == ["gw1"], c.want_evict, "{}", c.name);
-        }
-    }
-
-    #[test]
-    fn event_texts() {
-        let now = Instant::now() + ms(100_000);
-        let node = |name: &str, phase, silent| NodeObservation {
-            node: name.into(),
-            phase,
-            last_heartbeat: Some(now - ms(silent)),
-            probe: ProbeHealth::Unknown,
-            eip_count: 1,
-        };
-        let d = evaluate(
-            now,
-            now,
-            &timers(),
-            &[
-                node("node-a", Ready, 16_000),
-                node("node-b", HeartbeatTimeout, 10),
-            ],
-        );
-        assert_eq!(
-            d.events,
-            vec![
-                TunnelEvent {
-                    node: "node-a".into(),
-                    event_type: EventType::Warning,
-                    reason: "HeartbeatTimeout".into(),
-                    message: "EgressTunnel node-a status changes to HeartbeatTimeout".into(),
-                },
-                TunnelEvent {
-                    node: "node-b".into(),
-                    event_type: EventType::Normal,
-                    reason: "TunnelRecovered".into(),
-                    message: "EgressTunnel node-b status changes to Ready".into(),
-                },
-            ]
-        );
-        assert_eq!(d.evict, vec!["node-a".to_string()]);
-    }
-
-    #[test]
-    fn sub_second_timers() {
-        let t = FailoverTimers::new(ms(100), ms(100), ms(300)).unwrap();
-        let now = Instant::now() + ms(10_000);
-        let obs = |silent| NodeObservation {
-            node: "gw".into(),
-            phase: Ready,
-            last_heartbeat: Some(now - ms(silent)),
-            probe: ProbeHealth::Up,
-            eip_count: 1,
-        };
-        assert_eq!(evaluate(now, now, &t, &[obs(300)]).phases["gw"], Ready);
-        assert_eq!(
-            evaluate(now, now, &t, &[obs(301)]).phases["gw"],
-            HeartbeatTimeout
-        );
-    }
-
-    #[test]
-    fn tracker_times_counter_changes_on_its_own_clock() {
-        let t0 = Instant::now();
-        let mut tr = HeartbeatTracker::new();
-        assert!(tr.observe("a", 7, t0));
-        assert!(!tr.observe("a", 7, t0 + ms(5_000)));
-        assert_eq!(tr.last_heartbeat("a"), Some(t0));
-        assert!(tr.observe("a", 8, t0 + ms(6_000)));
-        assert_eq!(tr.last_heartbeat("a"), Some(t0 + ms(6_000)));
-        // A recreated lease restarts its counter: still a renewal.
-        assert!(tr.observe("a", 1, t0 + ms(7_000)));
-        tr.retain(|n| n != "a");
-        assert_eq!(tr.last_heartbeat("a"), None);
-    }
-
-    #[test]
-    fn probe_health_from_events_and_majority() {
-        let down = |reason| ProbeHealth::after(SessionEvent::SessionDown { reason });
-        assert_eq!(ProbeHealth::after(SessionEvent::SessionUp), ProbeHealth::Up);
-        assert_eq!(down(DownReason::DetectTimeExpired), ProbeHealth::Down);
-        assert_eq!(down(DownReason::NeighborSignaledDown), ProbeHealth::Down);
-        assert_eq!(down(DownReason::NeighborAdminDown), ProbeHealth::AdminDown);
-        assert_eq!(down(DownReason::AdminDown), ProbeHealth::AdminDown);
-        use ProbeHealth::*;
-        let cases: &[(&[ProbeHealth], ProbeHealth)] = &[
-            (&[], Unknown),
-            (&[Down], Down),
-            (&[Down, Up], Up),
-            (&[Down, Down, Up], Down),
-            (&[Down, Unknown, Unknown], Down),
-            (&[AdminDown, Unknown], AdminDown),
-            (&[AdminDown, Up], Up),
-        ];
-        for (views, want) in cases {
-            assert_eq!(
-                ProbeHealth::combine(views.iter().copied()),
-                *want,
-                "{views:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn move_target_is_least_loaded_ready_node() {
-        let mut d = MonitorDecision::default();
-        for (n, p) in [
-            ("a", Ready),
-            ("b", Ready),
-            ("c", HeartbeatTimeout),
-            ("d", Ready),
-        ] {
-            d.phases.insert(n.into(), p);
-        }
-        let counts = |n: &str| match n {
-            "a" => 3,
-            "b" => 1,
-            "c" => 0,
-            _ => 1,
-        };
-        assert_eq!(d.least_loaded_ready(counts), Some("b"));
-        d.phases.insert("b".into(), Failed);
-        assert_eq!(d.least_loaded_ready(counts), Some("d"));
-        d.phases.clear();
-        assert_eq!(d.least_loaded_ready(counts), None);
-    }
-}
+mod tests;

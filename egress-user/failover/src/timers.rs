@@ -39,7 +39,7 @@ pub enum TimerError {
     #[error("{field} must be greater than zero")]
     Zero { field: &'static str },
     #[error(
-        "eipEvictionTimeout ({eviction}) must be greater than tunnelMonitorPeriod ({monitor}) + \
+        "eipEvictionTimeout ({eviction}) must be longer than tunnelMonitorPeriod ({monitor}) + \
          tunnelUpdatePeriod ({update}) = {sum}: the controller only sees a renewal at its next \
          check, so two heartbeats it sees can be up to that sum apart, and a shorter timeout \
          would declare a healthy node dead",
@@ -337,6 +337,21 @@ mod tests {
             err.to_string().contains("tunnelMonitorPeriod (200ms)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn timer_config_rejects_eviction_not_longer_than_monitor_plus_update() {
+        let t = FailoverTimers {
+            tunnel_update_period: Duration::from_secs(5),
+            tunnel_monitor_period: Duration::from_secs(5),
+            eip_eviction_timeout: Duration::from_secs(10),
+        };
+        let e = t.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("eipEvictionTimeout (10s) must be longer than"),
+            "{e}"
+        );
+        assert!(FailoverTimers::default().validate().is_ok());
     }
 
     #[test]

@@ -90,10 +90,7 @@ pub async fn addresses_changed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use egress_control::{
-        api::NodeRecord,
-        datastore::{memory::MemoryDatastore, typed},
-    };
+    use egress_control::{api::NodeRecord, datastore::memory::MemoryDatastore, view::load_view};
 
     #[tokio::test]
     async fn the_eips_awaiting_reconfirmation_are_published_and_cleared() {
@@ -127,7 +124,7 @@ mod tests {
         let status = |view: &egress_control::controller::ClusterView| {
             view.tunnel("g1").unwrap().status.clone().unwrap()
         };
-        let st = status(&typed::load_view(&ds).await.unwrap());
+        let st = status(&load_view(&ds).await.unwrap());
         assert_eq!(
             st.awaiting_reconfirmation,
             [
@@ -146,7 +143,7 @@ mod tests {
         publish_awaiting_reconfirmation(&ds, "g1", &BTreeSet::new())
             .await
             .unwrap();
-        let st = status(&typed::load_view(&ds).await.unwrap());
+        let st = status(&load_view(&ds).await.unwrap());
         assert!(st.awaiting_reconfirmation.is_empty());
         assert_eq!(st.tunnel.ipv4, "10.10.0.2");
     }

@@ -239,7 +239,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     let mut eligible = false;
     let mut heartbeat = tokio::time::interval(s.timers.tunnel_update_period);
     let mut resync = tokio::time::interval(s.resync);
-    let shutdown = super::super::cli::agent::shutdown_signal();
+    let shutdown = crate::signals::shutdown_signal();
     tokio::pin!(shutdown);
     let mut pod_reach = super::pod_devices::PodReachCheck::default();
     let mut dirty = true;

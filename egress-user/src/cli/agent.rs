@@ -230,7 +230,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         &args.eip_eviction_timeout,
     )?;
     let ds =
-        super::controller::connect_for_node(&args.datastore, &args.lease_namespace, &node).await?;
+        super::datastore::connect_for_node(&args.datastore, &args.lease_namespace, &node).await?;
     anyhow::ensure!(
         (1..=255).contains(&args.probe_detect_multiplier) && args.probe_interval_ms >= 10,
         "--probe-interval-ms must be at least 10 and --probe-detect-multiplier from 1 to 255"
@@ -285,19 +285,9 @@ async fn run_count_probe(args: AgentArgs) -> anyhow::Result<()> {
     }
     // A line on stdout that supervisors and tests wait for instead of sleeping.
     println!("ready pin_dir={}", args.pin_dir.display());
-    shutdown_signal().await;
+    crate::signals::shutdown_signal().await;
     tracing::info!("agent stopping; pinned maps stay for the next start");
     Ok(())
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 /// The interface of the IPv4 default route, for a missing `--uplink`.

@@ -34,7 +34,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
         std::fs::read_to_string(&args.file)
             .with_context(|| format!("reading {}", args.file.display()))?
     };
-    let ds = super::controller::connect(&args.datastore, "egress-system").await?;
+    let ds = super::datastore::connect(&args.datastore, "egress-system").await?;
     let file = args.file.display();
     let done = match manifest::apply(ds.as_ref(), &text, &args.namespace, args.dry_run).await {
         Ok(done) => done,

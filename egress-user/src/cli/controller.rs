@@ -8,13 +8,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use egress_control::controller::{
-    run_controller_with_stats, ControllerConfig, LoopStats, RunConfig, TimerConfig,
+    run_controller_with_stats, ControllerConfig, LoopStats, RunConfig,
 };
-use egress_control::datastore::{kube::KubeDatastore, Datastore};
+use egress_control::datastore::Datastore;
 use egress_failover::monitor::ProbeHealth;
+use egress_failover::FailoverTimers;
 use tokio::sync::watch;
 
-use super::datastore::{Backend, DatastoreArgs};
+use super::datastore::DatastoreArgs;
 use crate::admin::{self, Response};
 
 /// Ends a task when dropped.
@@ -31,46 +32,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     // The same grammar as the agent's timer flags and the chart's schema
     // (300ms, 5s, 1.5s, 1m30s, a bare number of seconds).
     egress_failover::timers::parse_duration(s).map_err(|e| e.to_string())
-}
-
-/// Connects to the datastore the flags name; the Kubernetes backend keeps
-/// its Leases (and events about cluster-scoped objects) in `lease_namespace`.
-pub async fn connect(
-    args: &DatastoreArgs,
-    lease_namespace: &str,
-) -> anyhow::Result<Arc<dyn Datastore>> {
-    connect_scoped(args, lease_namespace, None).await
-}
-
-/// As [`connect`], for the agent of `node`: it lists and watches only that
-/// node's pods (the only ones its maps hold), so the datastore does not
-/// send every agent every pod of the cluster (Kubernetes: a field
-/// selector; etcd: the pod index, once a controller completed it).
-pub async fn connect_for_node(
-    args: &DatastoreArgs,
-    lease_namespace: &str,
-    node: &str,
-) -> anyhow::Result<Arc<dyn Datastore>> {
-    connect_scoped(args, lease_namespace, Some(node)).await
-}
-
-async fn connect_scoped(
-    args: &DatastoreArgs,
-    lease_namespace: &str,
-    pods_of_node: Option<&str>,
-) -> anyhow::Result<Arc<dyn Datastore>> {
-    match args.datastore {
-        Backend::Kubernetes => {
-            let ds = KubeDatastore::try_default(lease_namespace)
-                .await
-                .context("connecting to the Kubernetes API server")?;
-            Ok(Arc::new(match pods_of_node {
-                Some(node) => ds.pods_of_node(node),
-                None => ds,
-            }))
-        }
-        Backend::Etcd => args.connect_scoped(pods_of_node).await,
-    }
 }
 
 #[derive(Debug, Args)]
@@ -131,12 +92,11 @@ pub struct ControllerArgs {
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let timers = TimerConfig {
-        tunnel_update_period: args.tunnel_update_period,
-        tunnel_monitor_period: args.tunnel_monitor_period,
-        eip_eviction_timeout: args.eip_eviction_timeout,
-    };
-    timers.validate()?;
+    let timers = FailoverTimers::new(
+        args.tunnel_update_period,
+        args.tunnel_monitor_period,
+        args.eip_eviction_timeout,
+    )?;
     anyhow::ensure!(
         args.port_block_size.is_power_of_two() && (64..=16384).contains(&args.port_block_size),
         "--port-block-size: {} must be a power of two from 64 to 16384",
@@ -152,7 +112,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let ds = connect(&args.datastore, &args.lease_namespace).await?;
+    let ds = super::datastore::connect(&args.datastore, &args.lease_namespace).await?;
     // Kept for the life of the process; the reflector runs on every replica.
     let reflector = if args.bgp_enabled {
         Some(start_reflector(&args.bgp, ds.clone()).await?)

@@ -1,10 +1,12 @@
-//! `--datastore` flags shared by every process that talks to the datastore.
+//! `--datastore` flags shared by every process that talks to the datastore,
+//! and the connection every command opens from them.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use egress_control::datastore::etcd::{EtcdDatastore, DEFAULT_MAX_REQUEST_BYTES};
+use egress_control::datastore::kube::KubeDatastore;
 use egress_control::datastore::Datastore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -66,5 +68,42 @@ impl DatastoreArgs {
                 "--datastore kubernetes is not wired into the binary yet; use --datastore etcd"
             ),
         }
+    }
+}
+
+/// Connects to the datastore the flags name; the Kubernetes backend keeps
+/// its Leases (and events about cluster-scoped objects) in `lease_namespace`.
+pub async fn connect(args: &DatastoreArgs, lease_namespace: &str) -> Result<Arc<dyn Datastore>> {
+    connect_scoped(args, lease_namespace, None).await
+}
+
+/// As [`connect`], for the agent of `node`: it lists and watches only that
+/// node's pods (the only ones its maps hold), so the datastore does not
+/// send every agent every pod of the cluster (Kubernetes: a field
+/// selector; etcd: the pod index, once a controller completed it).
+pub async fn connect_for_node(
+    args: &DatastoreArgs,
+    lease_namespace: &str,
+    node: &str,
+) -> Result<Arc<dyn Datastore>> {
+    connect_scoped(args, lease_namespace, Some(node)).await
+}
+
+async fn connect_scoped(
+    args: &DatastoreArgs,
+    lease_namespace: &str,
+    pods_of_node: Option<&str>,
+) -> Result<Arc<dyn Datastore>> {
+    match args.datastore {
+        Backend::Kubernetes => {
+            let ds = KubeDatastore::try_default(lease_namespace)
+                .await
+                .context("connecting to the Kubernetes API server")?;
+            Ok(Arc::new(match pods_of_node {
+                Some(node) => ds.pods_of_node(node),
+                None => ds,
+            }))
+        }
+        Backend::Etcd => args.connect_scoped(pods_of_node).await,
     }
 }

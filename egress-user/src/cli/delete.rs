@@ -33,7 +33,7 @@ pub fn parse_kind(s: &str) -> anyhow::Result<Kind> {
 pub async fn run(args: DeleteArgs) -> anyhow::Result<()> {
     let kind = parse_kind(&args.kind)?;
     let key = typed::key(kind, &args.namespace, &args.name);
-    let ds = super::controller::connect(&args.datastore, "egress-system").await?;
+    let ds = super::datastore::connect(&args.datastore, "egress-system").await?;
     ds.delete(kind, &key, None).await?;
     println!("{}/{key} deleted", kind.name().to_ascii_lowercase());
     Ok(())

@@ -148,7 +148,7 @@ fn print_rows(rows: &[Vec<String>]) {
 }
 
 pub async fn run(args: GetArgs) -> anyhow::Result<()> {
-    let ds = super::controller::connect(&args.datastore, "egress-system").await?;
+    let ds = super::datastore::connect(&args.datastore, "egress-system").await?;
     if args.kind == "events" || args.kind == "event" || args.kind == "ev" {
         let evs = ds.events().await?;
         match args.output {

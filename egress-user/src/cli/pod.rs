@@ -68,7 +68,7 @@ pub async fn run(cmd: PodCommand) -> anyhow::Result<()> {
                 node: a.node,
                 ips: a.ips,
             };
-            let ds = super::controller::connect(&a.datastore, "egress-system").await?;
+            let ds = super::datastore::connect(&a.datastore, "egress-system").await?;
             typed::apply(ds.as_ref(), Kind::Pod, typed::pod_object(&rec)).await?;
             println!(
                 "pod/{}/{} registered on {}",
@@ -76,7 +76,7 @@ pub async fn run(cmd: PodCommand) -> anyhow::Result<()> {
             );
         }
         PodCommand::Del(d) => {
-            let ds = super::controller::connect(&d.datastore, "egress-system").await?;
+            let ds = super::datastore::connect(&d.datastore, "egress-system").await?;
             ds.delete(
                 Kind::Pod,
                 &typed::key(Kind::Pod, &d.namespace, &d.name),

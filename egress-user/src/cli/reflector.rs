@@ -76,7 +76,7 @@ pub async fn run(args: ReflectorArgs) -> Result<()> {
         .unwrap_or_default();
     tracing::info!(%listen, %admin, "reflector running");
     println!("ready bgp={listen} admin={admin}");
-    super::agent::shutdown_signal().await;
+    crate::signals::shutdown_signal().await;
     // Close without NOTIFICATION: every graceful-restart helper keeps our routes
     // for our restart time, so a reflector restart drops nothing (RFC 4724).
     speaker.abort();

@@ -4,8 +4,9 @@ use super::*;
 use crate::api::{NodeRecord, TunnelPhase};
 use crate::controller::tests::{add_node, gateway, node, pass, pod, policy};
 use crate::datastore::memory::MemoryDatastore;
-use crate::datastore::typed::{load_view, pod_object};
+use crate::datastore::typed::pod_object;
 use crate::datastore::Datastore;
+use crate::view::load_view;
 
 fn net(s: &str) -> IpNet {
     s.parse().unwrap()

@@ -137,26 +137,6 @@ pub struct Parent {
     pub ipv6: String,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum TunnelPhase {
-    #[default]
-    Pending,
-    Init,
-    Ready,
-    Failed,
-    HeartbeatTimeout,
-    NodeNotReady,
-}
-
-impl TunnelPhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Init => "Init",
-            Self::Ready => "Ready",
-            Self::Failed => "Failed",
-            Self::HeartbeatTimeout => "HeartbeatTimeout",
-            Self::NodeNotReady => "NodeNotReady",
-        }
-    }
-}
+/// The phases the controller's heartbeat monitor decides (one enum for
+/// the API and the failover model).
+pub use egress_failover::TunnelPhase;

@@ -4,12 +4,11 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use futures::stream::{SelectAll, StreamExt};
-use serde::de::DeserializeOwned;
 
-use super::ClusterView;
 use crate::api::EgressTunnel;
-use crate::datastore::typed::{decode, namespace_record, node_record, pod_record};
-use crate::datastore::{Datastore, Kind, ObjectKey, Result, Stored, WatchEvent, WatchStream};
+use crate::datastore::typed::pod_record;
+use crate::datastore::{Datastore, Kind, Result, Stored, WatchEvent, WatchStream};
+use crate::view::{key_of_meta, put, ClusterView, Put};
 
 /// What changed in one batch of events, so callers recompute only that.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -72,58 +71,6 @@ impl Pending<'_> {
     }
 }
 
-fn key_of_meta(m: &kube::core::ObjectMeta) -> ObjectKey {
-    ObjectKey {
-        namespace: m.namespace.clone().unwrap_or_default(),
-        name: m.name.clone().unwrap_or_default(),
-    }
-}
-
-/// Whether a put looks for the object's last version first: not for the
-/// items of a fresh list (their keys are unique, and a search per item made
-/// the first list quadratic in the number of objects).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Put {
-    Replace,
-    Append,
-}
-
-/// Puts the decoded object in place of its last version. One that does not
-/// decode is logged and left out; its last good version, if any, stays.
-fn upsert<T: DeserializeOwned>(
-    v: &mut Vec<T>,
-    s: &Stored,
-    how: Put,
-    key: impl Fn(&T) -> ObjectKey,
-) {
-    let obj = match decode::<T>(s) {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::warn!(kind = %s.kind, key = %s.key, "an object that does not decode; keeping its last good version, if any: {e}");
-            return;
-        }
-    };
-    place(v, obj, how, |o| key(o) == s.key);
-}
-
-/// Replaces the element `same` finds, or appends.
-fn place<T>(v: &mut Vec<T>, obj: T, how: Put, same: impl Fn(&T) -> bool) {
-    let found = match how {
-        Put::Replace => v.iter_mut().find(|o| same(o)),
-        Put::Append => None,
-    };
-    match found {
-        Some(o) => *o = obj,
-        None => v.push(obj),
-    }
-}
-
-/// Adds an item of a fresh list to `view` (decoded; one that does not
-/// decode is logged and left out). `typed::load_kinds` builds views with it.
-pub(crate) fn put_listed(view: &mut ClusterView, s: &Stored) {
-    ViewCache::put(view, s, Put::Append);
-}
-
 impl ViewCache {
     /// Lists every kind and opens a watch from each list's revision.
     pub async fn start(ds: &dyn Datastore) -> Result<Self> {
@@ -132,7 +79,7 @@ impl ViewCache {
         for k in Kind::ALL {
             let (items, rev) = ds.list(k).await?;
             for s in &items {
-                Self::put(&mut view, s, Put::Append);
+                put(&mut view, s, Put::Append);
             }
             watches.push(ds.watch(k, rev).await?);
         }
@@ -156,36 +103,7 @@ impl ViewCache {
 
     /// Puts an object as written by this process (before its watch event).
     pub fn put_stored(&mut self, s: &Stored) {
-        Self::put(&mut self.view, s, Put::Replace);
-    }
-
-    fn put(view: &mut ClusterView, s: &Stored, how: Put) {
-        let meta = |m: &kube::core::ObjectMeta| key_of_meta(m);
-        match s.kind {
-            Kind::EgressGateway => upsert(&mut view.gateways, s, how, |o| meta(&o.metadata)),
-            Kind::EgressPolicy => upsert(&mut view.policies, s, how, |o| meta(&o.metadata)),
-            Kind::EgressClusterPolicy => {
-                upsert(&mut view.cluster_policies, s, how, |o| meta(&o.metadata))
-            }
-            Kind::EgressTunnel => upsert(&mut view.tunnels, s, how, |o| meta(&o.metadata)),
-            Kind::Node => {
-                let r = node_record(&s.value);
-                let name = r.name.clone();
-                place(&mut view.nodes, r, how, |n| n.name == name);
-            }
-            Kind::Pod => {
-                let r = pod_record(&s.value);
-                let (name, ns) = (r.name.clone(), r.namespace.clone());
-                place(&mut view.pods, r, how, |p| {
-                    p.name == name && p.namespace == ns
-                });
-            }
-            Kind::Namespace => {
-                let r = namespace_record(&s.value);
-                let name = r.name.clone();
-                place(&mut view.namespaces, r, how, |n| n.name == name);
-            }
-        }
+        put(&mut self.view, s, Put::Replace);
     }
 
     /// Applies one event; returns the node of a changed pod, if a pod.
@@ -199,7 +117,7 @@ impl ViewCache {
                         .iter()
                         .find(|t| key_of_meta(&t.metadata) == s.key)
                         .cloned();
-                    Self::put(v, s, Put::Replace);
+                    put(v, s, Put::Replace);
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
                     match (old, new) {
                         (Some(o), Some(n)) if grants_only_differ(&o, n) => {
@@ -222,7 +140,7 @@ impl ViewCache {
                 } else {
                     changed.global = true;
                 }
-                Self::put(v, s, Put::Replace);
+                put(v, s, Put::Replace);
             }
             WatchEvent::Deleted { kind, key, .. } => {
                 let m = |meta: &kube::core::ObjectMeta| key_of_meta(meta) != *key;
@@ -301,6 +219,7 @@ mod tests {
     use crate::api::PodRecord;
     use crate::datastore::memory::MemoryDatastore;
     use crate::datastore::typed::pod_object;
+    use crate::datastore::ObjectKey;
 
     #[tokio::test]
     async fn follows_changes_in_place() {

@@ -1,178 +1,55 @@
-//! Heartbeat monitoring, pure: the caller passes the heartbeats it read and
-//! the time on its own clock; the monitor says which tunnels change phase.
-//!
-//! A heartbeat counts when its counter changes, timed by the monitor's
-//! clock, so the clocks of agents never matter.
+//! The controller's side of the heartbeat monitor: what it read (the
+//! heartbeats, the cluster view) as the monitor's inputs. The rules are
+//! `egress_failover::monitor`'s, the one phase model.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use egress_failover::monitor::{HeartbeatMonitor, PhaseChange, TunnelFacts};
 use tokio::time::Instant;
 
-use crate::api::TunnelPhase;
 use crate::datastore::Heartbeat;
 
 use super::ClusterView;
 
-/// The failover timers (spidernet's names and defaults: 5, 5, 15 s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TimerConfig {
-    pub tunnel_update_period: Duration,
-    pub tunnel_monitor_period: Duration,
-    pub eip_eviction_timeout: Duration,
+/// Notes every heartbeat read at `now` (the controller's clock).
+pub fn observe(monitor: &mut HeartbeatMonitor, heartbeats: &[Heartbeat], now: Instant) {
+    for hb in heartbeats {
+        monitor.observe(&hb.node, hb.counter, &hb.renew_time, now.into_std());
+    }
 }
 
-impl Default for TimerConfig {
-    fn default() -> Self {
-        Self {
-            tunnel_update_period: Duration::from_secs(5),
-            tunnel_monitor_period: Duration::from_secs(5),
-            eip_eviction_timeout: Duration::from_secs(15),
+/// When the node's heartbeat last changed (the monitor's start if never).
+pub fn last_seen(monitor: &HeartbeatMonitor, node: &str) -> Instant {
+    Instant::from_std(monitor.last_seen(node))
+}
+
+/// What the monitor needs of every tunnel in `view`. `eligible` are the
+/// gateway-eligible nodes (only they heartbeat).
+fn tunnel_facts<'a>(
+    view: &'a ClusterView,
+    eligible: &'a BTreeSet<String>,
+) -> impl Iterator<Item = TunnelFacts<'a>> {
+    view.tunnels.iter().map(move |t| {
+        let node = t.metadata.name.as_deref().unwrap_or_default();
+        let st = t.status.as_ref();
+        TunnelFacts {
+            node,
+            phase: st.map(|s| s.phase).unwrap_or_default(),
+            node_ready: view.node(node).is_none_or(|n| n.ready),
+            registered: st.is_some_and(|s| !s.tunnel.ipv4.is_empty() || !s.tunnel.ipv6.is_empty()),
+            eligible: eligible.contains(node),
         }
-    }
+    })
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum TimerConfigError {
-    #[error(
-        "eipEvictionTimeout ({evict:?}) must be longer than tunnelMonitorPeriod ({monitor:?}) + tunnelUpdatePeriod ({update:?}): \
-         otherwise a node that is alive, whose heartbeat lands just after a check, is declared dead"
-    )]
-    TooShort {
-        evict: Duration,
-        monitor: Duration,
-        update: Duration,
-    },
-    #[error("{0} must be greater than zero")]
-    Zero(&'static str),
-}
-
-impl TimerConfig {
-    pub fn validate(&self) -> Result<(), TimerConfigError> {
-        for (n, d) in [
-            ("tunnelUpdatePeriod", self.tunnel_update_period),
-            ("tunnelMonitorPeriod", self.tunnel_monitor_period),
-            ("eipEvictionTimeout", self.eip_eviction_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(TimerConfigError::Zero(n));
-            }
-        }
-        if self.eip_eviction_timeout <= self.tunnel_monitor_period + self.tunnel_update_period {
-            return Err(TimerConfigError::TooShort {
-                evict: self.eip_eviction_timeout,
-                monitor: self.tunnel_monitor_period,
-                update: self.tunnel_update_period,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// A phase change the controller must write, with its event message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TunnelChange {
-    pub node: String,
-    pub from: TunnelPhase,
-    pub to: TunnelPhase,
-    /// The writer's renew time of the last heartbeat seen, if any.
-    pub last_heartbeat: Option<String>,
-}
-
-impl TunnelChange {
-    pub fn message(&self) -> String {
-        format!(
-            "EgressTunnel {} status changes to {}",
-            self.node,
-            self.to.as_str()
-        )
-    }
-}
-
-/// Remembers when each node's heartbeat counter last changed.
-#[derive(Clone, Debug)]
-pub struct HeartbeatMonitor {
-    started: Instant,
-    seen: BTreeMap<String, (u64, Instant, String)>,
-    /// Nodes whose datapath probe failed: their EIPs move like after a
-    /// heartbeat timeout, even while their heartbeats still arrive.
-    probe_down: BTreeSet<String>,
-}
-
-impl HeartbeatMonitor {
-    /// `now` starts every node's grace period: a new leader gives each node
-    /// a full timeout before it declares it dead.
-    pub fn new(now: Instant) -> Self {
-        Self {
-            started: now,
-            seen: BTreeMap::new(),
-            probe_down: BTreeSet::new(),
-        }
-    }
-
-    /// The nodes whose datapath probe is down now (replaces the last set).
-    pub fn set_probe_down(&mut self, nodes: BTreeSet<String>) {
-        self.probe_down = nodes;
-    }
-
-    pub fn observe(&mut self, heartbeats: &[Heartbeat], now: Instant) {
-        for hb in heartbeats {
-            match self.seen.get_mut(&hb.node) {
-                Some(s) if s.0 == hb.counter => {}
-                Some(s) => *s = (hb.counter, now, hb.renew_time.clone()),
-                None => {
-                    self.seen
-                        .insert(hb.node.clone(), (hb.counter, now, hb.renew_time.clone()));
-                }
-            }
-        }
-    }
-
-    /// When the node's heartbeat last changed (or the grace start).
-    pub fn last_seen(&self, node: &str) -> Instant {
-        self.seen.get(node).map(|s| s.1).unwrap_or(self.started)
-    }
-
-    /// Phase changes for every tunnel. `eligible` are the gateway-eligible
-    /// nodes (only they heartbeat); other nodes are Ready once their tunnel
-    /// is registered.
-    pub fn changes(
-        &self,
-        view: &ClusterView,
-        eligible: &BTreeSet<String>,
-        now: Instant,
-        timeout: Duration,
-    ) -> Vec<TunnelChange> {
-        let mut out = Vec::new();
-        for t in &view.tunnels {
-            let node = t.metadata.name.clone().unwrap_or_default();
-            let st = t.status.clone().unwrap_or_default();
-            let registered = !st.tunnel.ipv4.is_empty() || !st.tunnel.ipv6.is_empty();
-            let seen = self.seen.get(&node);
-            let to = if view.node(&node).is_some_and(|n| !n.ready) {
-                TunnelPhase::NodeNotReady
-            } else if !registered {
-                TunnelPhase::Pending
-            } else if !eligible.contains(&node) {
-                TunnelPhase::Ready
-            } else if now.duration_since(self.last_seen(&node)) > timeout {
-                TunnelPhase::HeartbeatTimeout
-            } else if self.probe_down.contains(&node) {
-                TunnelPhase::Failed
-            } else if seen.is_some() || st.phase == TunnelPhase::Ready {
-                TunnelPhase::Ready
-            } else {
-                TunnelPhase::Init
-            };
-            if to != st.phase {
-                out.push(TunnelChange {
-                    node,
-                    from: st.phase,
-                    to,
-                    last_heartbeat: seen.map(|s| s.2.clone()),
-                });
-            }
-        }
-        out
-    }
+/// The phase changes of every tunnel in `view` at `now`.
+pub fn changes(
+    monitor: &HeartbeatMonitor,
+    view: &ClusterView,
+    eligible: &BTreeSet<String>,
+    now: Instant,
+    timeout: Duration,
+) -> Vec<PhaseChange> {
+    monitor.changes(tunnel_facts(view, eligible), now.into_std(), timeout)
 }

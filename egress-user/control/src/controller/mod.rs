@@ -7,22 +7,22 @@ mod heartbeat;
 mod reconcile;
 pub(crate) mod run;
 mod stale;
-mod view;
 
-pub(crate) use cache::put_listed;
+// The view types live outside the controller (agents read them too); its
+// modules reach them as `super::view`.
+use crate::view;
+pub use crate::view::{ClusterView, PolicyIndex, PolicyView};
 pub use cache::{sizes, Changed, Pending, ViewCache};
-pub use heartbeat::{HeartbeatMonitor, TimerConfig, TimerConfigError, TunnelChange};
+pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 pub use reconcile::{
     reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,
     DEFAULT_NODE_IP_PORTS,
 };
 pub use run::{
-    gateway_eligible, run_controller, run_controller_with_stats, tick, tick_cached,
-    tick_cached_report, write_plan, write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION,
-    MANAGER, PORT_BLOCK_MANAGER,
+    gateway_eligible, run_controller, run_controller_with_stats, tick_cached_report, write_plan,
+    write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION, MANAGER, PORT_BLOCK_MANAGER,
 };
 pub use stale::StaleTunnels;
-pub use view::{ClusterView, PolicyIndex, PolicyView};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -6,15 +6,16 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress_failover::monitor::EventType;
+use egress_failover::FailoverTimers;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::datastore::typed::load_view;
 use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
 use super::{
-    reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor, Plan,
-    StaleTunnels, TimerConfig, ViewCache,
+    heartbeat, reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor,
+    PhaseChange, Plan, StaleTunnels, ViewCache,
 };
 
 /// Field manager of every write the controller makes.
@@ -33,7 +34,7 @@ pub struct RunConfig {
     /// Election name (the Lease name on Kubernetes).
     pub election: String,
     pub lease_ttl: Duration,
-    pub timers: TimerConfig,
+    pub timers: FailoverTimers,
     pub controller: ControllerConfig,
     /// After a change wakes the loop, how long to gather further changes
     /// into the same pass (heartbeat timeouts are not delayed by this).
@@ -49,7 +50,7 @@ impl Default for RunConfig {
             identity: format!("controller-{}", std::process::id()),
             election: ELECTION.into(),
             lease_ttl: Duration::from_secs(15),
-            timers: TimerConfig::default(),
+            timers: FailoverTimers::default(),
             controller: ControllerConfig::default(),
             coalesce: Duration::from_millis(50),
             probe_down: None,
@@ -223,25 +224,17 @@ pub fn gateway_eligible(view: &ClusterView) -> BTreeSet<String> {
         .collect()
 }
 
-/// One pass as leader: heartbeats, tunnel phases, allocation, writes.
-pub async fn tick(
+/// Writes the tunnels' new phases (into the cache too) and records their
+/// events. Returns how many tunnels were written.
+async fn write_phases(
     ds: &dyn Datastore,
-    monitor: &mut HeartbeatMonitor,
-    cfg: &RunConfig,
+    cache: &mut ViewCache,
+    changes: &[PhaseChange],
 ) -> Result<usize> {
-    let now = Instant::now();
-    monitor.observe(&ds.heartbeats().await?, now);
-    let view = load_view(ds).await?;
-    let changes = monitor.changes(
-        &view,
-        &gateway_eligible(&view),
-        now,
-        cfg.timers.eip_eviction_timeout,
-    );
     let mut n = 0;
-    for c in &changes {
+    for c in changes {
         let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
-        match ds
+        let s = match ds
             .write_status(
                 Kind::EgressTunnel,
                 &ObjectKey::cluster(&c.node),
@@ -252,40 +245,25 @@ pub async fn tick(
             Err(e) if e.is_not_found() => continue,
             r => r?,
         };
-        let ev = if c.to == crate::api::TunnelPhase::Ready {
-            Event::normal
-        } else {
-            Event::warning
-        };
-        ds.record_event(ev(
-            Kind::EgressTunnel,
-            ObjectKey::cluster(&c.node),
-            c.to.as_str(),
-            c.message(),
-        ))
-        .await?;
+        cache.put_stored(&s);
+        ds.record_event(phase_event(c)).await?;
         n += 1;
     }
-    let view = if changes.is_empty() {
-        view
-    } else {
-        load_view(ds).await?
-    };
-    let plan = reconcile(&view, &cfg.controller);
-    n += write_plan(ds, &view, &plan).await?;
     Ok(n)
 }
 
-/// One pass as leader on a [`ViewCache`]: no relist; what this pass writes
-/// goes into the cache at once, so the next pass never works on a view that
-/// lacks its own writes (which would hand out epochs twice).
-pub async fn tick_cached(
-    ds: &dyn Datastore,
-    cache: &mut ViewCache,
-    monitor: &mut HeartbeatMonitor,
-    cfg: &RunConfig,
-) -> Result<usize> {
-    Ok(tick_cached_report(ds, cache, monitor, cfg).await?.writes)
+/// The event recorded on the tunnel of a phase change.
+fn phase_event(c: &PhaseChange) -> Event {
+    let event = match c.event_type() {
+        EventType::Normal => Event::normal,
+        EventType::Warning => Event::warning,
+    };
+    event(
+        Kind::EgressTunnel,
+        ObjectKey::cluster(&c.node),
+        c.reason(),
+        c.message(),
+    )
 }
 
 /// What one pass did, for metrics.
@@ -300,7 +278,11 @@ pub struct TickReport {
     pub last_heartbeat: BTreeMap<String, Instant>,
 }
 
-/// [`tick_cached`], reporting the failovers it wrote and the heartbeats it saw.
+/// One pass as leader on a [`ViewCache`]: heartbeats, tunnel phases,
+/// allocation, writes. No relist; what this pass writes goes into the cache
+/// at once, so the next pass never works on a view that lacks its own writes
+/// (which would hand out epochs twice). Reports the failovers it wrote and
+/// the heartbeats it saw.
 pub async fn tick_cached_report(
     ds: &dyn Datastore,
     cache: &mut ViewCache,
@@ -308,42 +290,15 @@ pub async fn tick_cached_report(
     cfg: &RunConfig,
 ) -> Result<TickReport> {
     let now = Instant::now();
-    monitor.observe(&ds.heartbeats().await?, now);
+    heartbeat::observe(monitor, &ds.heartbeats().await?, now);
     let eligible = gateway_eligible(&cache.view);
     let last_heartbeat = eligible
         .iter()
-        .map(|n| (n.clone(), monitor.last_seen(n)))
+        .map(|n| (n.clone(), heartbeat::last_seen(monitor, n)))
         .collect();
-    let changes = monitor.changes(&cache.view, &eligible, now, cfg.timers.eip_eviction_timeout);
-    let mut n = 0;
-    for c in &changes {
-        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
-        let s = match ds
-            .write_status(
-                Kind::EgressTunnel,
-                &ObjectKey::cluster(&c.node),
-                &patch(TUNNEL_FIELDS, st),
-            )
-            .await
-        {
-            Err(e) if e.is_not_found() => continue,
-            r => r?,
-        };
-        cache.put_stored(&s);
-        let ev = if c.to == crate::api::TunnelPhase::Ready {
-            Event::normal
-        } else {
-            Event::warning
-        };
-        ds.record_event(ev(
-            Kind::EgressTunnel,
-            ObjectKey::cluster(&c.node),
-            c.to.as_str(),
-            c.message(),
-        ))
-        .await?;
-        n += 1;
-    }
+    let timeout = cfg.timers.eip_eviction_timeout;
+    let changes = heartbeat::changes(monitor, &cache.view, &eligible, now, timeout);
+    let mut n = write_phases(ds, cache, &changes).await?;
     let t = std::time::Instant::now();
     let plan = reconcile(&cache.view, &cfg.controller);
     let reconciled = t.elapsed();
@@ -497,7 +452,7 @@ pub async fn run_controller_with_stats(
         if !indexes_complete {
             indexes_complete = complete_indexes(ds.as_ref(), &cfg.identity).await;
         }
-        let mut monitor = HeartbeatMonitor::new(Instant::now());
+        let mut monitor = HeartbeatMonitor::new(Instant::now().into_std());
         // None: list every kind before the next pass (at first, and after a
         // watch failed or fell behind).
         let mut cache: Option<ViewCache> = None;
@@ -595,7 +550,7 @@ pub async fn run_controller_with_stats(
 /// How long a tunnel's node must have been gone before the tunnel is
 /// deleted: four eviction timeouts (a minute with the defaults), well past
 /// the moment a new node's tunnel and Node reach the view in either order.
-fn stale_tunnel_grace(timers: &TimerConfig) -> Duration {
+fn stale_tunnel_grace(timers: &FailoverTimers) -> Duration {
     timers.eip_eviction_timeout * 4
 }
 

@@ -5,12 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
-use super::run::{tick, write_plan, write_plan_stored};
+use super::run::{write_plan, write_plan_stored};
 use super::*;
 use crate::api::*;
 use crate::datastore::memory::MemoryDatastore;
-use crate::datastore::typed::{self, load_view, node_object, pod_object};
+use crate::datastore::typed::{self, node_object, pod_object};
 use crate::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
+use crate::view::load_view;
 
 pub(crate) fn ts(n: u32) -> String {
     format!("2026-01-01T00:00:{n:02}Z")
@@ -777,10 +778,14 @@ async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
         "a conflict surfaces"
     );
     // The loop's next pass retries from fresh state and gets through.
-    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let cfg = RunConfig::default();
+    let mut cache = ViewCache::start(&ds).await.unwrap();
     let mut tries = 0;
-    while tick(&ds, &mut monitor, &cfg).await.is_err() {
+    while tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
+        .await
+        .is_err()
+    {
         tries += 1;
         assert!(tries < 3);
     }
@@ -830,18 +835,21 @@ async fn heartbeat_timeout_and_recovery() {
     .await
     .unwrap();
     let cfg = RunConfig {
-        timers: TimerConfig {
+        timers: egress_failover::FailoverTimers {
             tunnel_update_period: Duration::from_millis(100),
             tunnel_monitor_period: Duration::from_millis(100),
             eip_eviction_timeout: Duration::from_millis(300),
         },
         ..Default::default()
     };
-    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
+    let mut cache = ViewCache::start(&ds).await.unwrap();
     for n in ["n1", "n2"] {
         ds.renew_heartbeat(n, Duration::from_secs(1)).await.unwrap();
     }
-    tick(&ds, &mut mon, &cfg).await.unwrap();
+    tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+        .await
+        .unwrap();
     let view = load_view(&ds).await.unwrap();
     assert_eq!(view.phase("n1"), TunnelPhase::Ready);
     assert_eq!(
@@ -857,7 +865,9 @@ async fn heartbeat_timeout_and_recovery() {
         ds.renew_heartbeat("n2", Duration::from_secs(1))
             .await
             .unwrap();
-        tick(&ds, &mut mon, &cfg).await.unwrap();
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap();
     }
     let view = load_view(&ds).await.unwrap();
     assert_eq!(view.phase("n1"), TunnelPhase::HeartbeatTimeout);
@@ -870,28 +880,14 @@ async fn heartbeat_timeout_and_recovery() {
     ds.renew_heartbeat("n1", Duration::from_secs(1))
         .await
         .unwrap();
-    tick(&ds, &mut mon, &cfg).await.unwrap();
+    tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+        .await
+        .unwrap();
     assert_eq!(
         load_view(&ds).await.unwrap().phase("n1"),
         TunnelPhase::Ready
     );
     assert_eq!(policy_status(&ds, "p").await.node, "n2", "no move back");
-}
-
-#[test]
-fn timer_config_rejects_eviction_not_longer_than_monitor_plus_update() {
-    use std::time::Duration;
-    let t = TimerConfig {
-        tunnel_update_period: Duration::from_secs(5),
-        tunnel_monitor_period: Duration::from_secs(5),
-        eip_eviction_timeout: Duration::from_secs(10),
-    };
-    let e = t.validate().unwrap_err().to_string();
-    assert!(
-        e.contains("eipEvictionTimeout (10s) must be longer than"),
-        "{e}"
-    );
-    assert!(TimerConfig::default().validate().is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -964,12 +960,21 @@ async fn cached_passes_see_their_own_writes_at_once() {
     .await
     .unwrap();
     let cfg = RunConfig::default();
-    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now());
+    let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let mut cache = ViewCache::start(&ds).await.unwrap();
-    assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
+    assert!(
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes
+            > 0
+    );
     // No watch event applied yet: the pass still sees its own writes.
     assert_eq!(
-        tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap(),
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes,
         0
     );
     let assigned =
@@ -978,7 +983,10 @@ async fn cached_passes_see_their_own_writes_at_once() {
     // Then the watch delivers the same writes: still nothing to do.
     cache.next_batch().await.unwrap().unwrap();
     assert_eq!(
-        tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap(),
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes,
         0
     );
     assert_eq!(gw_status(&ds, "g1").await.epoch, 1);
@@ -997,7 +1005,13 @@ async fn cached_passes_see_their_own_writes_at_once() {
     {
         cache.next_batch().await.unwrap().unwrap();
     }
-    assert!(tick_cached(&ds, &mut cache, &mut mon, &cfg).await.unwrap() > 0);
+    assert!(
+        tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
+            .await
+            .unwrap()
+            .writes
+            > 0
+    );
     assert_eq!(policy_status(&ds, "q").await.eip.ipv4, "10.0.0.2");
 }
 

@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 
 use super::{Datastore, DatastoreError, Kind, ObjectKey, Result, Stored};
 use crate::api::{NamespaceRecord, NodeRecord, PodRecord};
-use crate::controller::ClusterView;
 
 /// Decodes a custom resource.
 pub fn decode<T: DeserializeOwned>(s: &Stored) -> Result<T> {
@@ -104,24 +103,6 @@ pub fn namespace_record(v: &Value) -> NamespaceRecord {
         name: meta_str(v, "name"),
         labels: labels(v),
     }
-}
-
-/// Lists every kind and decodes it. Objects that do not decode are skipped
-/// (and logged): one bad object never stops the others.
-pub async fn load_view(ds: &dyn Datastore) -> Result<ClusterView> {
-    load_kinds(ds, &Kind::ALL).await
-}
-
-/// As [`load_view`], listing only `kinds` (the others stay empty): for
-/// readers that need a few small kinds and must not read every pod.
-pub async fn load_kinds(ds: &dyn Datastore, kinds: &[Kind]) -> Result<ClusterView> {
-    let mut view = ClusterView::default();
-    for &kind in kinds {
-        for s in &ds.list(kind).await?.0 {
-            crate::controller::put_listed(&mut view, s);
-        }
-    }
-    Ok(view)
 }
 
 /// Creates the object, or replaces it (optimistic concurrency, retried on

@@ -11,8 +11,8 @@ use serde_json::json;
 
 use crate::{
     api::NodeRecord,
-    controller::ClusterView,
     datastore::{typed, Datastore, DatastoreError, Kind, ObjectKey, StatusPatch},
+    view::ClusterView,
 };
 
 /// Field manager of the agent's registration (`status.tunnel`).

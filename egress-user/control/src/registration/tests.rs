@@ -24,7 +24,7 @@ async fn registration_writes_node_and_tunnel_facts_not_the_phase() {
     let ds = MemoryDatastore::new();
     let me = w1(Some("fd00:10::1"));
     register(&ds, &me).await.unwrap();
-    let view = typed::load_view(&ds).await.unwrap();
+    let view = crate::view::load_view(&ds).await.unwrap();
     let st = view.tunnel("w1").unwrap().status.clone().unwrap();
     assert_eq!(st.tunnel.ipv4, "10.10.0.1");
     assert_eq!(
@@ -46,7 +46,7 @@ async fn registration_writes_node_and_tunnel_facts_not_the_phase() {
     .await
     .unwrap();
     register(&ds, &me).await.unwrap();
-    let view = typed::load_view(&ds).await.unwrap();
+    let view = crate::view::load_view(&ds).await.unwrap();
     assert_eq!(view.nodes.len(), 1);
     let t = view.tunnel("w1").expect("tunnel registered");
     let st = t.status.as_ref().unwrap();
@@ -73,7 +73,7 @@ async fn a_registration_that_the_datastore_lost_is_noticed() {
     let lost = |ds: &MemoryDatastore| {
         let ds = ds.clone();
         let me = me.clone();
-        async move { registration_lost(&typed::load_view(&ds).await.unwrap(), &me, true) }
+        async move { registration_lost(&crate::view::load_view(&ds).await.unwrap(), &me, true) }
     };
     assert!(lost(&ds).await, "nothing registered yet");
     register(&ds, &me).await.unwrap();
@@ -91,7 +91,7 @@ async fn a_registration_that_the_datastore_lost_is_noticed() {
     // The node record deleted: lost where the agent writes it.
     ds.delete(Kind::Node, &key, None).await.unwrap();
     assert!(lost(&ds).await);
-    let view = typed::load_view(&ds).await.unwrap();
+    let view = crate::view::load_view(&ds).await.unwrap();
     assert!(
         !registration_lost(&view, &me, false),
         "not where the kubelet keeps it"
@@ -109,14 +109,18 @@ async fn on_a_datastore_that_keeps_nodes_itself_only_the_tunnel_is_written() {
         format!("{e:#}").contains("the controller creates one"),
         "{e:#}"
     );
-    assert!(typed::load_view(&ds).await.unwrap().tunnels.is_empty());
+    assert!(crate::view::load_view(&ds)
+        .await
+        .unwrap()
+        .tunnels
+        .is_empty());
     let tunnel = serde_json::json!({"apiVersion": crate::api::API_VERSION, "kind": "EgressTunnel",
                                     "metadata": {"name": "w1"}, "spec": {}});
     ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
     register(&ds, &me)
         .await
         .expect("registering writes no Node");
-    let view = typed::load_view(&ds).await.unwrap();
+    let view = crate::view::load_view(&ds).await.unwrap();
     assert!(view.nodes.is_empty());
     let st = view.tunnel("w1").unwrap().status.clone().unwrap();
     assert_eq!(

@@ -1,4 +1,7 @@
-//! The plain data the reconcile functions work on.
+//! The cluster as the controller and the agents see it: plain decoded
+//! data ([`ClusterView`]) and the policy index over it. Built from the
+//! datastore by [`load_view`] / [`load_kinds`], or kept current from
+//! watches by the controller's `ViewCache`, both through [`put`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -8,6 +11,12 @@ use ipnet::IpNet;
 use crate::api::*;
 use crate::datastore::{Kind, ObjectKey};
 use crate::validate::{parse_cidr, PolicyFields};
+
+mod load;
+mod put;
+
+pub use load::{load_kinds, load_view};
+pub(crate) use put::{key_of_meta, put, Put};
 
 /// Everything the controller and the agents look at, decoded.
 #[derive(Clone, Debug, Default)]
