@@ -262,10 +262,9 @@ impl OutGroup {
 pub enum Readiness {
     /// Nothing sent to it is waiting to be written.
     Ready,
-    /// What it was sent is still being written: its group waits a little.
+    /// What it was sent is still being written: its group goes on
+    /// without it, and its changes wait, one per prefix, until it is ready.
     Busy,
-    /// Busy for long: its group goes on without it.
-    Slow,
 }
 
 /// UPDATEs for a set of peers that are all to be sent the same.

@@ -739,9 +739,9 @@ impl Rib {
 
     /// [`Self::take_outgoing`] for the peers that are ready for more
     /// (see [`Readiness`]). The changes of a peer that is not wait here,
-    /// one per prefix however often it changes. A group waits for a busy
-    /// member; a slow one gets a group of its own, so that the others go
-    /// on, and rejoins them once it has caught up.
+    /// one per prefix however often it changes. A busy member gets a group
+    /// of its own at once, so that the others never wait for it, and
+    /// rejoins them once it has caught up.
     pub fn take_outgoing_where(&mut self, state: impl Fn(IpAddr) -> Readiness) -> Vec<Outgoing> {
         let mut slow = Vec::new();
         for g in self.groups.values().filter(|g| !g.pending.is_empty()) {
@@ -749,7 +749,7 @@ impl Rib {
                 .members
                 .iter()
                 .copied()
-                .filter(|m| state(*m) == Readiness::Slow)
+                .filter(|m| state(*m) == Readiness::Busy)
                 .collect();
             if behind.len() < g.members.len() {
                 slow.extend(behind);

@@ -20,8 +20,6 @@ use crate::types::{Family, Prefix};
 mod batches;
 
 use batches::Unwritten;
-#[cfg(test)]
-pub(super) use batches::SLOW_AFTER;
 
 // UPDATEs dominate the traffic; boxing them would cost an allocation each.
 #[allow(clippy::large_enum_variant)]
@@ -89,9 +87,6 @@ pub(crate) enum TimerKind {
     LongLived,
     /// Our own selection deferral.
     Deferral,
-    /// A look at update groups waiting for a busy member, once it would
-    /// count as slow.
-    SlowPeers,
 }
 
 struct PeerEntry {
@@ -127,8 +122,6 @@ struct RibTask {
     timers: HashMap<(Option<IpAddr>, TimerKind), u64>,
     self_tx: mpsc::Sender<RibMsg>,
     next_batch: u64,
-    /// A SlowPeers timer is running.
-    slow_check: bool,
 }
 
 /// Messages handled between two flushes at most.
@@ -169,7 +162,6 @@ pub(super) async fn run(
         self_tx,
         cfg,
         next_batch: 0,
-        slow_check: false,
     };
     t.rib.set_deferral(t.restarter.deferring());
     t.restart_actions(actions);
@@ -549,7 +541,6 @@ impl RibTask {
             return; // stopped or restarted since
         }
         match (kind, peer) {
-            (TimerKind::SlowPeers, _) => self.slow_check = false,
             (TimerKind::Deferral, _) => {
                 let a = self.restarter.deferral_timer_expired();
                 self.restart_actions(a);

@@ -4,27 +4,21 @@
 //! messages.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use super::{PeerEntry, RibTask, TimerKind};
+use super::{PeerEntry, RibTask};
 use crate::codec::{CodecOptions, Message, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::gr;
 use crate::rib::Readiness;
 use crate::speaker::session::SessionCmd;
 use crate::types::Family;
 
-/// How long an update group waits for a member still writing its last
-/// batch before going on without it.
-pub(in crate::speaker) const SLOW_AFTER: Duration = Duration::from_millis(500);
-
 /// A batch handed to a session and not yet written.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Unwritten {
     batch: u64,
     pub(super) bytes: usize,
-    since: tokio::time::Instant,
 }
 
 impl Unwritten {
@@ -34,10 +28,9 @@ impl Unwritten {
 }
 
 impl PeerEntry {
-    fn readiness(&self, now: tokio::time::Instant) -> Readiness {
+    fn readiness(&self) -> Readiness {
         match self.unwritten {
             None => Readiness::Ready,
-            Some(u) if now.duration_since(u.since) >= SLOW_AFTER => Readiness::Slow,
             Some(_) => Readiness::Busy,
         }
     }
@@ -53,18 +46,16 @@ impl RibTask {
         }
         // A peer still writing its last batch is skipped: its changes stay
         // in the RIB (one per prefix) until it has written it.
-        let now = tokio::time::Instant::now();
         let refresh: Vec<IpAddr> = self
             .peers
             .iter()
-            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness(now) == Readiness::Ready)
+            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness() == Readiness::Ready)
             .map(|(a, _)| *a)
             .collect();
         for addr in refresh {
             self.send_refresh(addr);
         }
-        self.send_outgoing(now);
-        self.check_slow_peers_later(now);
+        self.send_outgoing();
         // End-of-RIB for sessions whose initial table was empty.
         let due: Vec<IpAddr> = self
             .peers
@@ -82,9 +73,9 @@ impl RibTask {
         }
     }
 
-    fn send_outgoing(&mut self, now: tokio::time::Instant) {
+    fn send_outgoing(&mut self) {
         let peers = &self.peers;
-        let state = |a: IpAddr| peers.get(&a).map_or(Readiness::Ready, |p| p.readiness(now));
+        let state = |a: IpAddr| peers.get(&a).map_or(Readiness::Ready, PeerEntry::readiness);
         for o in self.rib.take_outgoing_where(state) {
             // Each list is encoded once per distinct (codec, families) of
             // its peers, and the same bytes go to all of them.
@@ -116,23 +107,6 @@ impl RibTask {
         }
     }
 
-    /// When changes wait for a busy peer, looks again once it would count
-    /// as slow, so that its group does not wait on it for longer.
-    fn check_slow_peers_later(&mut self, now: tokio::time::Instant) {
-        if self.slow_check {
-            return;
-        }
-        let waiting = self.rib.peers_with_pending().into_iter().any(|a| {
-            self.peers
-                .get(&a)
-                .is_some_and(|p| p.readiness(now) == Readiness::Busy)
-        });
-        if waiting {
-            self.slow_check = true;
-            self.start_timer(None, TimerKind::SlowPeers, SLOW_AFTER);
-        }
-    }
-
     /// Hands encoded UPDATEs to a session and notes them as unwritten.
     fn send_batch(&mut self, addr: IpAddr, mut chunks: Vec<Bytes>) {
         chunks.retain(|c| !c.is_empty());
@@ -147,7 +121,6 @@ impl RibTask {
         p.unwritten = Some(Unwritten {
             batch,
             bytes: chunks.iter().map(Bytes::len).sum(),
-            since: tokio::time::Instant::now(),
         });
         let cmd = SessionCmd::SendEncoded {
             codec: p.codec,
