@@ -193,7 +193,7 @@ fn measure_restart(n: usize, timeout: Duration, speaker: &Path) -> Result<Restar
     let t0 = Instant::now();
     converged("restart: converge", &fleet, 0, t0, timeout)
         .context("the clients never converged before the restart")?;
-    let withdrawn_before = fleet.withdrawn();
+    let removed_before = fleet.removed();
     let killed = Instant::now();
     rr.kill();
     let _rr = start(
@@ -220,7 +220,7 @@ fn measure_restart(n: usize, timeout: Duration, speaker: &Path) -> Result<Restar
             Some(_) => {}
         }
     }
-    lost += fleet.withdrawn() - withdrawn_before;
+    lost += fleet.removed() - removed_before;
     let missing = eor.iter().filter(|e| e.is_none()).count();
     if missing > 0 {
         eprintln!("  restart: {missing} of {n} clients without End-of-RIB after {timeout:?}");

@@ -9,7 +9,8 @@
 //! they were last announced with. The fleet reports, per client, when its
 //! session comes up, when it becomes consistent (per epoch: the fleet's
 //! epoch moves on when clients flap), when End-of-RIB arrives (and how many
-//! stale routes it removed), and counts withdrawals of held routes.
+//! stale routes it removed), and counts the routes clients stopped holding
+//! (withdrawn, or lost with a session that had no graceful restart).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -102,8 +103,9 @@ struct Shared {
     gens: Vec<AtomicU32>,
     /// Moves on whenever generations change.
     epoch: AtomicU32,
-    /// Withdrawals received, at any client, of another client's route it held.
-    withdrawn: AtomicUsize,
+    /// Other clients' routes a client stopped holding: withdrawn, or gone
+    /// with a session lost without graceful restart (not with a flap).
+    removed: AtomicUsize,
     events: Mutex<mpsc::Sender<Event>>,
 }
 
@@ -155,7 +157,7 @@ impl Fleet {
             owner,
             gens: cfg.clients.iter().map(|_| AtomicU32::new(0)).collect(),
             epoch: AtomicU32::new(0),
-            withdrawn: AtomicUsize::new(0),
+            removed: AtomicUsize::new(0),
             events: Mutex::new(tx),
         });
         let mut cmds = Vec::new();
@@ -213,9 +215,10 @@ impl Fleet {
             .ok()
     }
 
-    /// Withdrawals of another client's held route seen so far, all clients.
-    pub fn withdrawn(&self) -> usize {
-        self.shared.withdrawn.load(Ordering::SeqCst)
+    /// Other clients' routes that clients stopped holding so far (see
+    /// [`Shared`]), all clients together.
+    pub fn removed(&self) -> usize {
+        self.shared.removed.load(Ordering::SeqCst)
     }
 
     /// The current epoch (see [`Event::Consistent`]).

@@ -125,7 +125,8 @@ impl Client {
             if st.peer_gr && st.established {
                 table.mark_stale();
             } else {
-                table.clear();
+                let n = table.clear();
+                self.shared.removed.fetch_add(n, Ordering::SeqCst);
             }
         }
         end
@@ -206,7 +207,7 @@ impl Client {
         for p in &u.withdrawn {
             if let Some(&r) = sh.routes.get(p) {
                 if table.withdraw(sh, r) && sh.owner[r] != self.idx {
-                    sh.withdrawn.fetch_add(1, Ordering::SeqCst);
+                    sh.removed.fetch_add(1, Ordering::SeqCst);
                 }
             }
         }

@@ -18,6 +18,7 @@ pub(super) struct Table {
     need: usize,
     /// The fleet's epoch `good` was counted for.
     epoch: u32,
+    owners: Vec<usize>,
 }
 
 impl Table {
@@ -30,6 +31,7 @@ impl Table {
             good: 0,
             need: shared.owner.iter().filter(|o| **o != me).count(),
             epoch: shared.epoch.load(Ordering::SeqCst),
+            owners: shared.owner.clone(),
         }
     }
 
@@ -78,11 +80,24 @@ impl Table {
         gone.len()
     }
 
-    /// Session lost without graceful restart: everything goes.
-    pub(super) fn clear(&mut self) {
+    /// Session lost without graceful restart: everything goes; returns
+    /// how many other clients' routes were held.
+    pub(super) fn clear(&mut self) -> usize {
+        let me = self.me;
+        let had = self
+            .held
+            .iter()
+            .enumerate()
+            .filter(|(r, h)| **h != 0 && self.owner_of(*r) != me)
+            .count();
         self.held.fill(0);
         self.stale.fill(false);
         self.good = 0;
+        had
+    }
+
+    fn owner_of(&self, r: usize) -> usize {
+        self.owners[r]
     }
 
     /// Whether every other client's route is held at its generation, and
