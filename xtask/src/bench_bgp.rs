@@ -153,6 +153,9 @@ pub(crate) struct Seat {
     pub me: String,
     pub neighbors: Vec<(String, bool)>,
     pub graceful_restart: Option<(u16, bool)>,
+    /// The neighbours are behind a router, not on the link, reached
+    /// through `routed`'s gateway (prefix, gateway) for BIRD's next hops.
+    pub routed: Option<(String, String)>,
 }
 
 pub(crate) fn start_reflector(
@@ -186,6 +189,15 @@ pub(crate) fn start_reflector(
         }
         Reflector::Bird => {
             let mut s = format!("router id {me};\nprotocol device {{ }}\n");
+            // Next hops behind a router resolve through a route (BIRD
+            // resolves iBGP next hops recursively off the link).
+            let hop = match &seat.routed {
+                None => "direct",
+                Some((net, via)) => {
+                    let _ = writeln!(s, "protocol static {{ ipv4; route {net} via {via}; }}");
+                    "multihop"
+                }
+            };
             for (i, (a, client)) in neighbors.iter().enumerate() {
                 let rr = if *client {
                     "  rr client;\n  rr cluster id 1.1.1.1;\n"
@@ -194,7 +206,7 @@ pub(crate) fn start_reflector(
                 };
                 let _ = write!(
                     s,
-                    "protocol bgp n{i} {{\n  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  direct;\n  passive on;\n{rr}  \
+                    "protocol bgp n{i} {{\n  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  {hop};\n  passive on;\n{rr}  \
                      ipv4 {{ import all; export all; }};\n}}\n"
                 );
             }
@@ -224,22 +236,8 @@ pub(crate) fn start_reflector(
             }
             s += " exit-address-family\n";
             std::fs::write(dir.file("bgpd.conf"), s)?;
-            ns.spawn(&[
-                "/usr/lib/frr/bgpd",
-                "-f",
-                &dir.file("bgpd.conf"),
-                "-Z",
-                "-i",
-                &dir.file("bgpd.pid"),
-                "--vty_socket",
-                &dir.0.to_string_lossy(),
-                "-u",
-                "frr",
-                "-g",
-                "frr",
-                "-P",
-                "0",
-            ])
+            // The same launch as the tests' FRR (no zebra, no vty port).
+            egress_tests::frr::spawn_bgpd(ns, &dir.0.to_string_lossy())
         }
         Reflector::Gobgp => {
             let mut s = format!(
@@ -643,6 +641,7 @@ fn measure(kind: Reflector, args: &BenchArgs, speaker: &Path) -> Result<Measured
         me: ip(REFLECTOR),
         neighbors: reflector_neighbors(args.clients),
         graceful_restart: None,
+        routed: None,
     };
     let reflector = start_reflector(kind, &rr_ns, &dir, &seat, speaker)?;
     let rr_addr: SocketAddr = format!("{}:179", ip(REFLECTOR)).parse()?;

@@ -25,12 +25,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use egress_tests::bgp_fleet::{cluster_clients, Event, Fleet, FleetConfig};
-use egress_tests::{link_veth, Netns, Proc};
+use egress_tests::{Netns, Proc};
 use serde_json::{json, Map, Value};
 
 use crate::bench_bgp::{cpu_seconds, peak_rss_mb, start_reflector, Dir, Reflector, Seat, ASN};
 
 const REFLECTOR_IP: &str = "10.99.0.1";
+/// The link between the two namespaces; the clients (10.99.1.0 and up)
+/// and the reflector's own address are routed over it, so each side holds
+/// one neighbour entry (the kernel's ARP table holds 1,024 entries for all
+/// namespaces together, and 1,000 clients on the reflector's link made it
+/// drop entries and stall sessions).
+const RR_LINK: &str = "10.98.255.1";
+const CL_LINK: &str = "10.98.255.2";
 /// EIP /32s announced by every tenth client.
 const EIPS: usize = 3;
 /// The graceful restart time the restart scenario offers both ways.
@@ -61,10 +68,7 @@ struct Net {
 fn net() -> Result<Net> {
     let rr = Netns::new("bcrr")?;
     let clients = Netns::new("bccl")?;
-    link_veth(&rr, "eth0", &clients, "eth0")?;
-    rr.addr("eth0", &format!("{REFLECTOR_IP}/16"))?;
-    // The clients' own addresses are added by the fleet.
-    clients.ip(&["link", "set", "eth0", "up"])?;
+    egress_tests::bgp_fleet::routed_link(&rr, &clients, REFLECTOR_IP, (RR_LINK, CL_LINK))?;
     Ok(Net { rr, clients })
 }
 
@@ -76,6 +80,7 @@ fn seat(n: usize, graceful_restart: Option<(u16, bool)>) -> Seat {
             .map(|c| (c.addr.to_string(), true))
             .collect(),
         graceful_restart,
+        routed: Some(("10.99.0.0/16".into(), CL_LINK.into())),
     }
 }
 
@@ -103,7 +108,7 @@ fn fleet(net: &Net, n: usize, restart_time: Option<u16>) -> Result<Fleet> {
     let reflector: SocketAddr = format!("{REFLECTOR_IP}:179").parse()?;
     Fleet::start(
         &net.clients,
-        "eth0",
+        "lo",
         FleetConfig {
             asn: ASN,
             reflector,

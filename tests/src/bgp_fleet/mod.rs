@@ -57,6 +57,23 @@ pub fn cluster_clients(n: usize, eips: usize) -> Vec<ClientSpec> {
         .collect()
 }
 
+/// Joins the reflector's namespace `rr` and the fleet's `clients` with a
+/// veth (`link`: the two ends' addresses, a /30) and routes the
+/// reflector's address (on its `lo`) and 10.99.0.0/16 (the fleet's, on
+/// the clients' `lo`) over it: each side holds one neighbour entry however
+/// many clients there are (the kernel's ARP table holds 1,024 entries
+/// for every namespace together).
+pub fn routed_link(rr: &Netns, clients: &Netns, reflector: &str, link: (&str, &str)) -> Result<()> {
+    crate::link_veth(rr, "eth0", clients, "eth0")?;
+    rr.addr("eth0", &format!("{}/30", link.0))?;
+    clients.addr("eth0", &format!("{}/30", link.1))?;
+    rr.addr("lo", &format!("{reflector}/32"))?;
+    clients.ip(&["link", "set", "lo", "up"])?;
+    rr.ip(&["route", "add", "10.99.0.0/16", "via", link.1])?;
+    clients.ip(&["route", "add", &format!("{reflector}/32"), "via", link.0])?;
+    Ok(())
+}
+
 /// What the fleet reports, each with the instant of the read that showed it.
 #[derive(Debug)]
 pub enum Event {
@@ -126,11 +143,11 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Puts every client's address on `dev` in `ns` (a /16) and starts them.
+    /// Puts every client's address on `dev` in `ns` (a /32) and starts them.
     pub fn start(ns: &Netns, dev: &str, cfg: FleetConfig) -> Result<Fleet> {
         let mut batch = String::new();
         for c in &cfg.clients {
-            batch += &format!("address add {}/16 dev {dev}\n", c.addr);
+            batch += &format!("address add {}/32 dev {dev}\n", c.addr);
         }
         let file = std::env::temp_dir().join(crate::unique_name("fleet-addrs"));
         std::fs::write(&file, batch)?;

@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use egress_tests::bgp_fleet::{cluster_clients, Event, Fleet, FleetConfig};
-use egress_tests::{link_veth, Netns, Proc};
+use egress_tests::bgp_fleet::{cluster_clients, routed_link, Event, Fleet, FleetConfig};
+use egress_tests::{Netns, Proc};
 use serde_json::json;
 
 use crate::lab::speaker_bin;
@@ -43,15 +43,13 @@ fn start_ours(ns: &Netns, cfg_path: &std::path::Path, n: usize, restarting: bool
 pub(crate) fn reflector_restart_under_a_fleet(n: usize) -> Result<()> {
     let rr = Netns::new("fleetrr")?;
     let cl = Netns::new("fleetcl")?;
-    link_veth(&rr, "eth0", &cl, "eth0")?;
-    rr.addr("eth0", &format!("{REFLECTOR}/16"))?;
-    cl.ip(&["link", "set", "eth0", "up"])?;
+    routed_link(&rr, &cl, REFLECTOR, ("10.98.255.1", "10.98.255.2"))?;
     let cfg_path = std::env::temp_dir().join(egress_tests::unique_name("fleet-rr.json"));
     let _cfg_gone = scopeguard(cfg_path.clone());
     let mut ours = start_ours(&rr, &cfg_path, n, false)?;
     let fleet = Fleet::start(
         &cl,
-        "eth0",
+        "lo",
         FleetConfig {
             asn: ASN,
             reflector: format!("{REFLECTOR}:179").parse::<SocketAddr>()?,

@@ -1,6 +1,6 @@
 //! The one task that owns the RIB and the graceful restart state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,6 +20,8 @@ use crate::types::{Family, Prefix};
 mod batches;
 
 use batches::Unwritten;
+#[cfg(test)]
+pub(super) use batches::AHEAD;
 
 // UPDATEs dominate the traffic; boxing them would cost an allocation each.
 #[allow(clippy::large_enum_variant)]
@@ -100,9 +102,11 @@ struct PeerEntry {
     eor_due: bool,
     /// How messages are encoded on the current session.
     codec: CodecOptions,
-    /// While a batch is out, the peer's changes wait in the RIB,
-    /// coalesced per prefix, instead of piling up as encoded messages.
-    unwritten: Option<Unwritten>,
+    /// Batches handed to the session and not yet written, oldest first
+    /// (at most [`batches::AHEAD`]); past that, the peer's changes wait in
+    /// the RIB, coalesced per prefix, instead of piling up as encoded
+    /// messages.
+    unwritten: VecDeque<Unwritten>,
     /// Families the peer asked to be sent again (RFC 2918), once it has
     /// written what it was sent before.
     refresh_due: Vec<Family>,
@@ -256,7 +260,7 @@ impl RibTask {
                 enhanced_refresh: false,
                 eor_due: false,
                 codec: CodecOptions::default(),
-                unwritten: None,
+                unwritten: VecDeque::new(),
                 refresh_due: Vec::new(),
             },
         );
@@ -323,15 +327,13 @@ impl RibTask {
             RibMsg::OutQueue(peer, tx) => {
                 let q = self.peers.get(&peer).map(|p| OutQueue {
                     pending_prefixes: self.rib.pending_len(peer),
-                    unwritten_bytes: p.unwritten.map_or(0, |u| u.bytes),
+                    unwritten_bytes: p.unwritten.iter().map(|u| u.bytes).sum(),
                 });
                 let _ = tx.send(q);
             }
             RibMsg::Written { peer, batch } => {
                 if let Some(p) = self.peers.get_mut(&peer) {
-                    if p.unwritten.is_some_and(|u| u.is(batch)) {
-                        p.unwritten = None;
-                    }
+                    p.unwritten.retain(|u| !u.written_by(batch));
                 }
             }
             RibMsg::AddPeer(spec) => self.add_peer(spec),
@@ -382,7 +384,7 @@ impl RibTask {
         p.enhanced_refresh = neg.peer_open.enhanced_route_refresh();
         p.eor_due = true;
         p.codec = neg.codec;
-        p.unwritten = None;
+        p.unwritten.clear();
         p.refresh_due.clear();
         p.state = State::Established;
         let local_llgr = self
@@ -407,7 +409,7 @@ impl RibTask {
         };
         tracing::info!(%peer, ?reason, "session down");
         p.eor_due = false;
-        p.unwritten = None;
+        p.unwritten.clear();
         p.refresh_due.clear();
         let actions = p.helper.session_down(&reason);
         self.helper_actions(peer, actions);

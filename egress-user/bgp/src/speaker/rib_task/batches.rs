@@ -1,6 +1,8 @@
-//! What the RIB task sends each session, and when: one batch at a time,
-//! the next only once the session has written the last, so that what waits
-//! for a slow peer is its Adj-RIB-Out changes, one per prefix, not encoded
+//! What the RIB task sends each session, and when: a few batches ahead of
+//! what the session has written ([`AHEAD`]), so that an update group goes
+//! on at its own pace while one member finishes writing, without waiting
+//! for it; a member further behind leaves the group at once, and what
+//! waits for it is its Adj-RIB-Out changes, one per prefix, not encoded
 //! messages.
 
 use std::net::IpAddr;
@@ -14,6 +16,11 @@ use crate::rib::Readiness;
 use crate::speaker::session::SessionCmd;
 use crate::types::Family;
 
+/// Batches a session may have unwritten and still be sent the next one
+/// with its group. The encoded bytes are shared with the other members, so
+/// a member that lags keeps at most these few batches alive.
+pub(in crate::speaker) const AHEAD: usize = 4;
+
 /// A batch handed to a session and not yet written.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Unwritten {
@@ -22,16 +29,19 @@ pub(super) struct Unwritten {
 }
 
 impl Unwritten {
-    pub(super) fn is(&self, batch: u64) -> bool {
-        self.batch == batch
+    /// Whether the session's word that `batch` is written covers this one
+    /// (batches are numbered in the order they are sent).
+    pub(super) fn written_by(&self, batch: u64) -> bool {
+        self.batch <= batch
     }
 }
 
 impl PeerEntry {
     fn readiness(&self) -> Readiness {
-        match self.unwritten {
-            None => Readiness::Ready,
-            Some(_) => Readiness::Busy,
+        if self.unwritten.len() < AHEAD {
+            Readiness::Ready
+        } else {
+            Readiness::Busy
         }
     }
 }
@@ -60,7 +70,7 @@ impl RibTask {
         let due: Vec<IpAddr> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.eor_due && p.unwritten.is_none())
+            .filter(|(_, p)| p.eor_due && p.unwritten.is_empty())
             .map(|(a, _)| *a)
             .collect();
         for addr in due {
@@ -118,7 +128,7 @@ impl RibTask {
         }
         self.next_batch += 1;
         let batch = self.next_batch;
-        p.unwritten = Some(Unwritten {
+        p.unwritten.push_back(Unwritten {
             batch,
             bytes: chunks.iter().map(Bytes::len).sum(),
         });
