@@ -121,8 +121,11 @@ impl Client {
                 }
             }
         };
-        if let End::Lost(_) = end {
-            if st.peer_gr && st.established {
+        // A connection that never got to Established changes nothing: the
+        // routes of the last session stay as they were (stale, if it had
+        // graceful restart).
+        if let (End::Lost(_), true) = (&end, st.established) {
+            if st.peer_gr {
                 table.mark_stale();
             } else {
                 let n = table.clear();
