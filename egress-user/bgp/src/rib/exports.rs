@@ -99,5 +99,4 @@ impl Exports {
         self.interned.insert(a.clone());
         a
     }
-
 }

@@ -65,7 +65,6 @@ pub(super) struct OutGroup {
     pub(super) own: HashMap<IpAddr, usize>,
 }
 
-
 impl OutGroup {
     pub(super) fn new(key: GroupKey, member: IpAddr) -> OutGroup {
         OutGroup {

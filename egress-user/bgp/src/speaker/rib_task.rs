@@ -20,8 +20,6 @@ use crate::types::{Family, Prefix};
 mod batches;
 
 use batches::Unwritten;
-#[cfg(test)]
-pub(super) use batches::AHEAD;
 
 // UPDATEs dominate the traffic; boxing them would cost an allocation each.
 #[allow(clippy::large_enum_variant)]
@@ -103,8 +101,8 @@ struct PeerEntry {
     /// How messages are encoded on the current session.
     codec: CodecOptions,
     /// Batches handed to the session and not yet written, oldest first
-    /// (at most [`batches::AHEAD`]); past that, the peer's changes wait in
-    /// the RIB, coalesced per prefix, instead of piling up as encoded
+    /// (up to `SpeakerConfig::output_ahead` octets); past that, the peer's changes wait
+    /// in the RIB, coalesced per prefix, instead of piling up as encoded
     /// messages.
     unwritten: VecDeque<Unwritten>,
     /// Families the peer asked to be sent again (RFC 2918), once it has

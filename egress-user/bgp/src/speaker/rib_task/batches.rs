@@ -1,9 +1,8 @@
-//! What the RIB task sends each session, and when: a few batches ahead of
-//! what the session has written ([`AHEAD`]), so that an update group goes
-//! on at its own pace while one member finishes writing, without waiting
-//! for it; a member further behind leaves the group at once, and what
-//! waits for it is its Adj-RIB-Out changes, one per prefix, not encoded
-//! messages.
+//! What the RIB task sends each session, and when: up to
+//! `SpeakerConfig::output_ahead` octets ahead of what the session has written, so that an update group goes on
+//! at its own pace while one member finishes writing, without waiting for
+//! it; a member further behind leaves the group at once, and what waits
+//! for it is its Adj-RIB-Out changes, one per prefix, not encoded messages.
 
 use std::net::IpAddr;
 
@@ -15,11 +14,6 @@ use crate::gr;
 use crate::rib::Readiness;
 use crate::speaker::session::SessionCmd;
 use crate::types::Family;
-
-/// Batches a session may have unwritten and still be sent the next one
-/// with its group. The encoded bytes are shared with the other members, so
-/// a member that lags keeps at most these few batches alive.
-pub(in crate::speaker) const AHEAD: usize = 4;
 
 /// A batch handed to a session and not yet written.
 #[derive(Clone, Copy, Debug)]
@@ -37,8 +31,8 @@ impl Unwritten {
 }
 
 impl PeerEntry {
-    fn readiness(&self) -> Readiness {
-        if self.unwritten.len() < AHEAD {
+    fn readiness(&self, ahead: usize) -> Readiness {
+        if self.unwritten.iter().map(|u| u.bytes).sum::<usize>() < ahead {
             Readiness::Ready
         } else {
             Readiness::Busy
@@ -54,12 +48,13 @@ impl RibTask {
         if self.rib.deferring() {
             return;
         }
-        // A peer still writing its last batch is skipped: its changes stay
-        // in the RIB (one per prefix) until it has written it.
+        // A peer too far behind is skipped: its changes stay in the RIB
+        // (one per prefix) until it has written enough.
+        let ahead = self.cfg.output_ahead;
         let refresh: Vec<IpAddr> = self
             .peers
             .iter()
-            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness() == Readiness::Ready)
+            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness(ahead) == Readiness::Ready)
             .map(|(a, _)| *a)
             .collect();
         for addr in refresh {
@@ -84,8 +79,12 @@ impl RibTask {
     }
 
     fn send_outgoing(&mut self) {
-        let peers = &self.peers;
-        let state = |a: IpAddr| peers.get(&a).map_or(Readiness::Ready, PeerEntry::readiness);
+        let (peers, ahead) = (&self.peers, self.cfg.output_ahead);
+        let state = |a: IpAddr| {
+            peers
+                .get(&a)
+                .map_or(Readiness::Ready, |p| p.readiness(ahead))
+        };
         for o in self.rib.take_outgoing_where(state) {
             // Each list is encoded once per distinct (codec, families) of
             // its peers, and the same bytes go to all of them.
