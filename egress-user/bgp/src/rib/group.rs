@@ -185,8 +185,13 @@ impl OutGroup {
 pub enum Readiness {
     /// Nothing sent to it is waiting to be written.
     Ready,
-    /// What it was sent is still being written: its group goes on
-    /// without it, and its changes wait, one per prefix, until it is ready.
+    /// Still writing, but not far behind: it stays in its group and is
+    /// sent the next batch with the others, which goes out once a member
+    /// is Ready (so a group is paced by its fastest member, and batches
+    /// coalesce the changes made meanwhile).
+    Writing,
+    /// Far behind: its group goes on without it, and its changes wait,
+    /// one per prefix, until it is ready.
     Busy,
 }
 

@@ -759,7 +759,8 @@ impl Rib {
     /// (see [`Readiness`]). The changes of a peer that is not wait here,
     /// one per prefix however often it changes. A busy member gets a group
     /// of its own at once, so that the others never wait for it, and
-    /// rejoins them once it has caught up.
+    /// rejoins them once it has caught up; a group whose members are all
+    /// still writing waits for the first of them to finish.
     pub fn take_outgoing_where(&mut self, state: impl Fn(IpAddr) -> Readiness) -> Vec<Outgoing> {
         let mut slow = Vec::new();
         for g in self.groups.values().filter(|g| !g.pending.is_empty()) {
@@ -778,7 +779,9 @@ impl Rib {
         }
         let mut out = Vec::new();
         for g in self.groups.values_mut() {
-            if g.members.iter().all(|m| state(*m) == Readiness::Ready) {
+            let any_ready = g.members.iter().any(|m| state(*m) == Readiness::Ready);
+            let none_busy = g.members.iter().all(|m| state(*m) != Readiness::Busy);
+            if any_ready && none_busy {
                 out.extend(g.take());
             }
         }

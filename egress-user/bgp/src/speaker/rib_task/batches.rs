@@ -32,8 +32,10 @@ impl Unwritten {
 
 impl PeerEntry {
     fn readiness(&self, ahead: usize) -> Readiness {
-        if self.unwritten.iter().map(|u| u.bytes).sum::<usize>() < ahead {
+        if self.unwritten.is_empty() {
             Readiness::Ready
+        } else if self.unwritten.iter().map(|u| u.bytes).sum::<usize>() < ahead {
+            Readiness::Writing
         } else {
             Readiness::Busy
         }
