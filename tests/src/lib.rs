@@ -6,6 +6,7 @@
 //! changes only the network namespace: the host's /sys/fs/bpf stays visible,
 //! so maps pinned by an agent in a "node" can be read from outside.
 
+pub mod bgp_fleet;
 pub mod chart_pods;
 pub mod chart_rbac;
 pub mod cluster;

@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use egress_tests::{link_veth, run, unique_name, Netns, Proc};
 use serde_json::json;
 
-const ASN: u32 = 65000;
+pub(crate) const ASN: u32 = 65000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reflector {
@@ -50,7 +50,7 @@ impl Reflector {
         Reflector::ALL.into_iter().find(|r| r.key() == s)
     }
 
-    fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Reflector::Ours => "ours",
             Reflector::Gobgp => "gobgp",
@@ -65,6 +65,11 @@ pub struct BenchArgs {
     pub clients: usize,
     /// Which implementations take the reflector's seat (all by default).
     pub reflectors: Vec<Reflector>,
+    /// Run the 100,000-route feed.
+    pub feed: bool,
+    /// The cluster shape's sizes (none: skipped) and per-phase timeout.
+    pub cluster_sizes: Vec<usize>,
+    pub cluster_timeout: Duration,
 }
 
 impl Default for BenchArgs {
@@ -73,6 +78,9 @@ impl Default for BenchArgs {
             routes: 100_000,
             clients: 10,
             reflectors: Reflector::ALL.to_vec(),
+            feed: true,
+            cluster_sizes: vec![250, 500, 1000],
+            cluster_timeout: Duration::from_secs(180),
         }
     }
 }
@@ -93,17 +101,17 @@ fn receiver_ips(clients: usize) -> Vec<u8> {
 }
 
 /// A scratch folder, world-writable for FRR's own user, removed on drop.
-struct Dir(PathBuf);
+pub(crate) struct Dir(PathBuf);
 
 impl Dir {
-    fn new() -> Result<Dir> {
+    pub(crate) fn new() -> Result<Dir> {
         let p = std::env::temp_dir().join(unique_name("bgpbench"));
         std::fs::create_dir_all(&p)?;
         run(&["chmod", "0777", p.to_str().context("path")?])?;
         Ok(Dir(p))
     }
 
-    fn file(&self, name: &str) -> String {
+    pub(crate) fn file(&self, name: &str) -> String {
         self.0.join(name).to_string_lossy().into_owned()
     }
 }
@@ -139,23 +147,35 @@ fn reflector_neighbors(clients: usize) -> Vec<(String, bool)> {
     v
 }
 
-fn start_reflector(
+/// Where a reflector sits: its address, its neighbours (address, is a
+/// client) and, for ours, graceful restart (restart time, restarting now).
+pub(crate) struct Seat {
+    pub me: String,
+    pub neighbors: Vec<(String, bool)>,
+    pub graceful_restart: Option<(u16, bool)>,
+    /// The neighbours are behind a router, not on the link, reached
+    /// through `routed`'s gateway (prefix, gateway) for BIRD's next hops.
+    pub routed: Option<(String, String)>,
+}
+
+pub(crate) fn start_reflector(
     kind: Reflector,
     ns: &Netns,
     dir: &Dir,
-    clients: usize,
+    seat: &Seat,
     speaker: &Path,
 ) -> Result<Proc> {
-    let neighbors = reflector_neighbors(clients);
-    let me = ip(REFLECTOR);
+    let neighbors = &seat.neighbors;
+    let me = &seat.me;
     match kind {
         Reflector::Ours => {
             let peers: Vec<_> = neighbors
                 .iter()
                 .map(|(a, c)| json!({"address": a, "asn": ASN, "client": c, "passive": true}))
                 .collect();
+            let (restart_time, restarting) = seat.graceful_restart.unwrap_or((0, false));
             let cfg = json!({"asn": ASN, "router_id": me, "cluster_id": "1.1.1.1", "listen": format!("{me}:179"),
-                "restart_time": 0, "restarting": false, "peers": peers, "print_routes": false});
+                "restart_time": restart_time, "restarting": restarting, "peers": peers, "print_routes": false});
             std::fs::write(dir.file("speaker.json"), cfg.to_string())?;
             // For profiling: BENCH_BGP_WRAP="perf record -g -o /tmp/p.data"
             // or "heaptrack -o /tmp/h" runs our reflector under that tool.
@@ -164,11 +184,20 @@ fn start_reflector(
             let cfg_path = dir.file("speaker.json");
             argv.extend([speaker.to_str().context("speaker path")?, &cfg_path]);
             let mut p = ns.spawn(&argv)?;
-            p.wait_for_line("ready", Duration::from_secs(10))?;
+            p.wait_for_line("ready", Duration::from_secs(60))?;
             Ok(p)
         }
         Reflector::Bird => {
             let mut s = format!("router id {me};\nprotocol device {{ }}\n");
+            // Next hops behind a router resolve through a route (BIRD
+            // resolves iBGP next hops recursively off the link).
+            let hop = match &seat.routed {
+                None => "direct",
+                Some((net, via)) => {
+                    let _ = writeln!(s, "protocol static {{ ipv4; route {net} via {via}; }}");
+                    "multihop"
+                }
+            };
             for (i, (a, client)) in neighbors.iter().enumerate() {
                 let rr = if *client {
                     "  rr client;\n  rr cluster id 1.1.1.1;\n"
@@ -177,7 +206,7 @@ fn start_reflector(
                 };
                 let _ = write!(
                     s,
-                    "protocol bgp n{i} {{\n  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  direct;\n{rr}  \
+                    "protocol bgp n{i} {{\n  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  {hop};\n  passive on;\n{rr}  \
                      ipv4 {{ import all; export all; }};\n}}\n"
                 );
             }
@@ -196,39 +225,25 @@ fn start_reflector(
                 "frr defaults datacenter\nhostname rr\nrouter bgp {ASN}\n bgp router-id {me}\n bgp cluster-id 1.1.1.1\n \
                  no bgp ebgp-requires-policy\n"
             );
-            for (a, _) in &neighbors {
+            for (a, _) in neighbors {
                 let _ = writeln!(s, " neighbor {a} remote-as {ASN}\n neighbor {a} passive");
             }
             s += " address-family ipv4 unicast\n";
-            for (a, client) in &neighbors {
+            for (a, client) in neighbors {
                 if *client {
                     let _ = writeln!(s, "  neighbor {a} route-reflector-client");
                 }
             }
             s += " exit-address-family\n";
             std::fs::write(dir.file("bgpd.conf"), s)?;
-            ns.spawn(&[
-                "/usr/lib/frr/bgpd",
-                "-f",
-                &dir.file("bgpd.conf"),
-                "-Z",
-                "-i",
-                &dir.file("bgpd.pid"),
-                "--vty_socket",
-                &dir.0.to_string_lossy(),
-                "-u",
-                "frr",
-                "-g",
-                "frr",
-                "-P",
-                "0",
-            ])
+            // The same launch as the tests' FRR (no zebra, no vty port).
+            egress_tests::frr::spawn_bgpd(ns, &dir.0.to_string_lossy())
         }
         Reflector::Gobgp => {
             let mut s = format!(
                 "[global.config]\n  as = {ASN}\n  router-id = \"{me}\"\n  local-address-list = [\"{me}\"]\n"
             );
-            for (a, client) in &neighbors {
+            for (a, client) in neighbors {
                 let _ = write!(
                     s,
                     "[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{a}\"\n    peer-as = {ASN}\n  \
@@ -254,7 +269,7 @@ fn start_reflector(
     }
 }
 
-fn peak_rss_mb(pid: u32) -> f64 {
+pub(crate) fn peak_rss_mb(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -269,7 +284,7 @@ fn peak_rss_mb(pid: u32) -> f64 {
 }
 
 /// CPU seconds (user + system) the process has used so far.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
@@ -622,7 +637,13 @@ fn measure(kind: Reflector, args: &BenchArgs, speaker: &Path) -> Result<Measured
         ports: 0,
     };
     let rr_ns = lan.node("brr", REFLECTOR)?;
-    let reflector = start_reflector(kind, &rr_ns, &dir, args.clients, speaker)?;
+    let seat = Seat {
+        me: ip(REFLECTOR),
+        neighbors: reflector_neighbors(args.clients),
+        graceful_restart: None,
+        routed: None,
+    };
+    let reflector = start_reflector(kind, &rr_ns, &dir, &seat, speaker)?;
     let rr_addr: SocketAddr = format!("{}:179", ip(REFLECTOR)).parse()?;
 
     let (tx, rx) = std::sync::mpsc::channel::<Event>();
@@ -718,7 +739,7 @@ fn measure(kind: Reflector, args: &BenchArgs, speaker: &Path) -> Result<Measured
 }
 
 /// Builds our speaker in release mode and returns its path.
-fn build_speaker(root: &Path) -> Result<PathBuf> {
+pub(crate) fn build_speaker(root: &Path) -> Result<PathBuf> {
     crate::shell::exec(std::process::Command::new("cargo").current_dir(root).args([
         "build",
         "--release",
@@ -741,7 +762,8 @@ pub fn run_bench(root: &Path, args: BenchArgs) -> Result<()> {
     let mut out = serde_json::Map::new();
     out.insert("routes".into(), json!(args.routes));
     out.insert("receivers".into(), json!(args.clients + 1));
-    for &kind in &args.reflectors {
+    let feed = if args.feed { &args.reflectors[..] } else { &[] };
+    for &kind in feed {
         let m = measure(kind, &args, &speaker)
             .with_context(|| format!("{} as reflector", kind.key()))?;
         let ms = |s: f64| json!((s * 1000.0).round() / 1000.0);
@@ -749,15 +771,50 @@ pub fn run_bench(root: &Path, args: BenchArgs) -> Result<()> {
         out.insert(format!("{}_first_s", kind.key()), ms(m.first_secs));
         out.insert(format!("{}_mb", kind.key()), json!(m.mb.round()));
     }
+    let cluster = crate::bench_bgp_cluster::ClusterArgs {
+        sizes: args.cluster_sizes.clone(),
+        timeout: args.cluster_timeout,
+        reflectors: args.reflectors.clone(),
+    };
+    crate::bench_bgp_cluster::run(&cluster, &speaker, &mut out)?;
     println!("{}", serde_json::Value::Object(out));
     Ok(())
 }
 
-/// Entry point for `cargo xtask bench bgp [--routes N] [--only ours,frr]`.
-pub fn run_cli(root: &Path, routes: Option<usize>, only: Option<&str>) -> Result<()> {
+/// The command line of `cargo xtask bench bgp`.
+pub struct Cli<'a> {
+    pub routes: Option<usize>,
+    pub only: Option<&'a str>,
+    pub no_feed: bool,
+    /// e.g. "250,500,1000"; "none" skips the cluster shape.
+    pub cluster_sizes: Option<&'a str>,
+    pub cluster_timeout: Option<u64>,
+}
+
+/// Entry point for `cargo xtask bench bgp [--routes N] [--only ours,frr]
+/// [--no-feed] [--cluster-sizes 250,500] [--cluster-timeout SECS]`.
+pub fn run_cli(root: &Path, cli: Cli) -> Result<()> {
+    let Cli { routes, only, .. } = cli;
     let mut args = BenchArgs::default();
     if let Some(n) = routes {
         args.routes = n;
+    }
+    args.feed = !cli.no_feed;
+    if let Some(s) = cli.cluster_sizes {
+        args.cluster_sizes = match s {
+            "none" => Vec::new(),
+            s => s
+                .split(',')
+                .map(|n| {
+                    n.trim()
+                        .parse()
+                        .with_context(|| format!("cluster size {n:?}"))
+                })
+                .collect::<Result<_>>()?,
+        };
+    }
+    if let Some(t) = cli.cluster_timeout {
+        args.cluster_timeout = Duration::from_secs(t);
     }
     if let Some(list) = only {
         args.reflectors = list

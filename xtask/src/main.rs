@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask <setup|build-ebpf|image|test|fuzz|demo|e2e|bench>`.
 
 mod bench_bgp;
+mod bench_bgp_cluster;
 mod bench_control_plane;
 mod bench_datapath;
 mod bench_failover;
@@ -90,6 +91,15 @@ enum Task {
         /// For `bgp`: which implementations take the reflector's seat, e.g. `ours,frr` (default all).
         #[arg(long)]
         only: Option<String>,
+        /// For `bgp`: skip the 100,000-route feed.
+        #[arg(long)]
+        no_feed: bool,
+        /// For `bgp`: the cluster shape's client counts, e.g. `250,500,1000` (the default); `none` skips it.
+        #[arg(long)]
+        cluster_sizes: Option<String>,
+        /// For `bgp`: seconds each cluster phase may take before its figure is null (default 180).
+        #[arg(long)]
+        cluster_timeout: Option<u64>,
     },
 }
 
@@ -147,11 +157,27 @@ fn main() {
             probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
             kubernetes,
         ),
-        Task::Bench { what, routes, only } => match what.as_str() {
+        Task::Bench {
+            what,
+            routes,
+            only,
+            no_feed,
+            cluster_sizes,
+            cluster_timeout,
+        } => match what.as_str() {
             "datapath" => bench_datapath::run(&root),
             "control-plane" => bench_control_plane::run(&root),
             "failover" => bench_failover::run(&root),
-            "bgp" => bench_bgp::run_cli(&root, routes, only.as_deref()),
+            "bgp" => bench_bgp::run_cli(
+                &root,
+                bench_bgp::Cli {
+                    routes,
+                    only: only.as_deref(),
+                    no_feed,
+                    cluster_sizes: cluster_sizes.as_deref(),
+                    cluster_timeout,
+                },
+            ),
             other => Err(anyhow::anyhow!(
                 "unknown benchmark {other:?}; one of: datapath, control-plane, failover, bgp"
             )),

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::wait_until;
 
-fn speaker_bin() -> Result<PathBuf> {
+pub(crate) fn speaker_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("BGP_SPEAKER_BIN") {
         return Ok(p.into());
     }

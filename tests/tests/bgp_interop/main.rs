@@ -12,6 +12,7 @@
 //! build. Every peer's routes are read with its own JSON or CLI output.
 
 mod client; // `kind` as a client of our reflector
+mod fleet_restart; // our reflector restarted under 100 light clients
 mod graceful_restart; // graceful restart both ways
 mod incident; // two reflectors, one cluster id, one killed and restarted
 mod ipv6; // IPv6 unicast over an IPv4 session
@@ -27,6 +28,7 @@ use egress_tests::is_root;
 use serde_json::Value;
 
 use client::client_of_our_reflector;
+use fleet_restart::reflector_restart_under_a_fleet;
 use graceful_restart::graceful_restart_both_ways;
 use incident::incident;
 use ipv6::ipv6_routes_reach_frr;
@@ -160,3 +162,7 @@ interop!(
     md5_for_peers_added_at_run_time()
 );
 interop!(frr_ipv6_unicast, ipv6_routes_reach_frr());
+interop!(
+    our_reflector_restarts_under_100_clients_without_losing_a_route,
+    reflector_restart_under_a_fleet(100)
+);

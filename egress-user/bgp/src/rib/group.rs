@@ -1,12 +1,13 @@
 //! Update groups: peers that see the same export of every route share one
 //! queue of changes and one packing of it (see [`OutGroup`]).
 
-use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{out, PeerConfig, RibConfig, Route};
-use crate::codec::{PathAttributes, Update};
+use super::exports::Exports;
+use super::{out, Route};
+use crate::codec::Update;
 use crate::types::{Prefix, PrefixMap};
 
 /// What decides how a route is exported to a peer, apart from the peer's
@@ -62,32 +63,7 @@ pub(super) struct OutGroup {
     pub(super) advertised: usize,
     /// ... of which came from each member (so not sent to it).
     pub(super) own: HashMap<IpAddr, usize>,
-    /// One shared copy per distinct attribute set, so pending changes cost
-    /// one pointer each, and packing can group by it.
-    interned: HashSet<Arc<out::Exported>>,
-    /// The last few exports, by source attributes: the prefixes of one
-    /// UPDATE all share them, so one export serves them all.
-    memo: Vec<(MemoKey, Option<Arc<out::Exported>>)>,
 }
-
-/// Holding the Arc keeps the pointer from being reused while memoized.
-struct MemoKey {
-    attrs: Arc<PathAttributes>,
-    next_hop: IpAddr,
-    from: Option<IpAddr>,
-    llgr_stale: bool,
-}
-
-impl MemoKey {
-    fn matches(&self, r: &Route) -> bool {
-        Arc::ptr_eq(&self.attrs, &r.attrs)
-            && self.next_hop == r.next_hop
-            && self.from == r.source.peer_addr()
-            && self.llgr_stale == r.llgr_stale
-    }
-}
-
-const MEMO_SIZE: usize = 4;
 
 impl OutGroup {
     pub(super) fn new(key: GroupKey, member: IpAddr) -> OutGroup {
@@ -97,72 +73,19 @@ impl OutGroup {
             pending: PrefixMap::default(),
             advertised: 0,
             own: HashMap::from([(member, 0)]),
-            interned: HashSet::new(),
-            memo: Vec::new(),
         }
-    }
-
-    /// The route as the group sees it (None: not sent), memoized and interned.
-    pub(super) fn export(
-        &mut self,
-        rib: &RibConfig,
-        r: Option<&Route>,
-    ) -> Option<Arc<out::Exported>> {
-        let r = r?;
-        if let Some((_, e)) = self.memo.iter().find(|(k, _)| k.matches(r)) {
-            return e.clone();
-        }
-        let peer = PeerConfig {
-            // Not a peer: split horizon is applied per member.
-            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            asn: self.key.asn,
-            client: self.key.client,
-            next_hop_self: self.key.next_hop_self.is_some(),
-        };
-        let ebgp = self.key.asn != rib.local_asn;
-        let local = self
-            .key
-            .next_hop_self
-            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let e = out::export(rib, &peer, ebgp, local, self.key.llgr, r).map(|e| self.intern(e));
-        if self.memo.len() == MEMO_SIZE {
-            self.memo.remove(0);
-        }
-        self.memo.push((
-            MemoKey {
-                attrs: r.attrs.clone(),
-                next_hop: r.next_hop,
-                from: r.source.peer_addr(),
-                llgr_stale: r.llgr_stale,
-            },
-            e.clone(),
-        ));
-        e
-    }
-
-    fn intern(&mut self, e: out::Exported) -> Arc<out::Exported> {
-        if let Some(a) = self.interned.get(&e) {
-            return a.clone();
-        }
-        // Forget attribute sets no prefix uses any more, now and then.
-        if self.interned.len() >= 1024 && self.interned.len().is_power_of_two() {
-            self.interned.retain(|a| Arc::strong_count(a) > 1);
-        }
-        let a = Arc::new(e);
-        self.interned.insert(a.clone());
-        a
     }
 
     /// Queues the change of `prefix` from `old` to `new` best route.
     pub(super) fn queue(
         &mut self,
-        rib: &RibConfig,
+        exports: &mut Exports,
         prefix: Prefix,
         old: Option<&Route>,
         new: Option<&Route>,
     ) {
-        let before = self.export(rib, old);
-        let after = self.export(rib, new);
+        let before = exports.export(old);
+        let after = exports.export(new);
         let old_from = old.and_then(|r| r.source.peer_addr());
         let new_from = new.and_then(|r| r.source.peer_addr());
         let same = match (&before, &after) {
@@ -262,10 +185,14 @@ impl OutGroup {
 pub enum Readiness {
     /// Nothing sent to it is waiting to be written.
     Ready,
-    /// What it was sent is still being written: its group waits a little.
+    /// Still writing, but not far behind: it stays in its group and is
+    /// sent the next batch with the others, which goes out once a member
+    /// is Ready (so a group is paced by its fastest member, and batches
+    /// coalesce the changes made meanwhile).
+    Writing,
+    /// Far behind: its group goes on without it, and its changes wait,
+    /// one per prefix, until it is ready.
     Busy,
-    /// Busy for long: its group goes on without it.
-    Slow,
 }
 
 /// UPDATEs for a set of peers that are all to be sent the same.

@@ -8,6 +8,7 @@
 //! UPDATE messages.
 
 mod decision;
+mod exports;
 mod group;
 mod out;
 
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use decision::{select_best, DEFAULT_LOCAL_PREF};
+use exports::Exports;
 use group::{GroupKey, OutGroup, Pending};
 pub use group::{Outgoing, Readiness};
 
@@ -189,6 +191,18 @@ pub struct Rib {
     dirty: PrefixMap<Option<Route>>,
     groups: HashMap<u64, OutGroup>,
     next_group: u64,
+    /// The exports every group of one key shares.
+    exports: HashMap<GroupKey, Exports>,
+}
+
+/// The exports of the groups with `key`.
+fn exports_for<'a>(
+    all: &'a mut HashMap<GroupKey, Exports>,
+    cfg: &RibConfig,
+    key: &GroupKey,
+) -> &'a mut Exports {
+    all.entry(key.clone())
+        .or_insert_with(|| Exports::new(key.clone(), cfg.clone()))
 }
 
 impl Rib {
@@ -203,6 +217,7 @@ impl Rib {
             dirty: PrefixMap::default(),
             groups: HashMap::new(),
             next_group: 0,
+            exports: HashMap::new(),
         }
     }
 
@@ -263,12 +278,13 @@ impl Rib {
         self.leave_group(addr);
         let id = self.new_group(OutGroup::new(key, addr));
         let g = self.groups.get_mut(&id).expect("just made");
+        let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
         for (prefix, r) in self
             .candidates
             .iter()
             .filter_map(|(k, v)| Some((k, flagged(v)?)))
         {
-            g.queue(&self.cfg, *prefix, None, Some(r));
+            g.queue(exports, *prefix, None, Some(r));
         }
     }
 
@@ -674,7 +690,8 @@ impl Rib {
             }
         }
         for g in self.groups.values_mut() {
-            g.queue(&self.cfg, prefix, old.as_ref(), new.as_ref());
+            let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
+            g.queue(exports, prefix, old.as_ref(), new.as_ref());
         }
     }
 
@@ -693,7 +710,8 @@ impl Rib {
             if g.pending.contains_key(prefix) {
                 continue; // already current
             }
-            if let Some(e) = g.export(&self.cfg, Some(r)) {
+            let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
+            if let Some(e) = exports.export(Some(r)) {
                 g.pending.insert(
                     *prefix,
                     Pending {
@@ -739,9 +757,10 @@ impl Rib {
 
     /// [`Self::take_outgoing`] for the peers that are ready for more
     /// (see [`Readiness`]). The changes of a peer that is not wait here,
-    /// one per prefix however often it changes. A group waits for a busy
-    /// member; a slow one gets a group of its own, so that the others go
-    /// on, and rejoins them once it has caught up.
+    /// one per prefix however often it changes. A busy member gets a group
+    /// of its own at once, so that the others never wait for it, and
+    /// rejoins them once it has caught up; a group whose members are all
+    /// still writing waits for the first of them to finish.
     pub fn take_outgoing_where(&mut self, state: impl Fn(IpAddr) -> Readiness) -> Vec<Outgoing> {
         let mut slow = Vec::new();
         for g in self.groups.values().filter(|g| !g.pending.is_empty()) {
@@ -749,7 +768,7 @@ impl Rib {
                 .members
                 .iter()
                 .copied()
-                .filter(|m| state(*m) == Readiness::Slow)
+                .filter(|m| state(*m) == Readiness::Busy)
                 .collect();
             if behind.len() < g.members.len() {
                 slow.extend(behind);
@@ -760,7 +779,9 @@ impl Rib {
         }
         let mut out = Vec::new();
         for g in self.groups.values_mut() {
-            if g.members.iter().all(|m| state(*m) == Readiness::Ready) {
+            let any_ready = g.members.iter().any(|m| state(*m) == Readiness::Ready);
+            let none_busy = g.members.iter().all(|m| state(*m) != Readiness::Busy);
+            if any_ready && none_busy {
                 out.extend(g.take());
             }
         }

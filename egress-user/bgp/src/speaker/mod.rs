@@ -99,7 +99,18 @@ pub struct SpeakerConfig {
     pub send_hold_time: Duration,
     /// SO_SNDBUF / SO_RCVBUF of BGP connections (see [`SOCKET_BUFFER`]).
     pub socket_buffer: u32,
+    /// Encoded octets a session may have waiting to be written and still
+    /// be sent more with its update group (see [`OUTPUT_AHEAD`]); past
+    /// that, its changes wait as Adj-RIB-Out state, one per prefix.
+    pub output_ahead: usize,
 }
+
+/// The default [`SpeakerConfig::output_ahead`]. The bytes are shared with
+/// the other members of the group, so a member that lags keeps at most
+/// this much alive; a group of its own costs far more (its own copy of
+/// every pending change, ~60 octets a prefix against ~5 encoded, and its
+/// own packing and encoding).
+pub const OUTPUT_AHEAD: usize = 1 << 20;
 
 impl SpeakerConfig {
     pub fn new(local_asn: u32, router_id: Ipv4Addr) -> SpeakerConfig {
@@ -118,6 +129,7 @@ impl SpeakerConfig {
             default_password: None,
             send_hold_time: crate::fsm::DEFAULT_SEND_HOLD_TIME,
             socket_buffer: SOCKET_BUFFER,
+            output_ahead: OUTPUT_AHEAD,
         }
     }
 }

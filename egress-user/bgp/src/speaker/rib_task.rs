@@ -1,6 +1,6 @@
 //! The one task that owns the RIB and the graceful restart state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,8 +20,6 @@ use crate::types::{Family, Prefix};
 mod batches;
 
 use batches::Unwritten;
-#[cfg(test)]
-pub(super) use batches::SLOW_AFTER;
 
 // UPDATEs dominate the traffic; boxing them would cost an allocation each.
 #[allow(clippy::large_enum_variant)]
@@ -89,9 +87,6 @@ pub(crate) enum TimerKind {
     LongLived,
     /// Our own selection deferral.
     Deferral,
-    /// A look at update groups waiting for a busy member, once it would
-    /// count as slow.
-    SlowPeers,
 }
 
 struct PeerEntry {
@@ -105,9 +100,11 @@ struct PeerEntry {
     eor_due: bool,
     /// How messages are encoded on the current session.
     codec: CodecOptions,
-    /// While a batch is out, the peer's changes wait in the RIB,
-    /// coalesced per prefix, instead of piling up as encoded messages.
-    unwritten: Option<Unwritten>,
+    /// Batches handed to the session and not yet written, oldest first
+    /// (up to `SpeakerConfig::output_ahead` octets); past that, the peer's changes wait
+    /// in the RIB, coalesced per prefix, instead of piling up as encoded
+    /// messages.
+    unwritten: VecDeque<Unwritten>,
     /// Families the peer asked to be sent again (RFC 2918), once it has
     /// written what it was sent before.
     refresh_due: Vec<Family>,
@@ -127,8 +124,6 @@ struct RibTask {
     timers: HashMap<(Option<IpAddr>, TimerKind), u64>,
     self_tx: mpsc::Sender<RibMsg>,
     next_batch: u64,
-    /// A SlowPeers timer is running.
-    slow_check: bool,
 }
 
 /// Messages handled between two flushes at most.
@@ -169,7 +164,6 @@ pub(super) async fn run(
         self_tx,
         cfg,
         next_batch: 0,
-        slow_check: false,
     };
     t.rib.set_deferral(t.restarter.deferring());
     t.restart_actions(actions);
@@ -264,7 +258,7 @@ impl RibTask {
                 enhanced_refresh: false,
                 eor_due: false,
                 codec: CodecOptions::default(),
-                unwritten: None,
+                unwritten: VecDeque::new(),
                 refresh_due: Vec::new(),
             },
         );
@@ -331,15 +325,13 @@ impl RibTask {
             RibMsg::OutQueue(peer, tx) => {
                 let q = self.peers.get(&peer).map(|p| OutQueue {
                     pending_prefixes: self.rib.pending_len(peer),
-                    unwritten_bytes: p.unwritten.map_or(0, |u| u.bytes),
+                    unwritten_bytes: p.unwritten.iter().map(|u| u.bytes).sum(),
                 });
                 let _ = tx.send(q);
             }
             RibMsg::Written { peer, batch } => {
                 if let Some(p) = self.peers.get_mut(&peer) {
-                    if p.unwritten.is_some_and(|u| u.is(batch)) {
-                        p.unwritten = None;
-                    }
+                    p.unwritten.retain(|u| !u.written_by(batch));
                 }
             }
             RibMsg::AddPeer(spec) => self.add_peer(spec),
@@ -390,7 +382,7 @@ impl RibTask {
         p.enhanced_refresh = neg.peer_open.enhanced_route_refresh();
         p.eor_due = true;
         p.codec = neg.codec;
-        p.unwritten = None;
+        p.unwritten.clear();
         p.refresh_due.clear();
         p.state = State::Established;
         let local_llgr = self
@@ -415,7 +407,7 @@ impl RibTask {
         };
         tracing::info!(%peer, ?reason, "session down");
         p.eor_due = false;
-        p.unwritten = None;
+        p.unwritten.clear();
         p.refresh_due.clear();
         let actions = p.helper.session_down(&reason);
         self.helper_actions(peer, actions);
@@ -549,7 +541,6 @@ impl RibTask {
             return; // stopped or restarted since
         }
         match (kind, peer) {
-            (TimerKind::SlowPeers, _) => self.slow_check = false,
             (TimerKind::Deferral, _) => {
                 let a = self.restarter.deferral_timer_expired();
                 self.restart_actions(a);

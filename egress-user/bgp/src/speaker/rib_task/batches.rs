@@ -1,44 +1,43 @@
-//! What the RIB task sends each session, and when: one batch at a time,
-//! the next only once the session has written the last, so that what waits
-//! for a slow peer is its Adj-RIB-Out changes, one per prefix, not encoded
-//! messages.
+//! What the RIB task sends each session, and when: up to
+//! `SpeakerConfig::output_ahead` octets ahead of what the session has written, so that an update group goes on
+//! at its own pace while one member finishes writing, without waiting for
+//! it; a member further behind leaves the group at once, and what waits
+//! for it is its Adj-RIB-Out changes, one per prefix, not encoded messages.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use super::{PeerEntry, RibTask, TimerKind};
+use super::{PeerEntry, RibTask};
 use crate::codec::{CodecOptions, Message, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::gr;
 use crate::rib::Readiness;
 use crate::speaker::session::SessionCmd;
 use crate::types::Family;
 
-/// How long an update group waits for a member still writing its last
-/// batch before going on without it.
-pub(in crate::speaker) const SLOW_AFTER: Duration = Duration::from_millis(500);
-
 /// A batch handed to a session and not yet written.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Unwritten {
     batch: u64,
     pub(super) bytes: usize,
-    since: tokio::time::Instant,
 }
 
 impl Unwritten {
-    pub(super) fn is(&self, batch: u64) -> bool {
-        self.batch == batch
+    /// Whether the session's word that `batch` is written covers this one
+    /// (batches are numbered in the order they are sent).
+    pub(super) fn written_by(&self, batch: u64) -> bool {
+        self.batch <= batch
     }
 }
 
 impl PeerEntry {
-    fn readiness(&self, now: tokio::time::Instant) -> Readiness {
-        match self.unwritten {
-            None => Readiness::Ready,
-            Some(u) if now.duration_since(u.since) >= SLOW_AFTER => Readiness::Slow,
-            Some(_) => Readiness::Busy,
+    fn readiness(&self, ahead: usize) -> Readiness {
+        if self.unwritten.is_empty() {
+            Readiness::Ready
+        } else if self.unwritten.iter().map(|u| u.bytes).sum::<usize>() < ahead {
+            Readiness::Writing
+        } else {
+            Readiness::Busy
         }
     }
 }
@@ -51,25 +50,24 @@ impl RibTask {
         if self.rib.deferring() {
             return;
         }
-        // A peer still writing its last batch is skipped: its changes stay
-        // in the RIB (one per prefix) until it has written it.
-        let now = tokio::time::Instant::now();
+        // A peer too far behind is skipped: its changes stay in the RIB
+        // (one per prefix) until it has written enough.
+        let ahead = self.cfg.output_ahead;
         let refresh: Vec<IpAddr> = self
             .peers
             .iter()
-            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness(now) == Readiness::Ready)
+            .filter(|(_, p)| !p.refresh_due.is_empty() && p.readiness(ahead) == Readiness::Ready)
             .map(|(a, _)| *a)
             .collect();
         for addr in refresh {
             self.send_refresh(addr);
         }
-        self.send_outgoing(now);
-        self.check_slow_peers_later(now);
+        self.send_outgoing();
         // End-of-RIB for sessions whose initial table was empty.
         let due: Vec<IpAddr> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.eor_due && p.unwritten.is_none())
+            .filter(|(_, p)| p.eor_due && p.unwritten.is_empty())
             .map(|(a, _)| *a)
             .collect();
         for addr in due {
@@ -82,9 +80,13 @@ impl RibTask {
         }
     }
 
-    fn send_outgoing(&mut self, now: tokio::time::Instant) {
-        let peers = &self.peers;
-        let state = |a: IpAddr| peers.get(&a).map_or(Readiness::Ready, |p| p.readiness(now));
+    fn send_outgoing(&mut self) {
+        let (peers, ahead) = (&self.peers, self.cfg.output_ahead);
+        let state = |a: IpAddr| {
+            peers
+                .get(&a)
+                .map_or(Readiness::Ready, |p| p.readiness(ahead))
+        };
         for o in self.rib.take_outgoing_where(state) {
             // Each list is encoded once per distinct (codec, families) of
             // its peers, and the same bytes go to all of them.
@@ -116,23 +118,6 @@ impl RibTask {
         }
     }
 
-    /// When changes wait for a busy peer, looks again once it would count
-    /// as slow, so that its group does not wait on it for longer.
-    fn check_slow_peers_later(&mut self, now: tokio::time::Instant) {
-        if self.slow_check {
-            return;
-        }
-        let waiting = self.rib.peers_with_pending().into_iter().any(|a| {
-            self.peers
-                .get(&a)
-                .is_some_and(|p| p.readiness(now) == Readiness::Busy)
-        });
-        if waiting {
-            self.slow_check = true;
-            self.start_timer(None, TimerKind::SlowPeers, SLOW_AFTER);
-        }
-    }
-
     /// Hands encoded UPDATEs to a session and notes them as unwritten.
     fn send_batch(&mut self, addr: IpAddr, mut chunks: Vec<Bytes>) {
         chunks.retain(|c| !c.is_empty());
@@ -144,10 +129,9 @@ impl RibTask {
         }
         self.next_batch += 1;
         let batch = self.next_batch;
-        p.unwritten = Some(Unwritten {
+        p.unwritten.push_back(Unwritten {
             batch,
             bytes: chunks.iter().map(Bytes::len).sum(),
-            since: tokio::time::Instant::now(),
         });
         let cmd = SessionCmd::SendEncoded {
             codec: p.codec,
