@@ -224,6 +224,12 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         pod_cidrs: s.pod_cidrs.clone(),
     };
     let mut fence = Fence::new(&s.node, &s.timers);
+    // Port use to the controller, on its own clock (ends with this function).
+    let _port_use = AbortOnDrop(tokio::spawn(super::port_use::run(
+        ds.clone(),
+        s.node.clone(),
+        s.pin_dir.clone(),
+    )));
     published.lock().unwrap().resumed.announce_lease =
         seed_fence_from_lease(&mut fence, &s.pin_dir, s.timers.fence_after());
     // The live cache, or (while there is none) the last view it held.
@@ -721,6 +727,15 @@ fn announce_new(
                 tracing::warn!(eip = %eip, error = %format!("{e:#}"), "gratuitous announcement failed")
             }
         }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
