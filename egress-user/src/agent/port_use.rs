@@ -17,7 +17,7 @@ use egress_common::config::{DatapathConfig, NatTimeouts};
 use egress_common::nat::{NatEntry, NatKey, TCP_ESTABLISHED};
 use egress_control::api::{EgressTunnelStatus, EipPortUse};
 use egress_control::controller::grants::wanted_blocks;
-use egress_control::datastore::{typed, Datastore, Kind, ObjectKey};
+use egress_control::datastore::Datastore;
 
 use crate::datapath::stats::addr_from_key;
 
@@ -224,34 +224,40 @@ pub fn read_flows(pin_dir: &Path) -> Result<Vec<Flow>> {
     Ok(out)
 }
 
-/// Reads, decides and publishes every [`PERIOD`] until dropped.
-pub async fn run(ds: Arc<dyn Datastore>, node: String, pin_dir: PathBuf) {
+/// Reads, decides and publishes every [`PERIOD`] until dropped; `grants`
+/// is the node's EgressTunnel status as the agent's view last held it.
+pub async fn run(
+    ds: Arc<dyn Datastore>,
+    node: String,
+    pin_dir: PathBuf,
+    grants: tokio::sync::watch::Receiver<Option<EgressTunnelStatus>>,
+) {
     let mut drains = Drains::default();
     let mut tick = tokio::time::interval(PERIOD);
     loop {
         tick.tick().await;
-        if let Err(e) = once(ds.as_ref(), &node, &pin_dir, &mut drains).await {
+        let st = grants.borrow().clone();
+        let Some(st) = st else { continue };
+        if let Err(e) = once(ds.as_ref(), &node, &pin_dir, &st, &mut drains).await {
             tracing::debug!(error = %format!("{e:#}"), "port use not reported this time");
         }
     }
 }
 
-async fn once(ds: &dyn Datastore, node: &str, pin_dir: &Path, drains: &mut Drains) -> Result<()> {
-    let Some(stored) = ds
-        .get(Kind::EgressTunnel, &ObjectKey::cluster(node))
-        .await?
-    else {
-        return Ok(());
-    };
-    let t: egress_control::api::EgressTunnel = typed::decode(&stored)?;
-    let st = t.status.unwrap_or_default();
+async fn once(
+    ds: &dyn Datastore,
+    node: &str,
+    pin_dir: &Path,
+    st: &EgressTunnelStatus,
+    drains: &mut Drains,
+) -> Result<()> {
     if st.port_blocks.is_empty() && st.port_use.is_empty() {
         return Ok(());
     }
     let flows = read_flows(pin_dir)?;
     let use_ = summarize(&flows, st.port_block_size);
-    let released = drains.released(Instant::now(), &draining(&st), &use_, QUARANTINE);
-    let new = report(&st, &use_, &released);
+    let released = drains.released(Instant::now(), &draining(st), &use_, QUARANTINE);
+    let new = report(st, &use_, &released);
     if must_publish(&new, &st.port_use, st.port_block_size) {
         egress_control::registration::publish_port_use(ds, node, &new).await?;
         for u in new.iter().filter(|u| !u.released.is_empty()) {
