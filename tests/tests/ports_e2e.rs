@@ -88,3 +88,79 @@ fn a_worker_out_of_ports_is_refused_at_once_and_the_grant_is_reported() -> Resul
     sink.signal_term();
     Ok(())
 }
+
+/// One pod holds 30,000 concurrent TCP connections through one EIP to one
+/// server address and port, all of which exchange data; its worker's grant
+/// grows from one block by its reported use. Four client processes in the
+/// pod and three SO_REUSEPORT echo servers (a process may hold at most
+/// 20,000 open files here).
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn one_pod_holds_thirty_thousand_connections_to_one_server_port() -> Result<()> {
+    const CLIENTS: usize = 4;
+    const PER_CLIENT: usize = 7_500;
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    cluster.apply_example_policy()?;
+    let traffic = traffic_bin()?.to_string_lossy().into_owned();
+    let target = format!("{SERVER_IP}:7200");
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        let mut s = cluster
+            .topo
+            .server
+            .spawn(&[&traffic, "tcp-echo", "0.0.0.0:7200"])?;
+        s.wait_for_line("ready", Duration::from_secs(10))?;
+        servers.push(s);
+    }
+    let pod = &cluster.topo.nodes[0].pods[0].ns;
+    // 30,000 source ports to one server port: more than Linux's default range.
+    pod.exec(&["sysctl", "-w", "net.ipv4.ip_local_port_range=1024 65000"])?;
+    wait_until(
+        "the worker holds its first block",
+        Duration::from_secs(60),
+        || Ok(traffic_report(pod, &["tcp-open", &target, "1"], 0.1).is_ok_and(|r| r["opened"] == 1)),
+    )?;
+    let started = std::time::Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut c = pod.spawn(&[
+            &traffic,
+            "tcp-open",
+            &target,
+            &PER_CLIENT.to_string(),
+            "240",
+        ])?;
+        c.wait_for_line("ready", Duration::from_secs(10))?;
+        clients.push(c);
+    }
+    for c in clients.iter_mut() {
+        c.wait_for_line("opened", Duration::from_secs(300))?;
+    }
+    let open_s = started.elapsed().as_secs_f64();
+    let (mut opened, mut echoed, mut retries) = (0, 0, 0);
+    for mut c in clients {
+        c.signal_term();
+        let r: serde_json::Value =
+            serde_json::from_str(&c.wait_for_line("\"role\"", Duration::from_secs(120))?)?;
+        opened += r["opened"].as_u64().unwrap_or(0);
+        echoed += r["echoed_again"].as_u64().unwrap_or(0);
+        retries += r["retries"].as_u64().unwrap_or(0);
+    }
+    let c = cluster.controller_http(0, "/metrics")?;
+    let granted = metric(&c, "egress_ports_granted{", "node=\"w1\"").unwrap_or(0.0);
+    println!(
+        "{{\"connections\": {opened}, \"echoed_again\": {echoed}, \"retries\": {retries}, \
+         \"open_s\": {open_s:.1}, \"ports_granted_w1\": {granted}}}"
+    );
+    let total = (CLIENTS * PER_CLIENT) as u64;
+    assert_eq!(opened, total, "every connection opened");
+    assert_eq!(
+        echoed, total,
+        "every connection exchanged data at the end too"
+    );
+    for mut s in servers {
+        s.signal_term();
+    }
+    Ok(())
+}

@@ -8,6 +8,7 @@
 //! report line on stdout.
 
 mod arp_watch;
+mod tcp_echo;
 mod tcp_open;
 
 use std::{
@@ -57,11 +58,13 @@ fn main() {
         Some("udp-source") => udp_source(addr(1), interval(2), deadline),
         Some("tcp-sink") => tcp_sink(addr(1), deadline),
         Some("tcp-source") => tcp_source(addr(1), interval(2), deadline),
+        Some("tcp-echo") => tcp_echo::run(addr(1), deadline),
         Some("tcp-open") => Ok(tcp_open::run(
             addr(1),
             args.get(2)
                 .and_then(|s| s.parse().ok())
                 .unwrap_or_else(|| usage()),
+            Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0)),
             deadline,
         )),
         Some("arp-watch") => {
