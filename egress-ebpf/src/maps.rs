@@ -1,6 +1,7 @@
 //! Every map of the object. Names match `egress_common::maps`; userspace pins them.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
@@ -31,8 +32,11 @@ pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, { POLICY_STATS_SIZE as 
 pub static NAT_FWD: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
 #[btf_map]
 pub static NAT_REV: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
+/// Not preallocated: a value holds up to 1,024 blocks (2 KiB), and a node
+/// uses far fewer EIPs than the map's limit.
 #[btf_map]
-pub static PORT_BLOCKS: HashMap<Addr, PortBlocks, 4096> = HashMap::new();
+pub static PORT_BLOCKS: HashMap<Addr, PortBlocks, 4096, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
 #[btf_map]
 pub static REPLY_STEERING: HashMap<SteerKey, SteerTarget, 65536> = HashMap::new();
 #[btf_map]

@@ -11,7 +11,7 @@ use egress_common::{
     drops::*,
     nat::*,
     policy::{EgressTarget, TARGET_LOCAL_GATEWAY},
-    ports::flow_hash,
+    ports::{block_slot, flow_hash, MAX_BLOCKS_PER_EIP},
 };
 
 use crate::{
@@ -21,8 +21,11 @@ use crate::{
     mem::{addr_words, set_addr_words},
 };
 
-/// How many ports a new flow tries before giving up.
-const PORT_PROBES: u32 = 8;
+/// How many ports a new flow tries before giving up. The controller keeps
+/// a worker's blocks at most half full (see the grant rule in
+/// `egress_control::controller::grants`), so 16 random probes all miss with a
+/// chance below 2^-16; only a worker at its limit gets here.
+const PORT_PROBES: u32 = 16;
 
 #[inline(always)]
 fn idle_timeout_ns(cfg: &DatapathConfig, proto: u8, fwd_state: u8, rev_state: u8) -> u64 {
@@ -165,10 +168,16 @@ pub fn forward_port_inner(
     let blocks = unsafe { &*blocks };
     let n = blocks.count;
     let bs = u32::from(cfg.port_block_size);
-    if n == 0 || bs == 0 {
+    if bs == 0 {
         return err(DROP_NO_PORT_BLOCK);
     }
-    let n = if n > 16 { 16 } else { n };
+    // Written by the agent for an EIP the controller could grant no block
+    // of: the EIP is exhausted, and the pod is told so at once.
+    if n == 0 {
+        return err(DROP_PORTS_EXHAUSTED);
+    }
+    let max = MAX_BLOCKS_PER_EIP as u32;
+    let n = if n > max { max } else { n };
     let h = flow_hash(&[
         u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]),
         u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]),
@@ -194,10 +203,12 @@ pub fn forward_port_inner(
     let mut i: u32 = 0;
     while i < PORT_PROBES {
         let hh = h.wrapping_add(i.wrapping_mul(0x9e37_79b1));
-        // Range reduction by multiply: (0..256) * n / 256 lies in 0..n (n <= 16).
-        let idx = (((hh >> 24) & 0xff) * n) >> 8;
-        let block = u32::from(blocks.blocks[idx as usize]);
-        let port = block * bs + (hh & 0x00ff_ffff) % bs;
+        let idx = block_slot(hh, n) as usize;
+        if idx >= MAX_BLOCKS_PER_EIP {
+            continue;
+        }
+        let block = u32::from(blocks.blocks[idx]);
+        let port = block * bs + (hh & 0xffff) % bs;
         i += 1;
         if port == 0 || port > 65535 {
             continue;

@@ -160,7 +160,11 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     if absent {
         learn_pod_link(ctx, &f.src);
     }
-    let port = forward_port(ctx, cfg, f, target, absent)?;
+    let port = match forward_port(ctx, cfg, f, target, absent) {
+        Ok(p) => p,
+        Err(DROP_PORTS_EXHAUSTED) => return refuse_exhausted(ctx, f.v6),
+        Err(r) => return Err(r),
+    };
     if f.frag == FRAG_FIRST {
         remember_egress(f, eip, gw, target.policy_id, local);
     }
@@ -206,6 +210,20 @@ fn fail_closed(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     }
     crate::ctx::count(ctx, f.untranslated);
     let v = crate::icmp_err::prohibited(ctx, f.v6);
+    if v < 0 {
+        return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);
+    }
+    Ok(v as i32)
+}
+
+/// A new flow for which no port is free (the worker's blocks are full, or
+/// the EIP has none left for it): counted under `ports_exhausted`, and the
+/// pod is told "administratively prohibited" at once (a TCP connect fails
+/// with EHOSTUNREACH instead of retransmitting its SYN into a drop).
+#[inline(never)]
+fn refuse_exhausted(ctx: &mut TcContext, v6: bool) -> Result<i32, u32> {
+    crate::ctx::count(ctx, DROP_PORTS_EXHAUSTED);
+    let v = crate::icmp_err::prohibited(ctx, v6);
     if v < 0 {
         return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);
     }

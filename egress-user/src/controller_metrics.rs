@@ -32,6 +32,8 @@ pub struct ControllerFacts {
     pub probes: Option<BTreeMap<String, ProbeHealth>>,
     /// The embedded reflector's status (None: no reflector in this process).
     pub bgp: Option<Status>,
+    /// Port grants of the last written pass.
+    pub ports: egress_control::controller::ports::PortFacts,
 }
 
 /// Pure: the snapshot of the loop's counters at `now`.
@@ -61,6 +63,11 @@ pub fn facts(
             .collect(),
         probes,
         bgp,
+        ports: stats
+            .ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
     }
 }
 
@@ -184,6 +191,7 @@ pub fn render(f: &ControllerFacts) -> String {
         }
     }
 
+    crate::controller_port_metrics::register(&mut reg, &f.ports);
     if let Some(status) = &f.bgp {
         crate::bgp_metrics::register(&mut reg, status);
     }
@@ -221,6 +229,7 @@ mod tests {
                 ("g2".to_string(), ProbeHealth::Up),
             ])),
             bgp: Some(crate::bgp_metrics::tests::status()),
+            ports: Default::default(),
         };
         let text = render(&f);
         for line in [
@@ -281,11 +290,13 @@ mod tests {
                 mv(FailoverReason::ProbeFailed),
             ],
             last_heartbeat: BTreeMap::from([("g1".to_string(), t0)]),
+            ports: Default::default(),
         });
         stats.record(&TickReport {
             writes: 1,
             moves: vec![mv(FailoverReason::HeartbeatTimeout)],
             last_heartbeat: BTreeMap::from([("g1".to_string(), t0)]),
+            ports: Default::default(),
         });
         let f = facts(&stats, t0 + Duration::from_secs(2), None, None);
         assert_eq!(f.failovers[&FailoverReason::ProbeFailed], 2);

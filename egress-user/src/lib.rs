@@ -6,6 +6,7 @@ pub mod agent;
 pub mod bgp_metrics;
 pub mod cli;
 pub mod controller_metrics;
+pub mod controller_port_metrics;
 pub mod controller_probes;
 pub mod datapath;
 pub mod node;

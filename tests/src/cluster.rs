@@ -104,6 +104,8 @@ pub struct ClusterSpec {
     pub wiring: crate::cni::Wiring,
     /// How the agents and controllers are started.
     pub launcher: Launcher,
+    /// More flags for every controller process.
+    pub controller_args: Vec<String>,
 }
 
 /// How a [`Cluster`] starts its agents and controllers.
@@ -135,6 +137,7 @@ impl Default for ClusterSpec {
             kubernetes: false,
             wiring: crate::cni::Wiring::Routed,
             launcher: Launcher::Process,
+            controller_args: Vec::new(),
         }
     }
 }
@@ -411,6 +414,7 @@ impl Cluster {
             "--metrics-port".into(),
             (CONTROLLER_METRICS_PORT + i as u16).to_string(),
         ]);
+        args.extend(self.spec.controller_args.iter().cloned());
         if i == 0 && self.spec.bgp && self.spec.reflector_in_controller {
             let rid = FABRIC_UNDERLAY_IP.to_string();
             args.extend([

@@ -128,6 +128,9 @@ pub struct NodeDesired {
     pub owned_eips: BTreeMap<IpAddr, OwnedEip>,
     /// This node is picked by some gateway's node selector.
     pub gateway_eligible: bool,
+    /// Ports per block the controller grants with (0: no grant seen yet).
+    /// A gateway node that holds no block itself still steers by it.
+    pub port_block_size: u16,
 }
 
 /// A stable id for a policy: FNV-1a of its kind and key, never 0; on a
@@ -201,6 +204,18 @@ struct GatewayParts {
     owned: BTreeMap<String, BTreeMap<IpAddr, OwnedEip>>,
 }
 
+/// The block size of the grants in the view: any tunnel's (the controller
+/// grants every block with one size), else any gateway's status.
+fn grant_block_size(view: &ClusterView) -> u16 {
+    let tunnels = view.tunnels.iter().filter_map(|t| t.status.as_ref());
+    let gateways = view.gateways.iter().filter_map(|g| g.status.as_ref());
+    tunnels
+        .map(|s| s.port_block_size)
+        .chain(gateways.map(|s| s.port_block_size))
+        .find(|s| *s != 0)
+        .unwrap_or(0)
+}
+
 fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
     let mut out = Vec::new();
     for g in &view.gateways {
@@ -229,13 +244,31 @@ fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
                 let Ok(eip) = b.eip.parse::<IpAddr>() else {
                     continue;
                 };
+                if let Some(ep) = endpoint {
+                    for &i in &b.blocks {
+                        parts.steering.insert((eip, i), ep);
+                    }
+                }
+                // The node chooses new flows' ports only in blocks that
+                // are not draining; replies to every held block are
+                // steered to it. None active and none refused: nothing to
+                // choose from, and nothing to refuse either.
+                let active: Vec<u16> = b
+                    .blocks
+                    .iter()
+                    .copied()
+                    .filter(|i| !b.draining.contains(i))
+                    .collect();
+                if active.is_empty() && !b.exhausted {
+                    continue;
+                }
                 let ranges = parts
                     .blocks
                     .entry(node.to_string())
                     .or_default()
                     .entry(eip)
                     .or_default();
-                ranges.extend(b.blocks.iter().map(|&i| {
+                ranges.extend(active.into_iter().map(|i| {
                     let first = (i as u32 * size).min(65535) as u16;
                     PortRange {
                         block: i,
@@ -244,11 +277,6 @@ fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
                     }
                 }));
                 ranges.sort();
-                if let Some(ep) = endpoint {
-                    for &i in &b.blocks {
-                        parts.steering.insert((eip, i), ep);
-                    }
-                }
             }
         }
         for n in &st.node_list {
@@ -401,6 +429,7 @@ impl<'a> Prepared<'a> {
             node: me.into(),
             policies: self.targets.clone(),
             cluster_cidrs: self.cluster_cidrs.clone(),
+            port_block_size: grant_block_size(view),
             ..Default::default()
         };
         for t in out.policies.values_mut() {

@@ -291,6 +291,7 @@ pub struct PolicyFields<'a> {
     pub namespace_selector: Option<&'a LabelSelector>,
     pub dest_subnet: &'a [String],
     pub excluded_subnet: &'a [String],
+    pub max_ports_per_node: Option<u32>,
 }
 
 impl<'a> From<&'a EgressPolicySpec> for PolicyFields<'a> {
@@ -303,6 +304,7 @@ impl<'a> From<&'a EgressPolicySpec> for PolicyFields<'a> {
             namespace_selector: None,
             dest_subnet: &s.dest_subnet,
             excluded_subnet: &s.excluded_subnet,
+            max_ports_per_node: s.max_ports_per_node,
         }
     }
 }
@@ -317,6 +319,7 @@ impl<'a> From<&'a EgressClusterPolicySpec> for PolicyFields<'a> {
             namespace_selector: s.applied_to.namespace_selector.as_ref(),
             dest_subnet: &s.dest_subnet,
             excluded_subnet: &s.excluded_subnet,
+            max_ports_per_node: s.max_ports_per_node,
         }
     }
 }
@@ -346,6 +349,9 @@ pub fn policy(p: &PolicyFields<'_>, gateway: Option<&EgressGateway>) -> Vec<Fiel
     check_cidrs(p.pod_subnet, "spec.appliedTo.podSubnet", &mut out);
     check_cidrs(p.dest_subnet, "spec.destSubnet", &mut out);
     check_cidrs(p.excluded_subnet, "spec.excludedSubnet", &mut out);
+    if let Some(e) = check_max_ports(p.max_ports_per_node) {
+        out.push(e);
+    }
     let pools = gateway.and_then(|g| gateway_pools(&g.spec).ok());
     for (field, value, v6) in [
         ("spec.egressIP.ipv4", p.egress_ip.ipv4.as_str(), false),
@@ -385,6 +391,21 @@ pub fn policy(p: &PolicyFields<'_>, gateway: Option<&EgressGateway>) -> Vec<Fiel
 }
 
 /// Changes that are refused once an object exists.
+/// `spec.maxPortsPerNode`: at least one port, at most an EIP's 65,536.
+fn check_max_ports(v: Option<u32>) -> Option<FieldError> {
+    match v {
+        Some(0) => Some(err(
+            "spec.maxPortsPerNode",
+            "0 ports would refuse every connection; leave it unset for the controller's limit, or set at least 1",
+        )),
+        Some(n) if n > 65536 => Some(err(
+            "spec.maxPortsPerNode",
+            format!("{n} is more ports than an EIP has (65536)"),
+        )),
+        _ => None,
+    }
+}
+
 pub fn policy_update(old: &PolicyFields<'_>, new: &PolicyFields<'_>) -> Vec<FieldError> {
     let mut out = Vec::new();
     if old.gateway != new.gateway {

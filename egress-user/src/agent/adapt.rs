@@ -327,7 +327,10 @@ pub fn desired_maps(
         uplink_ifindex: facts.uplink_ifindex,
         uplink_mac: facts.uplink_mac,
         tunnel_mtu: facts.tunnel_mtu,
-        port_block_size: block_size.unwrap_or(NodeConfig::default().port_block_size),
+        port_block_size: Some(nd.port_block_size)
+            .filter(|s| *s != 0)
+            .or(block_size)
+            .unwrap_or(NodeConfig::default().port_block_size),
         node_tunnel_ip: facts.tunnel_ip,
         probe_port: facts.probe_port,
         vxlan_port: facts.vxlan_port,

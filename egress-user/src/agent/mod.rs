@@ -15,6 +15,7 @@ pub mod capacity;
 pub mod metrics;
 pub mod node_ports;
 pub mod pod_devices;
+pub mod port_use;
 mod published;
 pub mod register;
 pub mod routes;

@@ -224,6 +224,15 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         pod_cidrs: s.pod_cidrs.clone(),
     };
     let mut fence = Fence::new(&s.node, &s.timers);
+    // Port use to the controller, on its own clock (ends with this function).
+    // It reads the node's grants from this loop's view, not the datastore.
+    let (grants_tx, grants_rx) = tokio::sync::watch::channel(None);
+    let _port_use = AbortOnDrop(tokio::spawn(super::port_use::run(
+        ds.clone(),
+        s.node.clone(),
+        s.pin_dir.clone(),
+        grants_rx,
+    )));
     published.lock().unwrap().resumed.announce_lease =
         seed_fence_from_lease(&mut fence, &s.pin_dir, s.timers.fence_after());
     // The live cache, or (while there is none) the last view it held.
@@ -421,6 +430,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
                     }
                 }
                 announced = now_announced;
+                grants_tx.send_replace(view.tunnel(&s.node).and_then(|t| t.status.clone()));
                 let stored = stored_over_capacity(view, &s.node);
                 if super::capacity::must_publish(&over_now, &stored, over_published.as_deref()) {
                     let write = publish_over_capacity(ds.as_ref(), &s.node, &over_now);
@@ -721,6 +731,15 @@ fn announce_new(
                 tracing::warn!(eip = %eip, error = %format!("{e:#}"), "gratuitous announcement failed")
             }
         }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -59,9 +59,14 @@ pub struct ControllerArgs {
     /// A gateway node without heartbeat for this long loses its EIPs.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub eip_eviction_timeout: Duration,
-    /// Ports per port block.
-    #[arg(long, default_value_t = 1024)]
+    /// Ports per port block (a power of two, 64-16384). Workers are
+    /// granted blocks by use: one first, more as their NAT use grows.
+    #[arg(long, default_value_t = egress_control::controller::DEFAULT_PORT_BLOCK_SIZE)]
     pub port_block_size: u16,
+    /// Most ports of one EIP one worker may hold (rounded up to whole
+    /// blocks, 1-65536); a policy's `spec.maxPortsPerNode` may cap lower.
+    #[arg(long, default_value_t = egress_control::controller::DEFAULT_MAX_PORTS_PER_NODE)]
+    pub max_ports_per_node: u32,
     /// The ports (FIRST-LAST) handed out of a gateway node's own address
     /// (useNodeIP policies), in whole port blocks. Keep the node's own
     /// ports out of it: its `net.ipv4.ip_local_port_range` (Linux default
@@ -102,6 +107,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         "--port-block-size: {} must be a power of two from 64 to 16384",
         args.port_block_size
     );
+    anyhow::ensure!(
+        (1..=65536).contains(&args.max_ports_per_node),
+        "--max-ports-per-node: {} must be from 1 to 65536 (the ports of one EIP)",
+        args.max_ports_per_node
+    );
     check_node_ip_range(
         args.node_ip_port_range,
         args.port_block_size,
@@ -128,6 +138,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             port_block_size: args.port_block_size,
             first_port: 1024,
             node_ip_ports: args.node_ip_port_range,
+            max_ports_per_node: args.max_ports_per_node,
         },
         ..Default::default()
     };

@@ -73,9 +73,10 @@ type Incompatible = fn(&aya::maps::MapInfo) -> bool;
 /// old shape would be misread; these are replaced instead. What that
 /// costs: `DROPS` and `POLICY_STATS` lose their counters; `CONFIG` and
 /// the policy maps (`POLICY_SRC`, `POLICY_DST`, `POLICY_TARGETS`, whose
-/// slot sets grew from 64 to 1024 slots) start empty and are written
-/// whole by the agent's first apply.
-fn shape_checks() -> [(&'static str, Incompatible); 6] {
+/// slot sets grew from 64 to 1024 slots) and `PORT_BLOCKS` (from 16 to
+/// 1024 blocks per EIP) start empty and are written whole by the agent's
+/// first apply.
+fn shape_checks() -> [(&'static str, Incompatible); 7] {
     use core::mem::size_of;
     use egress_common::{config::DatapathConfig, maps, policy};
     [
@@ -96,6 +97,9 @@ fn shape_checks() -> [(&'static str, Incompatible); 6] {
         }),
         (maps::POLICY_STATS, |i| {
             i.max_entries() < maps::POLICY_STATS_SIZE
+        }),
+        (maps::PORT_BLOCKS, |i| {
+            i.value_size() as usize != size_of::<egress_common::ports::PortBlocks>()
         }),
     ]
 }

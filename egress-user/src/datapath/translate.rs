@@ -597,7 +597,7 @@ mod tests {
         assert_eq!(m.steering.len(), 1);
         assert_eq!(m.owned[&addr_key(ip("198.51.100.1"))].epoch, 4);
 
-        d.port_blocks[0].blocks = (0..17).collect();
+        d.port_blocks[0].blocks = (0..=MAX_BLOCKS_PER_EIP as u16).collect();
         assert!(matches!(
             translate(&d),
             Err(TranslateError::TooManyBlocks { .. })

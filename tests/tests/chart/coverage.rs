@@ -147,6 +147,7 @@ fn every_value_changes_the_output() {
         ("feature.vxlan.mtu", json!(1400), json!({})),
         ("feature.nodeIpPortRange", json!("49152-65535"), json!({})),
         ("feature.portBlockSize", json!(256), json!({})),
+        ("feature.maxPortsPerNode", json!(4096), json!({})),
         (
             "feature.clusterCIDR.extraCidr",
             json!(["10.96.0.0/12"]),
@@ -286,6 +287,7 @@ const CONTROLLER_FLAGS: &[&str] = &[
     "leader-election-lease-name",
     "lease-namespace",
     "log-json",
+    "max-ports-per-node",
     "metrics-port",
     "node-ip-port-range",
     "port-block-size",

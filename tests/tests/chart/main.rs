@@ -293,7 +293,7 @@ pub(crate) fn combinations() -> Vec<(&'static str, Value)> {
                     "tunnelUpdatePeriod": "200ms", "tunnelMonitorPeriod": "100ms", "eipEvictionTimeout": "1s",
                     "gatewayFailover": {"enable": true, "probeIntervalMs": 100, "probeDetectMultiplier": 3},
                     "vxlan": {"id": 16_777_215, "port": 4790, "mtu": 8950},
-                    "portBlockSize": 4096, "nodeIpPortRange": "49152-65535",
+                    "portBlockSize": 4096, "maxPortsPerNode": 40000, "nodeIpPortRange": "49152-65535",
                     "clusterCIDR": {"extraCidr": ["10.96.0.0/12", "fd00:10:96::/108"]}
                 },
                 "log": {"level": "debug", "json": true},

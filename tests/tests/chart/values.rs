@@ -146,7 +146,8 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(v["feature"]["eipEvictionTimeout"], "15s");
     assert_eq!(v["feature"]["vxlan"]["id"], 100);
     assert_eq!(v["feature"]["vxlan"]["port"], 7789);
-    assert_eq!(v["feature"]["portBlockSize"], 1024);
+    assert_eq!(v["feature"]["portBlockSize"], 64);
+    assert_eq!(v["feature"]["maxPortsPerNode"], 65536);
     assert_eq!(v["feature"]["gatewayFailover"]["probeDetectMultiplier"], 3);
     assert_eq!(v["controller"]["replicas"], 2);
     assert_eq!(v["agent"]["privileged"], false);
@@ -171,6 +172,8 @@ fn schema_rejects_bad_values() {
         ("feature.portBlockSize", json!(32)),
         ("feature.portBlockSize", json!(32768)),
         ("feature.portBlockSize", json!("1024")),
+        ("feature.maxPortsPerNode", json!(0)),
+        ("feature.maxPortsPerNode", json!(65537)),
         ("feature.nodeIpPortRange", json!("61000-65535 --bgp=true")),
         ("feature.vxlan.mtu", json!(1000)),
         ("feature.vxlan.mtu", json!("1450")),
@@ -255,6 +258,8 @@ fn schema_accepts_good_values() {
         ("feature.vxlan.mtu", json!(9000)),
         ("feature.portBlockSize", json!(64)),
         ("feature.portBlockSize", json!(16384)),
+        ("feature.maxPortsPerNode", json!(1)),
+        ("feature.maxPortsPerNode", json!(65536)),
         ("feature.vxlan.id", json!(16_777_215)),
         (
             "feature.clusterCIDR.extraCidr",

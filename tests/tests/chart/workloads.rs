@@ -222,6 +222,7 @@ fn values_reach_the_flags() {
         "a large number printed in float notation?"
     );
     assert_eq!(flag(&f, "node-ip-port-range"), "49152-65535");
+    assert_eq!(flag(&f, "max-ports-per-node"), "40000");
     let probe_port = &c
         .liveness_probe
         .as_ref()

@@ -73,7 +73,7 @@ fn icmp6_of_type(src: Ipv6Addr, dst: Ipv6Addr, type_u8: u8) -> Vec<u8> {
 
 /// Asserts that `out` is "administratively prohibited" from `dst` to the
 /// pod, checksums right, quoting the pod's packet.
-fn assert_prohibited_v4(out: &[u8], dst: Ipv4Addr, proto: IpNumber) {
+pub(crate) fn assert_prohibited_v4(out: &[u8], dst: Ipv4Addr, proto: IpNumber) {
     assert_eq!(&out[0..6], &POD_MAC, "addressed to the pod");
     let s = check(out);
     assert_eq!((s.src, s.dst), (IpAddr::from(dst), IpAddr::from(POD)));

@@ -10,6 +10,7 @@ mod testrun;
 
 mod fail_closed;
 mod gateway;
+mod port_blocks;
 mod slots;
 mod userspace_apply;
 mod worker;

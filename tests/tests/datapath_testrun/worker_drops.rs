@@ -86,8 +86,8 @@ fn drop_ports_exhausted() -> anyhow::Result<()> {
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(check(&out).sport, 50000);
-    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
-    assert_eq!(rc, TC_ACT_SHOT);
+    let (rc, _) = fx.run_sum_unused("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "refused with ICMP back to the pod");
     assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1);
     // Another destination port may reuse the same EIP port.
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 54, b"c"))?;
@@ -114,8 +114,8 @@ fn an_idle_translation_past_its_protocol_timeout_frees_its_port() -> anyhow::Res
     // TCP keeps its own (long) timeout: a second TCP flow finds no port.
     let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 2000, 53, true))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
-    let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 2001, 53, true))?;
-    assert_eq!(rc, TC_ACT_SHOT);
+    let (rc, _) = fx.run_sum_unused("worker_egress", &tcp4(POD, SERVER, 2001, 53, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "refused with ICMP back to the pod");
     assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1);
     Ok(())
 }
@@ -129,8 +129,8 @@ fn a_translation_frees_its_port_once_idle_for_its_timeout() -> anyhow::Result<()
     let mut fx = one_port(1)?;
     let (rc, out) = fx.run("worker_egress", &udp4(POD, SERVER, 1000, 53, b"a"))?;
     assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
-    let (rc, _) = fx.run("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
-    assert_eq!(rc, TC_ACT_SHOT, "still in use");
+    let (rc, _) = fx.run_sum_unused("worker_egress", &udp4(POD, SERVER, 1001, 53, b"b"))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "still in use: refused");
     assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1);
     // The timeout itself is what is tested: wait it out (plus a tick).
     std::thread::sleep(std::time::Duration::from_millis(1100));

@@ -114,9 +114,9 @@ async fn worker_and_gateway_views() {
         BTreeMap::from([(
             ip("10.0.0.1"),
             vec![PortRange {
-                block: 1,
+                block: 16,
                 first: 1024,
-                last: 2047
+                last: 1087
             }]
         )])
     );
@@ -137,7 +137,7 @@ async fn worker_and_gateway_views() {
     assert_eq!(g.owned_eips[&ip("10.0.0.1")].epoch, 1);
     assert_eq!(
         g.reply_steering,
-        BTreeMap::from([((ip("10.0.0.1"), 1), ip("192.168.0.1"))])
+        BTreeMap::from([((ip("10.0.0.1"), 16), ip("192.168.0.1"))])
     );
 }
 

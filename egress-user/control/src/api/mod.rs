@@ -24,8 +24,8 @@ pub use policy::{
 };
 pub use records::{NamespaceRecord, NodeRecord, PodRecord};
 pub use tunnel::{
-    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, EipEpoch, EipPortBlocks, Parent,
-    PolicyOverCapacity, TunnelInfo, TunnelPhase,
+    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, EipEpoch, EipPortBlocks, EipPortUse,
+    Parent, PolicyOverCapacity, TunnelInfo, TunnelPhase,
 };
 
 /// The API group of every custom resource of this project.

@@ -48,6 +48,12 @@ pub struct EgressPolicySpec {
     /// wins. Unset means 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i64>,
+    /// Most ports of the EIP one node may hold for this policy's pods
+    /// (rounded up to whole port blocks). Unset: the controller's
+    /// `--max-ports-per-node`. Where several policies use the same EIP on a
+    /// node, the node may hold the largest of their caps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ports_per_node: Option<u32>,
 }
 
 /// Same as [`EgressPolicySpec`] for pods of any namespace picked by `namespaceSelector`.
@@ -83,6 +89,12 @@ pub struct EgressClusterPolicySpec {
     pub excluded_subnet: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i64>,
+    /// Most ports of the EIP one node may hold for this policy's pods
+    /// (rounded up to whole port blocks). Unset: the controller's
+    /// `--max-ports-per-node`. Where several policies use the same EIP on a
+    /// node, the node may hold the largest of their caps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ports_per_node: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

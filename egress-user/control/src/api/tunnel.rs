@@ -64,6 +64,30 @@ pub struct EgressTunnelStatus {
     /// field manager; the controller turns it into the policies' conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub over_capacity: Vec<PolicyOverCapacity>,
+    /// How much of each EIP's granted ports this node uses, and the
+    /// draining blocks it has emptied. Written by the agent under its own
+    /// field manager; the controller grants more blocks ahead of need and
+    /// takes back emptied ones (see docs/architecture.md, "Port blocks").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub port_use: Vec<EipPortUse>,
+}
+
+/// One EIP's use on a node, as its agent last reported it.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EipPortUse {
+    pub gateway: String,
+    pub eip: String,
+    /// Live NAT entries translating to this EIP (ports in use).
+    #[serde(default)]
+    pub in_use: u32,
+    /// Draining blocks (see `EipPortBlocks.draining`) that no live NAT
+    /// entry of this node uses, and have not for the agent's quarantine
+    /// period: the controller may give them to another node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released: Vec<u16>,
 }
 
 /// One policy an agent left out of its maps, and the limit it exceeds.
@@ -109,7 +133,19 @@ pub struct EipPortBlocks {
     /// The EgressGateway whose pool (or gateway node) the address is of.
     pub gateway: String,
     pub eip: String,
+    /// Every block the node holds, the draining ones included: the
+    /// gateways steer replies to all of them.
     pub blocks: Vec<u16>,
+    /// Blocks of `blocks` the controller takes back: the node chooses no
+    /// new flow's port in them and reports them in `portUse.released`
+    /// once no NAT entry uses them; only then do they leave `blocks`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<u16>,
+    /// The node needs more blocks of this address than are free: with no
+    /// block at all, its new flows are refused at once (ICMP
+    /// administratively prohibited to the pod).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exhausted: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

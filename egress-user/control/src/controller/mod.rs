@@ -3,7 +3,9 @@
 
 mod cache;
 mod capacity;
+pub mod grants;
 mod heartbeat;
+pub mod ports;
 mod reconcile;
 pub(crate) mod run;
 mod stale;
@@ -16,7 +18,7 @@ pub use cache::{sizes, Changed, Pending, ViewCache};
 pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 pub use reconcile::{
     reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,
-    DEFAULT_NODE_IP_PORTS,
+    DEFAULT_MAX_PORTS_PER_NODE, DEFAULT_NODE_IP_PORTS, DEFAULT_PORT_BLOCK_SIZE,
 };
 pub use run::{
     gateway_eligible, run_controller, run_controller_with_stats, tick_cached_report, write_plan,

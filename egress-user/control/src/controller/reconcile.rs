@@ -26,17 +26,28 @@ pub struct ControllerConfig {
     /// worker. Only whole blocks inside count. The default starts above
     /// Linux's default `ip_local_port_range` (32768-60999).
     pub node_ip_ports: (u16, u16),
+    /// Most ports of one address one worker may hold (rounded up to whole
+    /// blocks); policies may cap lower (`spec.maxPortsPerNode`).
+    pub max_ports_per_node: u32,
 }
 
 impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
-            port_block_size: 1024,
+            port_block_size: DEFAULT_PORT_BLOCK_SIZE,
             first_port: 1024,
             node_ip_ports: DEFAULT_NODE_IP_PORTS,
+            max_ports_per_node: DEFAULT_MAX_PORTS_PER_NODE,
         }
     }
 }
+
+/// Default ports per block: 1,008 blocks above port 1024, so a thousand
+/// workers share one EIP.
+pub const DEFAULT_PORT_BLOCK_SIZE: u16 = 64;
+
+/// Default of [`ControllerConfig::max_ports_per_node`]: the whole EIP.
+pub const DEFAULT_MAX_PORTS_PER_NODE: u32 = 65536;
 
 /// Default of [`ControllerConfig::node_ip_ports`].
 pub const DEFAULT_NODE_IP_PORTS: (u16, u16) = (61000, 65535);
@@ -65,6 +76,10 @@ pub struct Plan {
     /// The failovers this plan makes: EIPs leaving a node that can no
     /// longer hold them (each also has an `EipMoved` event).
     pub moves: Vec<EipMove>,
+    /// Port grants per (address, worker), for metrics.
+    pub ports: Vec<super::ports::PortFact>,
+    /// Free blocks per address, for metrics.
+    pub addresses: Vec<super::ports::AddressFact>,
 }
 
 /// Why an EIP left its node.
@@ -699,16 +714,18 @@ fn reconcile_gateway(
         }
     }
 
-    // 3. Port blocks per (address, worker) for workers with selected pods.
+    // 3. Port blocks per (address, worker), by use (see `grants`).
     let eip_blocks = whole_blocks(cfg.first_port, u16::MAX, cfg.port_block_size);
     let node_ip_blocks = whole_blocks(
         cfg.node_ip_ports.0,
         cfg.node_ip_ports.1,
         cfg.port_block_size,
     );
-    let mut demand: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    // address -> worker -> the policies using it there, with their caps.
+    let mut demand: BTreeMap<String, BTreeMap<&str, Vec<super::ports::Claim>>> = BTreeMap::new();
     // Addresses that are a gateway node's own (useNodeIP).
     let mut node_ips: BTreeSet<String> = BTreeSet::new();
+    let mut addrs_of: BTreeSet<String> = BTreeSet::new();
     for (u, ps) in &units {
         let addrs: Vec<String> = if u.node_ip_of.is_some() {
             let Some((node, _)) = placed.get(u) else {
@@ -728,78 +745,38 @@ fn reconcile_gateway(
                 .cloned()
                 .collect()
         };
+        addrs_of.extend(addrs.iter().cloned());
         for p in ps {
             if let Some(workers) = workers_of.get(&(p.kind, p.key.clone())) {
                 for a in &addrs {
-                    demand
-                        .entry(a.clone())
-                        .or_default()
-                        .extend(workers.iter().copied());
+                    let at = demand.entry(a.clone()).or_default();
+                    for w in workers {
+                        at.entry(*w)
+                            .or_default()
+                            .push((policy_name(&p.policy_ref()), p.fields.max_ports_per_node));
+                    }
                 }
             }
         }
     }
-    // What each worker holds of this gateway's addresses, as last written.
-    let prev_blocks: BTreeMap<(&str, &str), &Vec<u16>> = view
-        .tunnels
-        .iter()
-        .filter_map(|t| Some((t.metadata.name.as_deref()?, t.status.as_ref()?)))
-        .flat_map(|(node, st)| {
-            st.port_blocks
-                .iter()
-                .filter(|b| b.gateway == gw_name)
-                .map(move |b| ((b.eip.as_str(), node), &b.blocks))
-        })
-        .collect();
-    for (addr, workers) in &demand {
+    // Addresses some worker still holds (draining) though no policy uses
+    // them any more: they stay until released.
+    for t in &view.tunnels {
+        for b in t.status.iter().flat_map(|s| &s.port_blocks) {
+            if b.gateway == gw_name && !b.blocks.is_empty() {
+                addrs_of.insert(b.eip.clone());
+            }
+        }
+    }
+    let none = BTreeMap::new();
+    for addr in &addrs_of {
         let range = if node_ips.contains(addr) {
             node_ip_blocks.clone()
         } else {
             eip_blocks.clone()
         };
-        let mut taken: BTreeSet<u16> = BTreeSet::new();
-        let mut mine: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
-        for w in workers {
-            if let Some(b) = prev_blocks.get(&(addr.as_str(), *w)) {
-                let keep: Vec<u16> = b
-                    .iter()
-                    .copied()
-                    .filter(|i| range.contains(i) && taken.insert(*i))
-                    .collect();
-                if !keep.is_empty() {
-                    mine.insert(w, keep);
-                }
-            }
-        }
-        for w in workers {
-            if mine.contains_key(w) {
-                continue;
-            }
-            match range.clone().find(|i| !taken.contains(i)) {
-                Some(i) => {
-                    taken.insert(i);
-                    mine.insert(w, vec![i]);
-                }
-                None => plan.events.push(Event::warning(
-                    Kind::EgressGateway,
-                    gw_key.clone(),
-                    "PortBlocksExhausted",
-                    format!("no free port block of {addr} for node {w}"),
-                )),
-            }
-        }
-        for (w, b) in mine {
-            let t = plan
-                .tunnels
-                .get_mut(w)
-                .expect("demand only from nodes with a tunnel");
-            t.port_block_size = cfg.port_block_size;
-            t.port_blocks.push(EipPortBlocks {
-                gateway: gw_name.clone(),
-                eip: addr.clone(),
-                blocks: b,
-            });
-        }
+        let d = demand.get(addr).unwrap_or(&none);
+        super::ports::grant_address(view, cfg, &gw_name, addr, range, d, plan);
     }
 
     // 4. Statuses.

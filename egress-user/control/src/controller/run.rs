@@ -276,6 +276,8 @@ pub struct TickReport {
     /// When each gateway-eligible node's heartbeat was last seen (the
     /// monitor's start for a node not seen yet).
     pub last_heartbeat: BTreeMap<String, Instant>,
+    /// Port grants after this pass (see `ports`).
+    pub ports: super::ports::PortFacts,
 }
 
 /// One pass as leader on a [`ViewCache`]: heartbeats, tunnel phases,
@@ -319,6 +321,10 @@ pub async fn tick_cached_report(
     }
     Ok(TickReport {
         writes: n,
+        ports: super::ports::PortFacts {
+            workers: plan.ports,
+            addresses: plan.addresses,
+        },
         moves: plan.moves,
         last_heartbeat,
     })
@@ -337,6 +343,8 @@ pub struct LoopStats {
     /// While leading: when each gateway-eligible node's heartbeat was last
     /// seen (empty on a replica that does not lead).
     pub last_heartbeat: Mutex<BTreeMap<String, Instant>>,
+    /// Port grants after the last written pass.
+    pub ports: Mutex<super::ports::PortFacts>,
 }
 
 impl LoopStats {
@@ -351,6 +359,7 @@ impl LoopStats {
             .last_heartbeat
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = report.last_heartbeat.clone();
+        *self.ports.lock().unwrap_or_else(|e| e.into_inner()) = report.ports.clone();
     }
 
     /// This replica stopped leading: it no longer watches heartbeats.

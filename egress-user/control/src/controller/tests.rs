@@ -11,6 +11,7 @@ use crate::api::*;
 use crate::datastore::memory::MemoryDatastore;
 use crate::datastore::typed::{self, node_object, pod_object};
 use crate::datastore::{Datastore, Kind, ObjectKey, StatusPatch};
+use crate::registration::publish_port_use;
 use crate::view::load_view;
 
 pub(crate) fn ts(n: u32) -> String {
@@ -93,8 +94,12 @@ pub(crate) async fn set_phase(ds: &MemoryDatastore, node: &str, phase: TunnelPha
 }
 
 pub(crate) async fn pass(ds: &MemoryDatastore) -> Plan {
+    pass_with(ds, &ControllerConfig::default()).await
+}
+
+pub(crate) async fn pass_with(ds: &MemoryDatastore, cfg: &ControllerConfig) -> Plan {
     let view = load_view(ds).await.unwrap();
-    let plan = reconcile(&view, &ControllerConfig::default());
+    let plan = reconcile(&view, cfg);
     write_plan(ds, &view, &plan).await.unwrap();
     plan
 }
@@ -536,7 +541,7 @@ fn whole_blocks_lie_inside_the_range() {
 
 /// Gateway `g1` with the one address 10.0.0.1 on the Ready node `gw`, and
 /// the Ready worker nodes `workers`.
-async fn one_eip_gateway(workers: &[&str]) -> MemoryDatastore {
+pub(crate) async fn one_eip_gateway(workers: &[&str]) -> MemoryDatastore {
     let ds = MemoryDatastore::new();
     ds.create(
         Kind::EgressGateway,
@@ -578,7 +583,11 @@ async fn node_ip_blocks_come_only_from_the_reserved_range() {
     ds.create(Kind::Pod, pod_object(&pod("db", "db", "w1", "10.244.1.3")))
         .await
         .unwrap();
-    let plan = pass(&ds).await;
+    let big = ControllerConfig {
+        port_block_size: 1024,
+        ..Default::default()
+    };
+    let plan = pass_with(&ds, &big).await;
     let g = grants(&ds).await;
     let node_ip: Vec<_> = g
         .iter()
@@ -590,10 +599,24 @@ async fn node_ip_blocks_come_only_from_the_reserved_range() {
         .collect();
     assert_eq!(blocks, (60..64).collect(), "{g:?}");
     assert_eq!(
-        node_ip.len(),
+        node_ip.iter().filter(|(_, b)| !b.is_empty()).count(),
         4,
         "four whole blocks for five workers: {g:?}"
     );
+    // The fifth is told it has none (its agent refuses new flows at once).
+    let view = load_view(&ds).await.unwrap();
+    let refused: Vec<&str> = view
+        .tunnels
+        .iter()
+        .filter(|t| {
+            t.status
+                .iter()
+                .flat_map(|s| &s.port_blocks)
+                .any(|b| b.exhausted && b.blocks.is_empty())
+        })
+        .filter_map(|t| t.metadata.name.as_deref())
+        .collect();
+    assert_eq!(refused.len(), 1, "{g:?}");
     assert!(
         plan.events
             .iter()
@@ -642,7 +665,7 @@ async fn the_controller_creates_a_tunnel_per_node_and_grants_only_registered_one
     assert!(plan.new_tunnels.is_empty());
     assert_eq!(
         grants(&ds).await,
-        BTreeMap::from([(eip("w1"), vec![1])]),
+        BTreeMap::from([(eip("w1"), vec![16])]),
         "w2 has a tunnel now, but no agent registered it"
     );
     // w2's agent registers (its address in the status): w2 draws a block.
@@ -650,7 +673,7 @@ async fn the_controller_creates_a_tunnel_per_node_and_grants_only_registered_one
     pass(&ds).await;
     assert_eq!(
         grants(&ds).await,
-        BTreeMap::from([(eip("w1"), vec![1]), (eip("w2"), vec![2])])
+        BTreeMap::from([(eip("w1"), vec![16]), (eip("w2"), vec![17])])
     );
 }
 
@@ -685,17 +708,18 @@ async fn port_blocks_on_demand_and_taken_back() {
     let eip = |n: &str| (n.to_string(), "10.0.0.1".to_string());
     assert_eq!(
         grants(&ds).await,
-        BTreeMap::from([(eip("w1"), vec![1]), (eip("w2"), vec![2])])
+        BTreeMap::from([(eip("w1"), vec![16]), (eip("w2"), vec![17])])
     );
     // Each grant names its gateway and block size, in the worker's tunnel.
     let view = load_view(&ds).await.unwrap();
     let w1 = view.tunnel("w1").unwrap().status.clone().unwrap();
-    assert_eq!(w1.port_block_size, 1024);
+    assert_eq!(w1.port_block_size, 64);
     assert_eq!(w1.port_blocks[0].gateway, "g1");
     assert_eq!(w1.tunnel.ipv4, "192.168.0.1", "the agent's fields are kept");
 
-    // w1's last pod goes: its block comes back; w2 keeps its own. Only w1's
-    // small record is written: the gateway's status does not change.
+    // w1's last pod goes: its block drains (still w1's, so replies to its
+    // flows still reach it); w2 keeps its own. Only w1's small record is
+    // written: the gateway's status does not change.
     ds.delete(Kind::Pod, &ObjectKey::namespaced("default", "a"), None)
         .await
         .unwrap();
@@ -709,16 +733,41 @@ async fn port_blocks_on_demand_and_taken_back() {
             .collect::<Vec<_>>(),
         [(Kind::EgressTunnel, "w1")]
     );
-    assert_eq!(grants(&ds).await, BTreeMap::from([(eip("w2"), vec![2])]));
-    let w1 = load_view(&ds)
+    let held = |ds: &MemoryDatastore| {
+        let ds = ds.clone();
+        async move {
+            let view = load_view(&ds).await.unwrap();
+            view.tunnel("w1").unwrap().status.clone().unwrap()
+        }
+    };
+    let w1 = held(&ds).await;
+    assert_eq!(
+        (
+            w1.port_blocks[0].blocks.clone(),
+            w1.port_blocks[0].draining.clone()
+        ),
+        (vec![16], vec![16])
+    );
+    // A new worker meanwhile gets another block, not w1's draining one.
+    ds.create(Kind::Pod, pod_object(&pod("d", "web", "gw", "10.244.0.3")))
         .await
-        .unwrap()
-        .tunnel("w1")
-        .unwrap()
-        .status
-        .clone()
         .unwrap();
-    assert!(w1.port_blocks.is_empty() && w1.port_block_size == 0);
+    pass(&ds).await;
+    assert_eq!(grants(&ds).await[&eip("gw")], vec![18]);
+    // w1's agent reports the block emptied: it goes back to the pool.
+    let released = EipPortUse {
+        gateway: "g1".into(),
+        eip: "10.0.0.1".into(),
+        in_use: 0,
+        released: vec![16],
+    };
+    publish_port_use(&ds, "w1", &[released]).await.unwrap();
+    pass(&ds).await;
+    let w1 = held(&ds).await;
+    assert!(
+        w1.port_blocks.is_empty() && w1.port_block_size == 0,
+        "{w1:?}"
+    );
     assert_eq!(w1.phase, TunnelPhase::Ready, "the phase is kept");
     // Nothing changed: nothing is written.
     let view = load_view(&ds).await.unwrap();
@@ -727,13 +776,6 @@ async fn port_blocks_on_demand_and_taken_back() {
         .await
         .unwrap()
         .is_empty());
-
-    // A new worker reuses the freed block 1.
-    ds.create(Kind::Pod, pod_object(&pod("d", "web", "gw", "10.244.0.3")))
-        .await
-        .unwrap();
-    pass(&ds).await;
-    assert_eq!(grants(&ds).await[&eip("gw")], vec![1]);
 
     // A pod on a node without an EgressTunnel (no agent) gets no block.
     ds.create(Kind::Node, node_object(&node("bare", "-")))
@@ -932,7 +974,7 @@ async fn only_the_leader_writes() {
     );
     assert_eq!(
         gw_status(&ds, "g1").await.port_block_size,
-        1024,
+        64,
         "the leader wrote"
     );
     tx.send(()).unwrap();

@@ -64,6 +64,18 @@ async fn malformed_input_names_field_and_reason_and_harms_nothing() {
             "spec.destSubnet[0]: \"300.1.1.0/24\" is not a valid CIDR",
         ),
         (
+            policy("  egressGatewayName: egw\n  appliedTo: {podSubnet: [10.244.0.0/16]}\n  maxPortsPerNode: 0"),
+            "spec.maxPortsPerNode: 0 ports would refuse every connection",
+        ),
+        (
+            policy("  egressGatewayName: egw\n  appliedTo: {podSubnet: [10.244.0.0/16]}\n  maxPortsPerNode: 70000"),
+            "spec.maxPortsPerNode: 70000 is more ports than an EIP has (65536)",
+        ),
+        (
+            policy("  egressGatewayName: egw\n  appliedTo: {podSubnet: [10.244.0.0/16]}\n  maxPortsPerNode: -5"),
+            "spec.maxPortsPerNode",
+        ),
+        (
             policy("  egressGatewayName: egw\n  egressIP: {useNodeIP: maybe}\n  appliedTo: {podSubnet: [10.244.0.0/16]}"),
             "spec.egressIP.useNodeIP: must be of type boolean, not string",
         ),

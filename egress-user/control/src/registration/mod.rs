@@ -160,3 +160,31 @@ pub async fn publish_over_capacity(
 
 /// The status field of [`publish_over_capacity`].
 const OVER_CAPACITY: &str = "overCapacity";
+
+/// The agent's field manager for `status.portUse` of its EgressTunnel.
+pub const PORT_USE_MANAGER: &str = "egress-agent-port-use";
+
+/// Writes how much of each EIP's granted ports this node uses and which
+/// draining blocks it has emptied (`status.portUse`, under
+/// [`PORT_USE_MANAGER`]). The controller grants and takes back blocks from it.
+pub async fn publish_port_use(
+    ds: &dyn Datastore,
+    node: &str,
+    usage: &[crate::api::EipPortUse],
+) -> Result<()> {
+    ds.write_status(
+        Kind::EgressTunnel,
+        &ObjectKey::cluster(node),
+        &StatusPatch {
+            manager: PORT_USE_MANAGER.into(),
+            owned: vec![PORT_USE.into()],
+            status: json!({ PORT_USE: usage }),
+        },
+    )
+    .await
+    .context("writing the port use")?;
+    Ok(())
+}
+
+/// The status field of [`publish_port_use`].
+const PORT_USE: &str = "portUse";

@@ -8,6 +8,8 @@
 //! report line on stdout.
 
 mod arp_watch;
+mod tcp_echo;
+mod tcp_open;
 
 use std::{
     collections::BTreeSet,
@@ -26,7 +28,7 @@ extern "C" fn on_term(_: libc::c_int) {
 fn usage() -> ! {
     eprintln!(
         "usage: egress-traffic udp-sink LISTEN | udp-source TARGET [INTERVAL_MS] | \
-         tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS] | \
+         tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS] | tcp-open TARGET COUNT | \
          arp-watch IFACE TARGET_IP SENDER_IP [INTERVAL_MS]   (stops on SIGTERM; \
          EGRESS_TRAFFIC_DURATION_S limits the run)"
     );
@@ -56,6 +58,15 @@ fn main() {
         Some("udp-source") => udp_source(addr(1), interval(2), deadline),
         Some("tcp-sink") => tcp_sink(addr(1), deadline),
         Some("tcp-source") => tcp_source(addr(1), interval(2), deadline),
+        Some("tcp-echo") => tcp_echo::run(addr(1), deadline),
+        Some("tcp-open") => Ok(tcp_open::run(
+            addr(1),
+            args.get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage()),
+            Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0)),
+            deadline,
+        )),
         Some("arp-watch") => {
             let ip = |i: usize| -> std::net::Ipv4Addr {
                 args.get(i)

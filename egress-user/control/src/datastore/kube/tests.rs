@@ -420,6 +420,7 @@ async fn port_block_grants_go_to_the_tunnel_status_under_their_own_manager() {
                 gateway: "g".into(),
                 eip: "10.0.0.1".into(),
                 blocks: vec![1],
+                ..Default::default()
             }],
         },
     );

@@ -1,0 +1,227 @@
+//! The port-block step of a gateway's reconcile: gathers each address's
+//! workers (held and draining blocks from their EgressTunnel, use and
+//! released blocks from their agent's report, demand and caps from the
+//! policies), runs the grant rule ([`super::grants`]) and writes the result
+//! into the plan: grants, Events when an address runs out, and the facts
+//! the metrics show.
+
+use std::collections::BTreeMap;
+
+use crate::api::{EgressTunnelStatus, EipPortBlocks, EipPortUse};
+use crate::datastore::{Event, Kind, ObjectKey};
+
+use super::grants::{plan_address, Holding, WorkerPorts};
+use super::reconcile::{ControllerConfig, Plan};
+use super::view::ClusterView;
+
+/// A policy's claim on an address at a worker: its name and its cap (ports).
+pub type Claim = (String, Option<u32>);
+
+/// One (address, worker) after the pass, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortFact {
+    pub gateway: String,
+    pub eip: String,
+    pub node: String,
+    /// Blocks held, the draining ones included.
+    pub granted: u32,
+    pub draining: u32,
+    /// Ports in use as the agent reported.
+    pub in_use: u32,
+    /// Ports per block.
+    pub block_size: u16,
+    /// The headroom asks for more blocks than a policy's cap allows: the
+    /// policy (the largest cap among those using the address there).
+    pub quota_reached: Option<String>,
+    /// No free block was left for the blocks the headroom asks for.
+    pub refused: bool,
+}
+
+/// Free and total blocks of one address, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressFact {
+    pub gateway: String,
+    pub eip: String,
+    pub total: u32,
+    pub free: u32,
+}
+
+/// Every fact of a pass, for the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortFacts {
+    pub workers: Vec<PortFact>,
+    pub addresses: Vec<AddressFact>,
+}
+
+/// Blocks of `size` ports covering `ports` (at least one).
+pub fn blocks_for(ports: u32, size: u16) -> u16 {
+    ports
+        .div_ceil(u32::from(size.max(1)))
+        .clamp(1, u32::from(u16::MAX)) as u16
+}
+
+/// The cap of a worker for an address: the operator's limit, or the
+/// largest cap of the policies using the address there when all have one.
+/// Returns the cap in blocks and the policy that sets it, if any.
+pub fn cap_of(claims: &[Claim], cfg: &ControllerConfig) -> (u16, Option<String>) {
+    let node_max = blocks_for(cfg.max_ports_per_node, cfg.port_block_size);
+    let mut best: Option<(u32, &str)> = None;
+    for (name, cap) in claims {
+        let Some(c) = cap else {
+            return (node_max, None);
+        };
+        if best.is_none_or(|(b, _)| *c > b) {
+            best = Some((*c, name));
+        }
+    }
+    match best {
+        Some((c, name)) if blocks_for(c, cfg.port_block_size) < node_max => {
+            (blocks_for(c, cfg.port_block_size), Some(name.to_string()))
+        }
+        _ => (node_max, None),
+    }
+}
+
+fn find<'a, T>(
+    list: &'a [T],
+    gateway: &str,
+    eip: &str,
+    key: impl Fn(&T) -> (&str, &str),
+) -> Option<&'a T> {
+    list.iter().find(|x| key(x) == (gateway, eip))
+}
+
+/// What every worker holds and reports for `addr` of gateway `gw`.
+fn standings(
+    view: &ClusterView,
+    gw: &str,
+    addr: &str,
+    demand: &BTreeMap<&str, Vec<Claim>>,
+    cfg: &ControllerConfig,
+) -> BTreeMap<String, WorkerPorts> {
+    let mut out = BTreeMap::new();
+    for t in &view.tunnels {
+        let (Some(node), Some(st)) = (t.metadata.name.as_deref(), t.status.as_ref()) else {
+            continue;
+        };
+        let held = find(&st.port_blocks, gw, addr, |b| (&b.gateway, &b.eip));
+        let claims = demand.get(node);
+        if held.is_none() && claims.is_none() {
+            continue;
+        }
+        let usage = reported(st, gw, addr);
+        out.insert(
+            node.to_string(),
+            WorkerPorts {
+                held: held.map(|b| b.blocks.clone()).unwrap_or_default(),
+                draining: held.map(|b| b.draining.clone()).unwrap_or_default(),
+                in_use: usage.map(|u| u.in_use).unwrap_or(0),
+                released: usage.map(|u| u.released.clone()).unwrap_or_default(),
+                demand: claims.is_some(),
+                cap: claims.map(|c| cap_of(c, cfg).0).unwrap_or(0),
+            },
+        );
+    }
+    out
+}
+
+fn reported<'a>(st: &'a EgressTunnelStatus, gw: &str, addr: &str) -> Option<&'a EipPortUse> {
+    find(&st.port_use, gw, addr, |u| (&u.gateway, &u.eip))
+}
+
+/// Runs the grant rule for one address and writes the plan.
+#[allow(clippy::too_many_arguments)]
+pub fn grant_address(
+    view: &ClusterView,
+    cfg: &ControllerConfig,
+    gw: &str,
+    addr: &str,
+    range: std::ops::Range<u16>,
+    demand: &BTreeMap<&str, Vec<Claim>>,
+    plan: &mut Plan,
+) {
+    let workers = standings(view, gw, addr, demand, cfg);
+    let holdings = plan_address(range.clone(), cfg.port_block_size, &workers);
+    let used: usize = holdings.values().map(|h| h.held.len()).sum();
+    let total = range.len() as u32;
+    plan.addresses.push(AddressFact {
+        gateway: gw.into(),
+        eip: addr.into(),
+        total,
+        free: total.saturating_sub(used as u32),
+    });
+    for (node, h) in holdings {
+        let s = &workers[&node];
+        let was_refused = view
+            .tunnel(&node)
+            .and_then(|t| t.status.as_ref())
+            .and_then(|st| find(&st.port_blocks, gw, addr, |b| (&b.gateway, &b.eip)))
+            .is_some_and(|b| b.exhausted);
+        if h.refused && !was_refused {
+            plan.events
+                .push(exhausted_event(gw, addr, &node, &h, s, cfg, total, used));
+        }
+        let quota_reached = demand
+            .get(node.as_str())
+            .and_then(|c| cap_of(c, cfg).1)
+            .filter(|_| h.wanted > s.cap);
+        plan.ports.push(PortFact {
+            gateway: gw.into(),
+            eip: addr.into(),
+            node: node.clone(),
+            granted: h.held.len() as u32,
+            draining: h.draining.len() as u32,
+            in_use: s.in_use,
+            block_size: cfg.port_block_size,
+            quota_reached,
+            refused: h.refused,
+        });
+        if h.held.is_empty() && !s.demand {
+            continue;
+        }
+        let Some(t) = plan.tunnels.get_mut(&node) else {
+            continue;
+        };
+        t.port_block_size = cfg.port_block_size;
+        t.port_blocks.push(EipPortBlocks {
+            gateway: gw.into(),
+            eip: addr.into(),
+            blocks: h.held,
+            draining: h.draining,
+            exhausted: h.refused,
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn exhausted_event(
+    gw: &str,
+    addr: &str,
+    node: &str,
+    h: &Holding,
+    s: &WorkerPorts,
+    cfg: &ControllerConfig,
+    total: u32,
+    used: usize,
+) -> Event {
+    let size = u32::from(cfg.port_block_size);
+    Event::warning(
+        Kind::EgressGateway,
+        ObjectKey::cluster(gw),
+        "PortBlocksExhausted",
+        format!(
+            "EIP {addr}: no free port block for node {node}, which uses {} of its {} granted ports \
+             ({} blocks of {size}, {} wanted); {used} of the address's {total} blocks are held",
+            s.in_use,
+            h.active() as u32 * size,
+            h.held.len(),
+            h.wanted.min(s.cap),
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod flow_tests;

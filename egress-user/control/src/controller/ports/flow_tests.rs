@@ -1,0 +1,122 @@
+//! Grants through whole reconcile passes on the memory datastore: a
+//! thousand workers on one EIP, growth from the agents' reports, a
+//! policy's quota, and a new controller that takes over mid-grant.
+
+use std::collections::BTreeSet;
+
+use serde_json::json;
+
+use crate::api::EipPortUse;
+use crate::api::TunnelPhase;
+use crate::controller::tests::{add_node, grants, node, one_eip_gateway, pass, pod, policy};
+use crate::datastore::memory::MemoryDatastore;
+use crate::datastore::typed::pod_object;
+use crate::datastore::{Datastore, Kind};
+use crate::registration::publish_port_use;
+
+async fn report(ds: &MemoryDatastore, node: &str, in_use: u32) {
+    let u = EipPortUse {
+        gateway: "g1".into(),
+        eip: "10.0.0.1".into(),
+        in_use,
+        released: vec![],
+    };
+    publish_port_use(ds, node, &[u]).await.unwrap();
+}
+
+fn held(g: &std::collections::BTreeMap<(String, String), Vec<u16>>, n: &str) -> Vec<u16> {
+    g.get(&(n.to_string(), "10.0.0.1".to_string()))
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_thousand_workers_share_one_eip_none_refused() {
+    let ds = one_eip_gateway(&[]).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({}), "web", None),
+    )
+    .await
+    .unwrap();
+    for i in 0..1000u32 {
+        let w = format!("w{i:04}");
+        add_node(&ds, &node(&w, "-"), TunnelPhase::Ready).await;
+        let ip = format!("10.{}.{}.2", 100 + i / 256, i % 256);
+        ds.create(
+            Kind::Pod,
+            pod_object(&pod(&format!("p{i}"), "web", &w, &ip)),
+        )
+        .await
+        .unwrap();
+    }
+    let plan = pass(&ds).await;
+    assert!(
+        !plan
+            .events
+            .iter()
+            .any(|e| e.reason == "PortBlocksExhausted"),
+        "{:?}",
+        plan.events
+            .iter()
+            .find(|e| e.reason == "PortBlocksExhausted")
+    );
+    let g = grants(&ds).await;
+    let mut seen = BTreeSet::new();
+    for i in 0..1000u32 {
+        let b = held(&g, &format!("w{i:04}"));
+        assert_eq!(b.len(), 1, "w{i:04}: {b:?}");
+        assert!(seen.insert(b[0]), "block {} granted twice", b[0]);
+    }
+    let free = plan.addresses.iter().find(|a| a.eip == "10.0.0.1").unwrap();
+    assert_eq!((free.total, free.free), (1008, 8));
+    assert!(plan.ports.iter().all(|p| !p.refused && p.granted == 1));
+}
+
+#[tokio::test]
+async fn use_grows_the_grant_and_a_new_controller_keeps_every_number() {
+    let ds = one_eip_gateway(&["w1", "w2"]).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 1, "g1", json!({}), "web", None),
+    )
+    .await
+    .unwrap();
+    for (n, on, ip) in [("a", "w1", "10.244.1.2"), ("b", "w2", "10.244.2.2")] {
+        ds.create(Kind::Pod, pod_object(&pod(n, "web", on, ip)))
+            .await
+            .unwrap();
+    }
+    pass(&ds).await;
+    assert_eq!(held(&grants(&ds).await, "w1"), vec![16]);
+    // w1 reports 100 ports in use: ceil(200 / 64) + 1 = 5 blocks, ahead of need.
+    report(&ds, "w1", 100).await;
+    pass(&ds).await;
+    let g = grants(&ds).await;
+    assert_eq!(held(&g, "w1"), vec![16, 18, 19, 20, 21]);
+    assert_eq!(held(&g, "w2"), vec![17]);
+    // A new leader (a fresh pass from the datastore alone, as after a
+    // controller failover between the grant and the next report) keeps
+    // every number.
+    let before = grants(&ds).await;
+    pass(&ds).await;
+    assert_eq!(grants(&ds).await, before);
+}
+
+#[tokio::test]
+async fn a_policy_quota_caps_the_grant_and_is_reported() {
+    let ds = one_eip_gateway(&["w1"]).await;
+    let mut p = policy("p", 1, "g1", json!({}), "web", None);
+    p["spec"]["maxPortsPerNode"] = json!(128);
+    ds.create(Kind::EgressPolicy, p).await.unwrap();
+    ds.create(Kind::Pod, pod_object(&pod("a", "web", "w1", "10.244.1.2")))
+        .await
+        .unwrap();
+    pass(&ds).await;
+    report(&ds, "w1", 1000).await;
+    let plan = pass(&ds).await;
+    assert_eq!(held(&grants(&ds).await, "w1"), vec![16, 17]);
+    let fact = plan.ports.iter().find(|f| f.node == "w1").unwrap();
+    assert_eq!(fact.quota_reached.as_deref(), Some("default/p"));
+    assert!(!fact.refused);
+}
