@@ -79,7 +79,7 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 {{- fail "feature.tunnelUpdatePeriod must be greater than 0" -}}
 {{- end -}}
 {{- if le $evict (addf $monitor $update) -}}
-{{- fail (printf "feature.eipEvictionTimeout (%s) must be greater than feature.tunnelMonitorPeriod (%s) + feature.tunnelUpdatePeriod (%s): otherwise a healthy gateway whose heartbeat lands just after a check loses its EIPs" $f.eipEvictionTimeout $f.tunnelMonitorPeriod $f.tunnelUpdatePeriod) -}}
+{{- fail (printf "feature.eipEvictionTimeout (%s) must be longer than feature.tunnelMonitorPeriod (%s) + feature.tunnelUpdatePeriod (%s): otherwise a healthy gateway whose heartbeat lands just after a check loses its EIPs" $f.eipEvictionTimeout $f.tunnelMonitorPeriod $f.tunnelUpdatePeriod) -}}
 {{- end -}}
 {{- $range := splitList "-" $f.nodeIpPortRange -}}
 {{- $first := index $range 0 | int -}}

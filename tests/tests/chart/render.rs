@@ -119,15 +119,15 @@ fn helm_rejects_bad_values() {
         // the cross-value rules of the templates (the binary applies the same)
         (
             json!({"feature": {"eipEvictionTimeout": "10s"}}),
-            "must be greater than feature.tunnelMonitorPeriod",
+            "must be longer than feature.tunnelMonitorPeriod",
         ),
         (
             json!({"feature": {"eipEvictionTimeout": "1s", "tunnelMonitorPeriod": "500ms", "tunnelUpdatePeriod": "500ms"}}),
-            "must be greater than",
+            "must be longer than",
         ),
         (
             json!({"feature": {"eipEvictionTimeout": "1m", "tunnelUpdatePeriod": "1m"}}),
-            "must be greater than",
+            "must be longer than",
         ),
         (
             json!({"bgp": {"holdTime": 9, "keepaliveTime": 9}}),
