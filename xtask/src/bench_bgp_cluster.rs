@@ -28,7 +28,7 @@ use egress_tests::bgp_fleet::{cluster_clients, Event, Fleet, FleetConfig};
 use egress_tests::{Netns, Proc};
 use serde_json::{json, Map, Value};
 
-use crate::bench_bgp::{cpu_seconds, peak_rss_mb, start_reflector, Dir, Reflector, Seat, ASN};
+use crate::bgp_seat::{cpu_seconds, peak_rss_mb, start_reflector, Dir, Reflector, Seat, ASN};
 
 const REFLECTOR_IP: &str = "10.99.0.1";
 /// The link between the two namespaces; the clients (10.99.1.0 and up)

@@ -5,6 +5,7 @@ mod bench_bgp_cluster;
 mod bench_control_plane;
 mod bench_datapath;
 mod bench_failover;
+mod bgp_seat;
 mod build_ebpf;
 mod demo;
 mod demo_check;

@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use super::group::GroupKey;
 use super::{out, PeerConfig, RibConfig, Route};
 use crate::codec::PathAttributes;
 
@@ -21,6 +20,18 @@ pub(super) struct Exports {
     /// The last few exports, by source attributes: the prefixes of one
     /// UPDATE all share them, so one export serves them all.
     memo: Vec<(MemoKey, Option<Arc<out::Exported>>)>,
+}
+
+/// What decides how a route is exported to a peer, apart from the peer's
+/// own address (a route never goes back to the peer it came from, which
+/// each member applies for itself when the changes are packed).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct GroupKey {
+    pub(super) asn: u32,
+    pub(super) client: bool,
+    /// With next-hop-self: our address on the session, put as next hop.
+    pub(super) next_hop_self: Option<IpAddr>,
+    pub(super) llgr: bool,
 }
 
 /// Holding the Arc keeps the pointer from being reused while memoized.

@@ -5,22 +5,10 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::exports::Exports;
+use super::exports::{Exports, GroupKey};
 use super::{out, Route};
 use crate::codec::Update;
 use crate::types::{Prefix, PrefixMap};
-
-/// What decides how a route is exported to a peer, apart from the peer's
-/// own address (a route never goes back to the peer it came from, which
-/// each member applies for itself when the changes are packed).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) struct GroupKey {
-    pub(super) asn: u32,
-    pub(super) client: bool,
-    /// With next-hop-self: our address on the session, put as next hop.
-    pub(super) next_hop_self: Option<IpAddr>,
-    pub(super) llgr: bool,
-}
 
 /// A prefix's change waiting in a group: the export of its current best
 /// route, and enough of the past for each member to decide alone.

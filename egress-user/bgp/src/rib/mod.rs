@@ -20,7 +20,8 @@ use serde::Serialize;
 
 pub use decision::{select_best, DEFAULT_LOCAL_PREF};
 use exports::Exports;
-use group::{GroupKey, OutGroup, Pending};
+use exports::GroupKey;
+use group::{OutGroup, Pending};
 pub use group::{Outgoing, Readiness};
 
 use crate::codec::{PathAttributes, Update};
