@@ -58,6 +58,14 @@ fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()>
     };
     let on = |node: usize| cluster.topo.nodes[node].pods.len() as u64;
     assert_eq!(view_pods(0)?, on(0) + PODS, "w1's view");
+    // w2's own pods may still be on their way to its view (seen once: 0
+    // right after the cluster's start); w1's never arrive: it must come to
+    // hold exactly its own.
+    wait_until(
+        "w2's view holds exactly its own pods (none of w1's)",
+        Duration::from_secs(10),
+        || Ok(view_pods(1)? == on(1)),
+    )?;
     assert_eq!(view_pods(1)?, on(1), "w2's view: w1's pods were sent to it");
 
     let ranges = etcd_ranges(&cluster)? - ranges_before;
