@@ -200,6 +200,12 @@ fn run_cluster(
         "FRR (upstream) routes {} via {}",
         eip_prefix, s.upstream_next_hop_before
     );
+    // The traffic starts once the policy is in force on w1: a connection
+    // opened before that leaves with the pod's own address, and is reset
+    // when the policy takes it over.
+    wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
+        tcp_peer_is(&cluster, &s.eip)
+    })?;
     check_interrupt()?;
 
     step("pod p11 (app=web) streams UDP and holds a TCP connection to the external server");
