@@ -110,8 +110,6 @@ mod wire {
     const UPDATE: u8 = 2;
     const NOTIFICATION: u8 = 3;
     const KEEPALIVE: u8 = 4;
-    /// Our hold time: the peer sends a KEEPALIVE every 80 s, we every 30 s.
-    const HOLD_TIME: u16 = 240;
 
     fn header(out: &mut Vec<u8>, kind: u8, body_len: usize) {
         out.extend_from_slice(&[0xff; 16]);
@@ -119,26 +117,13 @@ mod wire {
         out.push(kind);
     }
 
-    /// OPEN with IPv4 unicast and 4-octet AS.
+    /// OPEN with IPv4 unicast and 4-octet AS (the light clients' own).
     pub fn open(asn: u32, id: Ipv4Addr) -> Vec<u8> {
-        let mut caps = vec![1, 4, 0, 1, 0, 1, 65, 4];
-        caps.extend_from_slice(&asn.to_be_bytes());
-        let mut body = vec![4];
-        body.extend_from_slice(&u16::try_from(asn).unwrap_or(23456).to_be_bytes());
-        body.extend_from_slice(&HOLD_TIME.to_be_bytes());
-        body.extend_from_slice(&id.octets());
-        body.extend_from_slice(&[caps.len() as u8 + 2, 2, caps.len() as u8]);
-        body.extend_from_slice(&caps);
-        let mut out = Vec::new();
-        header(&mut out, OPEN, body.len());
-        out.extend_from_slice(&body);
-        out
+        egress_tests::bgp_fleet::wire::open(asn, id, None)
     }
 
     fn keepalive() -> Vec<u8> {
-        let mut out = Vec::new();
-        header(&mut out, KEEPALIVE, 0);
-        out
+        egress_tests::bgp_fleet::wire::keepalive()
     }
 
     /// The `i`th benchmark prefix: 16.0.0.0/24, 16.0.1.0/24, ...
