@@ -153,6 +153,11 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         .or_else(|| uplink_addr::node_ipv6(&uplink_addrs));
     links::attach_ingress(&mut dp, PROG_TUNNEL_INGRESS, &s.vxlan.name, vxlan_ifindex)?;
     links::attach_ingress(&mut dp, PROG_UPLINK_INGRESS, &s.uplink, uplink.index)?;
+    // Loaded now, not when the node's first pod appears: that load, inside
+    // the loop, held the heartbeat back for the verifier's seconds.
+    let load_started = Instant::now();
+    links::load(&mut dp, PROG_WORKER_EGRESS)?;
+    tracing::debug!(took = ?load_started.elapsed(), "worker program loaded");
     let mut link_watch = LinkWatch::start().await?;
     let mut maps = PinnedMaps::open(&s.pin_dir)?;
     let facts = NodeFacts {

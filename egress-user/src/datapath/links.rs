@@ -41,14 +41,7 @@ pub fn attach_ingress(
     let path = link_pin_path(&dp.pin_dir, program, ifindex);
     std::fs::create_dir_all(path.parent().unwrap())
         .with_context(|| format!("creating {}", path.display()))?;
-    let prog: &mut SchedClassifier = dp
-        .ebpf
-        .program_mut(program)
-        .with_context(|| format!("program {program} is not in the eBPF object"))?
-        .try_into()?;
-    if prog.fd().is_err() {
-        prog.load().with_context(|| format!("loading {program}"))?;
-    }
+    let prog = load(dp, program)?;
     match PinnedLink::from_pin(&path) {
         Ok(old) => {
             let link: SchedClassifierLink = FdLink::from(old).try_into()?;
@@ -73,6 +66,22 @@ pub fn attach_ingress(
             Ok(Attached::New)
         }
     }
+}
+
+/// Loads `program` into the kernel once (the verifier's pass takes up to
+/// seconds on a busy node). The agent loads every program at start, so that
+/// attaching one to a new pod's veth inside its loop never blocks the
+/// heartbeat for that time.
+pub fn load<'a>(dp: &'a mut Datapath, program: &str) -> Result<&'a mut SchedClassifier> {
+    let prog: &mut SchedClassifier = dp
+        .ebpf
+        .program_mut(program)
+        .with_context(|| format!("program {program} is not in the eBPF object"))?
+        .try_into()?;
+    if prog.fd().is_err() {
+        prog.load().with_context(|| format!("loading {program}"))?;
+    }
+    Ok(prog)
 }
 
 /// Removes the pins of every link on a vanished interface (the kernel already
