@@ -70,12 +70,15 @@ pub const PROG_WORKER_EGRESS: &str = "worker_egress";
 pub const PROG_TUNNEL_INGRESS: &str = "tunnel_ingress";
 pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
 
-/// Map capacities (also used by userspace to size its diffs).
+/// Map capacities: the eBPF object declares its maps with these, and
+/// userspace sizes its diffs by them (the agent may resize `NAT_*` at load).
 pub const POLICY_TRIE_SIZE: u32 = 16384;
 pub const NAT_TABLE_SIZE: u32 = 262144;
 pub const PORT_BLOCKS_SIZE: u32 = 4096;
 pub const STEERING_SIZE: u32 = 65536;
 pub const OWNED_EIPS_SIZE: u32 = 4096;
+/// EIP host routes learned over BGP.
+pub const ROUTES_SIZE: u32 = 4096;
 /// Counters of every policy a node can hold, of their fail-closed
 /// stand-ins and of the shared overflow slot, with room to spare.
 pub const POLICY_STATS_SIZE: u32 = 2 * crate::policy::MAX_POLICY_SLOTS as u32;

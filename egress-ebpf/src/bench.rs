@@ -103,13 +103,10 @@ pub fn bench_grow_shrink(ctx: TcContext) -> i32 {
     }
 }
 
-/// `cb[0]` of a run whose encapsulation grows plain room (see the module).
-pub const PLAIN_ROOM: u32 = 0x6265_6e63;
-
 #[inline(always)]
 fn plain_room(ctx: &mut TcContext) {
     // SAFETY: skb pointer from the context; cb is the program's scratch.
-    unsafe { (*ctx.skb.skb).cb[0] = PLAIN_ROOM };
+    unsafe { (*ctx.skb.skb).cb[0] = crate::vxlan::PLAIN_ROOM };
 }
 
 /// Runs so far on this CPU: each `bench_worker_first` run is a new flow.
@@ -183,25 +180,25 @@ fn rerun(ctx: &mut TcContext, fresh_flow: bool, path: impl FnOnce(&mut TcContext
 /// The worker's first packet of a flow, every run a new flow.
 #[classifier]
 pub fn bench_worker_first(mut ctx: TcContext) -> i32 {
-    rerun(&mut ctx, true, crate::worker::worker_egress_verdict)
+    rerun(&mut ctx, true, crate::pod_veth::worker_egress_verdict)
 }
 
 /// The worker's packet of an established flow.
 #[classifier]
 pub fn bench_worker_established(mut ctx: TcContext) -> i32 {
-    rerun(&mut ctx, false, crate::worker::worker_egress_verdict)
+    rerun(&mut ctx, false, crate::pod_veth::worker_egress_verdict)
 }
 
 /// The gateway's reply, steered into the tunnel.
 #[classifier]
 pub fn bench_gateway_reply(mut ctx: TcContext) -> i32 {
-    rerun(&mut ctx, false, crate::gateway::uplink_ingress_verdict)
+    rerun(&mut ctx, false, crate::uplink::uplink_ingress_verdict)
 }
 
 /// The gateway's forward of a decapsulated packet.
 #[classifier]
 pub fn bench_gateway_forward(mut ctx: TcContext) -> i32 {
-    rerun(&mut ctx, false, crate::gateway::tunnel_ingress_verdict)
+    rerun(&mut ctx, false, crate::tunnel::tunnel_ingress_verdict)
 }
 
 /// The trivial program: what TestRun itself costs per run.

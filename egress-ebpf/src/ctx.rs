@@ -5,9 +5,7 @@ use aya_ebpf::{
     helpers::generated::{bpf_csum_diff, bpf_csum_update},
     programs::TcContext,
 };
-use egress_common::{addr::Addr, TrafficCounter};
-
-use crate::maps::DROPS;
+use egress_common::addr::Addr;
 
 /// A pointer to a `T` at `off` bytes into the packet, if it is in bounds.
 #[inline(always)]
@@ -23,25 +21,6 @@ pub fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*mut T, ()> {
         return Err(());
     }
     Ok((start + off) as *mut T)
-}
-
-/// Counts a dropped packet under `reason` and returns the drop verdict.
-#[inline(always)]
-pub fn drop_with(ctx: &TcContext, reason: u32) -> i32 {
-    count(ctx, reason);
-    aya_ebpf::bindings::TC_ACT_SHOT as i32
-}
-
-#[inline(always)]
-pub fn count(ctx: &TcContext, reason: u32) {
-    if let Some(slot) = DROPS.get_ptr_mut(reason) {
-        let slot: *mut TrafficCounter = slot;
-        // SAFETY: per-CPU slot owned by this CPU for the program's run.
-        unsafe {
-            (*slot).packets += 1;
-            (*slot).bytes += u64::from(ctx.len());
-        }
-    }
 }
 
 /// Carries a change of the packet's bytes that no checksum field absorbs

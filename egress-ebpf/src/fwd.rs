@@ -16,6 +16,7 @@ use crate::{
     ctx::{csum_update16, ptr_at},
     flow::Flow,
     hdr::*,
+    verdict::Packed,
 };
 
 const AF_INET: u8 = 2;
@@ -31,9 +32,8 @@ pub fn encap(
     remote: [u8; 4],
     entropy: u32,
 ) -> Result<i32, u32> {
-    let v = crate::vxlan::encapsulate_raw(ctx, cfg, u32::from_ne_bytes(remote), entropy);
-    if v >= 0 {
-        return Ok(v as i32);
+    if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy) {
+        return Ok(v);
     }
     via_vxlan_device(ctx, cfg.vni, remote, cfg.vxlan_ifindex)
 }
@@ -147,7 +147,7 @@ pub fn to_stack(ctx: &TcContext) -> i32 {
 /// "time exceeded" for an expiring TTL. With a `cache_epoch` (not 0) a
 /// successful result is kept in this CPU's forward cache (see `cache`).
 #[inline(always)]
-pub fn fib_forward_inner(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32, u32> {
+fn forward_by_fib(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32, u32> {
     let mut p = core::mem::MaybeUninit::<FibParams>::uninit();
     // SAFETY: a zeroed parameter block is valid; it is made of 32-bit words.
     let p = unsafe { crate::mem::zeroed_in(&mut p) };
@@ -335,22 +335,16 @@ fn out_by_mac(ctx: &TcContext, ifindex: u32, smac: [u8; 6], dmac: [u8; 6]) -> Re
     Ok(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }
 
-/// Non-inlined (keeps the caller's stack small); the result travels as one
-/// i64 so that no path returns undefined register bits.
+/// Out of line (see `verdict::Packed`).
 #[inline(never)]
-pub fn fib_forward_raw(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> i64 {
-    match fib_forward_inner(ctx, f, cache_epoch) {
-        Ok(v) => i64::from(v),
-        Err(r) => -(i64::from(r)) - 1,
-    }
+fn fib_forward_packed(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Packed {
+    Packed::new(forward_by_fib(ctx, f, cache_epoch))
 }
 
+/// Forwards a pod's packet from an owned EIP out of the gateway by the FIB.
 #[inline(always)]
 pub fn fib_forward(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32, u32> {
-    let v = fib_forward_raw(ctx, f, cache_epoch);
-    if v < 0 {
-        Err((-(v + 1)) as u32)
-    } else {
-        Ok(v as i32)
-    }
+    fib_forward_packed(ctx, f, cache_epoch)
+        .get()
+        .map(|v| v as i32)
 }

@@ -1,8 +1,13 @@
 //! TC/XDP programs of the egress gateway.
 //!
-//! - `worker_egress`: pod veth ingress; policy match, SNAT, VXLAN.
-//! - `tunnel_ingress`: VXLAN device ingress; gateway forward / worker reply.
-//! - `uplink_ingress`: gateway uplink ingress; ARP/NDP, reply steering.
+//! One file per hook or protocol:
+//! - `pod_veth`: `worker_egress`, ingress on a pod's host-side veth; policy
+//!   match, SNAT, VXLAN toward the gateway.
+//! - `tunnel`: `tunnel_ingress`, ingress on the VXLAN device; gateway
+//!   forward, worker reply.
+//! - `uplink`: `uplink_ingress`, ingress on a gateway's uplink; reply
+//!   steering, with `neigh` (ARP/NDP answers) and `probe` (probe answers).
+//! - `count`: `tc_count`, the smallest program (packets and bytes).
 #![no_std]
 #![no_main]
 // Inline assembly for packet words of any alignment (see `pkt`).
@@ -17,16 +22,20 @@ mod ctx;
 mod flow;
 mod frag;
 mod fwd;
-mod gateway;
 mod hdr;
 mod icmp_err;
 mod maps;
 mod mem;
 mod nat;
+mod neigh;
 mod pkt;
+mod pod_veth;
 mod probe;
+mod tcp;
+mod tunnel;
+mod uplink;
+mod verdict;
 mod vxlan;
-mod worker;
 
 #[cfg(not(test))]
 #[panic_handler]

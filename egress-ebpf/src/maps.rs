@@ -1,4 +1,9 @@
-//! Every map of the object. Names match `egress_common::maps`; userspace pins them.
+//! The maps userspace pins and fills (names and sizes from
+//! `egress_common::maps`). The programs' private state lives with the code
+//! that owns it: the per-CPU caches (`cache`), the clock (`clock`), the
+//! fragment table (`frag`), the ICMP error scratch (`icmp_err`), the tunnel
+//! hops (`vxlan`), the interface counter (`count`) and the benchmark's
+//! packet (`bench`).
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
@@ -9,7 +14,10 @@ use egress_common::{
     addr::Addr,
     config::DatapathConfig,
     drops::DROP_REASONS,
-    maps::{POD_LINKS_SIZE, POLICY_STATS_SIZE, POLICY_TRIE_SIZE},
+    maps::{
+        NAT_TABLE_SIZE, OWNED_EIPS_SIZE, POD_LINKS_SIZE, POLICY_STATS_SIZE, POLICY_TRIE_SIZE,
+        PORT_BLOCKS_SIZE, ROUTES_SIZE, STEERING_SIZE,
+    },
     nat::{NatEntry, NatKey, NAT_EVENT_KINDS},
     pod_link::PodLink,
     policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
@@ -29,18 +37,23 @@ pub static POLICY_TARGETS: Array<EgressTarget, MAX_POLICY_SLOTS> = Array::new();
 pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, { POLICY_STATS_SIZE as usize }> =
     PerCpuHashMap::new();
 #[btf_map]
-pub static NAT_FWD: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
+pub static NAT_FWD: LruHashMap<NatKey, NatEntry, { NAT_TABLE_SIZE as usize }> = LruHashMap::new();
 #[btf_map]
-pub static NAT_REV: LruHashMap<NatKey, NatEntry, 262144> = LruHashMap::new();
+pub static NAT_REV: LruHashMap<NatKey, NatEntry, { NAT_TABLE_SIZE as usize }> = LruHashMap::new();
 /// Not preallocated: a value holds up to 1,024 blocks (2 KiB), and a node
 /// uses far fewer EIPs than the map's limit.
 #[btf_map]
-pub static PORT_BLOCKS: HashMap<Addr, PortBlocks, 4096, { BPF_F_NO_PREALLOC as usize }> =
+pub static PORT_BLOCKS: HashMap<
+    Addr,
+    PortBlocks,
+    { PORT_BLOCKS_SIZE as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
+#[btf_map]
+pub static REPLY_STEERING: HashMap<SteerKey, SteerTarget, { STEERING_SIZE as usize }> =
     HashMap::new();
 #[btf_map]
-pub static REPLY_STEERING: HashMap<SteerKey, SteerTarget, 65536> = HashMap::new();
-#[btf_map]
-pub static OWNED_EIPS: HashMap<Addr, OwnedEip, 4096> = HashMap::new();
+pub static OWNED_EIPS: HashMap<Addr, OwnedEip, { OWNED_EIPS_SIZE as usize }> = HashMap::new();
 #[btf_map]
 pub static CONFIG: Array<DatapathConfig, 1> = Array::new();
 /// See `egress_common::maps::ANNOUNCE_UNTIL`: 0, or the instant (ns) after
@@ -49,7 +62,7 @@ pub static CONFIG: Array<DatapathConfig, 1> = Array::new();
 pub static ANNOUNCE_UNTIL: Array<u64, 1> = Array::new();
 /// See `egress_common::route`.
 #[btf_map]
-pub static ROUTES: LpmTrie<Addr, RouteNextHop, 4096> = LpmTrie::new();
+pub static ROUTES: LpmTrie<Addr, RouteNextHop, { ROUTES_SIZE as usize }> = LpmTrie::new();
 /// See `egress_common::pod_link`.
 #[btf_map]
 pub static POD_LINKS: LruHashMap<Addr, PodLink, { POD_LINKS_SIZE as usize }> = LruHashMap::new();

@@ -19,6 +19,7 @@ use crate::{
     hdr::*,
     maps::{NAT_FWD, NAT_REV, POLICY_STATS, PORT_BLOCKS},
     mem::{addr_words, set_addr_words},
+    verdict::Packed,
 };
 
 /// How many ports a new flow tries before giving up. The controller keeps
@@ -115,13 +116,13 @@ const _: () = assert!(
 /// `absent`: the caller just looked the forward key up and found nothing,
 /// so the lookup is not repeated.
 #[inline(always)]
-pub fn forward_port_inner(
+fn translate_forward(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     f: &Flow,
     target: &EgressTarget,
     absent: bool,
-) -> i64 {
+) -> Packed {
     let eip = if f.v6 { &target.eip_v6 } else { &target.eip_v4 };
     let policy_id = target.policy_id;
     let gw = u32::from_ne_bytes(f.gw);
@@ -155,26 +156,26 @@ pub fn forward_port_inner(
                 (*e).ifindex = gw;
                 (*e).flags = nflags;
                 (*e).policy_id = policy_id;
-                return i64::from((*e).port);
+                return Packed::ok(i64::from((*e).port));
             }
         }
         // The policy now maps this flow to another EIP: allocate anew.
     }
     let blocks = match PORT_BLOCKS.get_ptr(eip) {
         Some(b) => b,
-        None => return err(DROP_NO_PORT_BLOCK),
+        None => return Packed::err(DROP_NO_PORT_BLOCK),
     };
     // SAFETY: valid map value pointer.
     let blocks = unsafe { &*blocks };
     let n = blocks.count;
     let bs = u32::from(cfg.port_block_size);
     if bs == 0 {
-        return err(DROP_NO_PORT_BLOCK);
+        return Packed::err(DROP_NO_PORT_BLOCK);
     }
     // Written by the agent for an EIP the controller could grant no block
     // of: the EIP is exhausted, and the pod is told so at once.
     if n == 0 {
-        return err(DROP_PORTS_EXHAUSTED);
+        return Packed::err(DROP_PORTS_EXHAUSTED);
     }
     let max = MAX_BLOCKS_PER_EIP as u32;
     let n = if n > max { max } else { n };
@@ -252,16 +253,16 @@ pub fn forward_port_inner(
             };
             if NAT_FWD.insert(&key, &fwd_val, u64::from(BPF_ANY)).is_err() {
                 let _ = NAT_REV.remove(&rev);
-                return err(DROP_NAT_INSERT);
+                return Packed::err(DROP_NAT_INSERT);
             }
             count_event(ctx, NAT_EVENT_NEW);
             if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0 {
                 count_event(ctx, NAT_EVENT_TCP_MIDSTREAM);
             }
-            return i64::from(port);
+            return Packed::ok(i64::from(port));
         }
     }
-    err(DROP_PORTS_EXHAUSTED)
+    Packed::err(DROP_PORTS_EXHAUSTED)
 }
 
 /// Counts a NAT event (`egress_common::nat::NAT_EVENT_*`) on this CPU.
@@ -298,7 +299,7 @@ fn rev_key(f: &Flow) -> NatKey {
 
 /// Reverse-translates a reply to an EIP and returns the pod's veth ifindex.
 #[inline(always)]
-pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
+fn translate_reverse(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
     let key = rev_key(f);
     let e = NAT_REV.get_ptr_mut(&key).ok_or(DROP_NO_NAT_ENTRY)?;
     // SAFETY: valid map value pointer; copied before the packet is touched.
@@ -340,22 +341,16 @@ pub fn reverse_inner(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
     Ok(entry.ifindex)
 }
 
-/// Non-inlined (keeps the caller's stack small); the result travels as one
-/// i64 so that no path returns undefined register bits.
+/// Out of line (see `verdict::Packed`).
 #[inline(never)]
-pub fn forward_port_raw(
+fn forward_port_packed(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     f: &Flow,
     target: &EgressTarget,
     absent: bool,
-) -> i64 {
-    forward_port_inner(ctx, cfg, f, target, absent)
-}
-
-#[inline(always)]
-fn err(reason: u32) -> i64 {
-    -(i64::from(reason)) - 1
+) -> Packed {
+    translate_forward(ctx, cfg, f, target, absent)
 }
 
 #[inline(always)]
@@ -366,30 +361,19 @@ pub fn forward_port(
     target: &EgressTarget,
     absent: bool,
 ) -> Result<u16, u32> {
-    let v = forward_port_raw(ctx, cfg, f, target, absent);
-    if v < 0 {
-        Err((-(v + 1)) as u32)
-    } else {
-        Ok(v as u16)
-    }
+    forward_port_packed(ctx, cfg, f, target, absent)
+        .get()
+        .map(|v| v as u16)
 }
 
-/// Non-inlined (keeps the caller's stack small); the result travels as one
-/// i64 so that no path returns undefined register bits.
+/// Out of line (see `verdict::Packed`).
 #[inline(never)]
-pub fn reverse_raw(ctx: &mut TcContext, f: &Flow) -> i64 {
-    match reverse_inner(ctx, f) {
-        Ok(v) => i64::from(v),
-        Err(r) => -(i64::from(r)) - 1,
-    }
+fn reverse_packed(ctx: &mut TcContext, f: &Flow) -> Packed {
+    Packed::new(translate_reverse(ctx, f))
 }
 
+/// Reverse-translates a reply to its pod; the pod's link index.
 #[inline(always)]
 pub fn reverse(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
-    let v = reverse_raw(ctx, f);
-    if v < 0 {
-        Err((-(v + 1)) as u32)
-    } else {
-        Ok(v as u32)
-    }
+    reverse_packed(ctx, f).get().map(|v| v as u32)
 }

@@ -28,7 +28,7 @@ use egress_common::config::DatapathConfig;
 
 use core::mem::{offset_of, size_of};
 
-use crate::{ctx::fold, hdr::*, pkt};
+use crate::{ctx::fold, hdr::*, pkt, verdict::Packed};
 
 /// Outer IPv4 + UDP + VXLAN, and the inner Ethernet header that follows.
 const OUTER_LEN: usize = 20 + 8 + 8;
@@ -133,16 +133,35 @@ fn next_hop(ctx: &TcContext, cfg: &DatapathConfig, remote: [u8; 4]) -> Option<(u
 
 /// Encapsulates the frame toward `remote` and redirects it out of the
 /// uplink. `entropy` picks the outer UDP source port (flows spread over
-/// the underlay's ECMP paths). Non-inlined (its FIB parameter block would
-/// push the callers past the 512-byte stack); the verdict travels as one
-/// i64, -1 for "nothing was changed, use the device".
+/// the underlay's ECMP paths). `None`: nothing was changed, use the
+/// device.
+#[inline(always)]
+pub fn encapsulate(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    remote: [u8; 4],
+    entropy: u32,
+) -> Option<i32> {
+    encapsulate_packed(ctx, cfg, u32::from_ne_bytes(remote), entropy)
+        .get()
+        .ok()
+        .map(|v| v as i32)
+}
+
+/// Out of line (see `verdict::Packed`): its FIB parameter block would push
+/// the callers past the 512-byte stack. The reason of an error is unused.
 #[inline(never)]
-pub fn encapsulate_raw(ctx: &TcContext, cfg: &DatapathConfig, remote: u32, entropy: u32) -> i64 {
-    match encapsulate_inner(ctx, cfg, remote.to_ne_bytes(), entropy) {
-        Some(v) => i64::from(v),
-        None => -1,
+fn encapsulate_packed(ctx: &TcContext, cfg: &DatapathConfig, remote: u32, entropy: u32) -> Packed {
+    match encapsulate_in_place(ctx, cfg, remote.to_ne_bytes(), entropy) {
+        Some(v) => Packed::ok(i64::from(v)),
+        None => Packed::err(0),
     }
 }
+
+/// `cb[0]` of a benchmark run whose encapsulation grows plain room (see
+/// `room_flags`).
+#[cfg(feature = "bench")]
+pub const PLAIN_ROOM: u32 = 0x6265_6e63;
 
 /// The flags of the room for the outer headers: an encapsulation (the
 /// kernel records the inner headers' offsets, so a GSO packet is segmented
@@ -154,7 +173,7 @@ fn room_flags(ctx: &TcContext) -> u64 {
     // twice, and `repeat` runs one skb again and again.
     #[cfg(feature = "bench")]
     // SAFETY: skb pointer from the context.
-    if unsafe { (*ctx.skb.skb).cb[0] } == crate::bench::PLAIN_ROOM {
+    if unsafe { (*ctx.skb.skb).cb[0] } == PLAIN_ROOM {
         return 0;
     }
     #[cfg(not(feature = "bench"))]
@@ -169,7 +188,7 @@ fn room_flags(ctx: &TcContext) -> u64 {
 }
 
 #[inline(always)]
-fn encapsulate_inner(
+fn encapsulate_in_place(
     ctx: &TcContext,
     cfg: &DatapathConfig,
     remote: [u8; 4],
@@ -193,7 +212,7 @@ fn encapsulate_inner(
     if d + size_of::<Outer>() > ctx.data_end() {
         // The room is there but the headers cannot be written: the
         // packet is no longer what the device path expects either.
-        return Some(crate::ctx::drop_with(
+        return Some(crate::verdict::drop_with(
             ctx,
             egress_common::drops::DROP_HELPER,
         ));

@@ -240,7 +240,7 @@ fn diff_policy_stats(
 /// Entries of the policy tries and of the routes trie, as the object
 /// defines them.
 const TRIE: usize = egress_common::maps::POLICY_TRIE_SIZE as usize;
-const ROUTES_SIZE: usize = 4096;
+const ROUTES_SIZE: usize = egress_common::maps::ROUTES_SIZE as usize;
 
 /// Writes already translated contents (see [`translate`]).
 pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyReport, ApplyError> {

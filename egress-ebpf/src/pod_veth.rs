@@ -7,7 +7,6 @@ use egress_common::{
 };
 
 use crate::{
-    ctx::drop_with,
     flow::{
         parse, rewrite, Flow, Side, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR,
         UNTRANSLATED_NONE,
@@ -17,6 +16,8 @@ use crate::{
     hdr::*,
     maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS, ROUTES},
     nat::forward_port,
+    tcp::clamp_mss,
+    verdict::drop_with,
 };
 
 #[classifier]
@@ -30,59 +31,6 @@ pub fn worker_egress_verdict(ctx: &mut TcContext) -> i32 {
     match try_worker_egress(ctx) {
         Ok(v) => v,
         Err(reason) => drop_with(ctx, reason),
-    }
-}
-
-/// Clamps the MSS option of a TCP SYN to `max`.
-#[inline(never)]
-pub fn clamp_mss(ctx: &mut TcContext, f: &Flow, max: u16) {
-    let doff: u8 = match ctx.load(f.l4_off + 12) {
-        Ok(v) => v,
-        Err(_) => return,
-    };
-    let end = f.l4_off + ((doff >> 4) as usize) * 4;
-    let mut off = f.l4_off + TCP_LEN;
-    let mut n = 0;
-    while n < 20 && off + 4 <= end {
-        n += 1;
-        let kind: u8 = match ctx.load(off) {
-            Ok(v) => v,
-            Err(_) => return,
-        };
-        if kind == 0 {
-            return;
-        }
-        if kind == 1 {
-            off += 1;
-            continue;
-        }
-        let len: u8 = match ctx.load(off + 1) {
-            Ok(v) => v,
-            Err(_) => return,
-        };
-        if kind == 2 && len == 4 {
-            let raw: [u8; 2] = match ctx.load(off + 2) {
-                Ok(v) => v,
-                Err(_) => return,
-            };
-            let mss = u16::from_be_bytes(raw);
-            if mss > max {
-                let new = max.to_be_bytes();
-                if ctx.store(off + 2, &new, 0).is_ok() {
-                    let _ = ctx.l4_csum_replace(
-                        f.csum_off,
-                        crate::ctx::raw16(raw),
-                        crate::ctx::raw16(new),
-                        2,
-                    );
-                }
-            }
-            return;
-        }
-        if len < 2 {
-            return;
-        }
-        off += len as usize;
     }
 }
 
@@ -144,7 +92,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         && f.l3_len > u32::from(cfg.tunnel_mtu)
     {
         // Counted under too_big; the pod gets the ICMP error instead of the packet.
-        crate::ctx::count(ctx, DROP_TOO_BIG);
+        crate::verdict::count(ctx, DROP_TOO_BIG);
         let v = crate::icmp_err::too_big(ctx, f.v6, cfg.tunnel_mtu);
         if v < 0 {
             return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);
@@ -208,7 +156,7 @@ fn fail_closed(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     if target.flags & (family | TARGET_NO_GATEWAY) == 0 {
         return Ok(TC_ACT_OK as i32);
     }
-    crate::ctx::count(ctx, f.untranslated);
+    crate::verdict::count(ctx, f.untranslated);
     let v = crate::icmp_err::prohibited(ctx, f.v6);
     if v < 0 {
         return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);
@@ -222,7 +170,7 @@ fn fail_closed(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
 /// with EHOSTUNREACH instead of retransmitting its SYN into a drop).
 #[inline(never)]
 fn refuse_exhausted(ctx: &mut TcContext, v6: bool) -> Result<i32, u32> {
-    crate::ctx::count(ctx, DROP_PORTS_EXHAUSTED);
+    crate::verdict::count(ctx, DROP_PORTS_EXHAUSTED);
     let v = crate::icmp_err::prohibited(ctx, v6);
     if v < 0 {
         return Ok(aya_ebpf::bindings::TC_ACT_SHOT as i32);

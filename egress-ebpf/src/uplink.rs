@@ -1,18 +1,9 @@
-//! The gateway side and the tunnel's receive side.
-//!
-//! - `tunnel_ingress` (TC ingress on the VXLAN device): decapsulated
-//!   packets. From an owned EIP: forward out by the FIB (gateway). To an EIP
-//!   with a NAT entry: reverse-translate and deliver to the pod (worker).
-//! - `uplink_ingress` (TC ingress on the gateway's uplink): ARP / NDP for
-//!   owned EIPs, and packets to owned EIPs steered to the worker holding the
-//!   port's block.
+//! `uplink_ingress`, TC ingress on a gateway's uplink: ARP and NDP for the
+//! EIPs it owns (see `neigh`), the datapath probes' answers (see `probe`),
+//! and replies to owned EIPs, steered to the worker that holds the port's
+//! block.
 
-use aya_ebpf::{
-    bindings::TC_ACT_OK,
-    helpers::generated::{bpf_ktime_get_ns, bpf_redirect},
-    macros::classifier,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use egress_common::{
     addr::Addr,
     config::{DatapathConfig, CFG_GATEWAY},
@@ -22,67 +13,18 @@ use egress_common::{
 
 use crate::{
     cache::{cached_steering, cached_steering_v4, remember_steering},
-    ctx::{drop_with, ptr_at},
-    flow::Flow,
-    flow::{parse, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
-    frag::{KIND_REPLY, KIND_STEER},
-    fwd::{encap, fib_forward, forward_from_cache, to_pod},
+    ctx::ptr_at,
+    flow::{parse, Flow, FRAG_FIRST, FRAG_LATER, ICMP_KIND_ECHO_REPLY, ICMP_KIND_ERROR},
+    frag::KIND_STEER,
+    fwd::{encap, to_pod},
     hdr::*,
-    maps::{ANNOUNCE_UNTIL, CONFIG, OWNED_EIPS, REPLY_STEERING},
+    maps::{CONFIG, OWNED_EIPS, REPLY_STEERING},
     nat::reverse,
+    neigh::{arp_reply, ndp_reply},
     pkt,
+    tunnel::reply_fragment_to_pod,
+    verdict::drop_with,
 };
-
-#[classifier]
-pub fn tunnel_ingress(mut ctx: TcContext) -> i32 {
-    tunnel_ingress_verdict(&mut ctx)
-}
-
-#[inline(always)]
-pub fn tunnel_ingress_verdict(ctx: &mut TcContext) -> i32 {
-    match try_tunnel_ingress(ctx) {
-        Ok(v) => v,
-        Err(reason) => drop_with(ctx, reason),
-    }
-}
-
-#[inline(always)]
-fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
-    let f = match crate::maps::SCRATCH.get_ptr_mut(0) {
-        // SAFETY: this CPU's scratch slot; programs do not nest on one CPU.
-        Some(p) => unsafe { &mut *p },
-        None => return Ok(TC_ACT_OK as i32),
-    };
-    if !parse(ctx, f) {
-        return Ok(TC_ACT_OK as i32);
-    }
-    let cfg = match CONFIG.get(0) {
-        Some(c) => c,
-        None => return Err(DROP_NO_CONFIG),
-    };
-    if cfg.flags & CFG_GATEWAY != 0 {
-        // A cached result was computed for an owned source under this epoch.
-        if cfg.gateway_epoch != 0 {
-            if let Some(v) = forward_from_cache(ctx, f, cfg.gateway_epoch) {
-                return Ok(v);
-            }
-        }
-        if OWNED_EIPS.get_ptr(&f.src).is_some() {
-            return fib_forward(ctx, f, cfg.gateway_epoch);
-        }
-    }
-    if f.frag == FRAG_LATER {
-        return reply_fragment_to_pod(ctx, f);
-    }
-    let ifindex = reverse(ctx, f)?;
-    // A SYN-ACK through the tunnel: clamp the MSS the pod will use, so its
-    // segments fit the tunnel too.
-    if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && cfg.tunnel_mtu != 0 {
-        let hdrs = if f.v6 { 60 } else { 40 };
-        crate::worker::clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
-    }
-    Ok(to_pod(ctx, f.v6, ifindex))
-}
 
 #[classifier]
 pub fn uplink_ingress(mut ctx: TcContext) -> i32 {
@@ -95,132 +37,6 @@ pub fn uplink_ingress_verdict(ctx: &mut TcContext) -> i32 {
     match try_uplink_ingress(ctx) {
         Ok(v) => v,
         Err(reason) => drop_with(ctx, reason),
-    }
-}
-
-/// The agent's announce lease has not run out (or there is none). It is
-/// extended on every heartbeat renewal; when the agent dies the node stops
-/// answering for its EIPs when the agent itself would have fenced.
-#[inline(always)]
-fn announce_lease_valid() -> bool {
-    match ANNOUNCE_UNTIL.get(0) {
-        // SAFETY: plain helper call.
-        Some(&until) => until == 0 || unsafe { bpf_ktime_get_ns() } < until,
-        None => true,
-    }
-}
-
-#[inline(always)]
-fn owned_answering(addr: &Addr) -> bool {
-    if !announce_lease_valid() {
-        return false;
-    }
-    match OWNED_EIPS.get_ptr(addr) {
-        // SAFETY: valid map value pointer.
-        Some(o) => unsafe { (*o).flags & OWNED_ANSWER_NEIGH != 0 },
-        None => false,
-    }
-}
-
-/// Turns an ARP request for an owned EIP into the reply, sent back out of
-/// the interface it came in on.
-#[inline(always)]
-fn arp_reply_inner(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
-    let eth: *mut EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
-    let arp: *mut ArpHdr = match ptr_at(ctx, ETH_LEN) {
-        Ok(p) => p,
-        Err(_) => return Ok(TC_ACT_OK as i32),
-    };
-    // SAFETY: both pointers bounds-checked by ptr_at; no helper call in between.
-    unsafe {
-        if (*arp).htype != [0, 1]
-            || (*arp).ptype != [0x08, 0x00]
-            || (*arp).hlen != 6
-            || (*arp).plen != 4
-            || (*arp).op != [0, 1]
-        {
-            return Ok(TC_ACT_OK as i32);
-        }
-        let tpa = (*arp).tpa;
-        let spa = (*arp).spa;
-        if tpa == spa || !owned_answering(&crate::mem::v4_mapped(&tpa)) {
-            return Ok(TC_ACT_OK as i32);
-        }
-        let sha = (*arp).sha;
-        (*arp).op = [0, 2];
-        (*arp).tha = sha;
-        (*arp).tpa = spa;
-        (*arp).sha = mac;
-        (*arp).spa = tpa;
-        (*eth).dst = sha;
-        (*eth).src = mac;
-        Ok(bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32)
-    }
-}
-
-/// Answers a neighbour solicitation for an owned IPv6 EIP with a solicited
-/// advertisement (rewritten in place; both carry one link-layer option).
-#[inline(always)]
-fn ndp_reply_inner(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
-    let eth: *mut EthHdr = ptr_at(ctx, 0).map_err(|_| DROP_MALFORMED)?;
-    let ip: *mut Ipv6Hdr = ptr_at(ctx, ETH_LEN).map_err(|_| DROP_MALFORMED)?;
-    let nd: *mut NdMsg = match ptr_at(ctx, ETH_LEN + IPV6_LEN) {
-        Ok(p) => p,
-        Err(_) => return Ok(TC_ACT_OK as i32),
-    };
-    // SAFETY: pointers bounds-checked by ptr_at; no helper call in between
-    // except the map lookup, which does not touch the packet.
-    unsafe {
-        if (*ip).nexthdr != IPPROTO_ICMPV6
-            || (*ip).hop_limit != 255
-            || u16::from_be_bytes((*ip).payload_len) as usize != ND_LEN
-            || (*nd).ty != ICMP6_NEIGH_SOLICIT
-            || (*nd).code != 0
-            || (*nd).opt_type != 1
-            || (*nd).opt_len != 1
-        {
-            return Ok(TC_ACT_OK as i32);
-        }
-        let target = (*nd).target;
-        let src = (*ip).saddr;
-        // Duplicate address detection (unspecified source) is not answered here.
-        if src == [0u8; 16] || !owned_answering(&target) {
-            return Ok(TC_ACT_OK as i32);
-        }
-        let peer_mac = (*eth).src;
-        (*eth).dst = peer_mac;
-        (*eth).src = mac;
-        (*ip).daddr = src;
-        (*ip).saddr = target;
-        (*nd).ty = ICMP6_NEIGH_ADVERT;
-        (*nd).flags = [0x60, 0, 0, 0]; // solicited + override
-        (*nd).opt_type = 2;
-        (*nd).opt_mac = mac;
-        (*nd).check = [0, 0];
-        // Full checksum: pseudo-header (src, dst, length, next header) + message.
-        let mut sum: u32 = 0;
-        let mut i = 0;
-        while i < 16 {
-            sum += u32::from(u16::from_be_bytes([target[i], target[i + 1]]));
-            sum += u32::from(u16::from_be_bytes([src[i], src[i + 1]]));
-            i += 2;
-        }
-        sum += ND_LEN as u32 + u32::from(IPPROTO_ICMPV6);
-        let words = nd as *const [u8; 2];
-        let mut j = 0;
-        while j < ND_LEN / 2 {
-            let w = *words.add(j);
-            sum += u32::from(u16::from_be_bytes(w));
-            j += 1;
-        }
-        sum = (sum & 0xffff) + (sum >> 16);
-        sum = (sum & 0xffff) + (sum >> 16);
-        let mut c = !(sum as u16);
-        if c == 0 {
-            c = 0xffff;
-        }
-        (*nd).check = c.to_be_bytes();
-        Ok(bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32)
     }
 }
 
@@ -450,59 +266,4 @@ fn steer_later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &Flow) -> 
         return reply_fragment_to_pod(ctx, f);
     }
     encap(ctx, cfg, e.tunnel, e.entropy)
-}
-
-/// A later IPv4 fragment of a reply, to the pod its first fragment went to.
-#[inline(never)]
-fn reply_fragment_to_pod(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
-    let e = crate::frag::recall(KIND_REPLY, f).ok_or(DROP_FRAGMENT)?;
-    crate::frag::rewrite_addr(ctx, f, false, &e.addr).map_err(|_| DROP_MALFORMED)?;
-    if let Some(s) = crate::maps::POLICY_STATS.get_ptr_mut(&e.policy_id) {
-        // SAFETY: per-CPU value of this CPU.
-        unsafe {
-            (*s).reply_packets += 1;
-            (*s).reply_bytes += u64::from(ctx.len());
-        }
-    }
-    Ok(to_pod(ctx, f.v6, e.ifindex))
-}
-
-/// Non-inlined (keeps the caller's stack small); the result travels as one
-/// i64 so that no path returns undefined register bits.
-#[inline(never)]
-pub fn arp_reply_raw(ctx: &TcContext, mac: [u8; 6]) -> i64 {
-    match arp_reply_inner(ctx, mac) {
-        Ok(v) => i64::from(v),
-        Err(r) => -(i64::from(r)) - 1,
-    }
-}
-
-#[inline(always)]
-pub fn arp_reply(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
-    let v = arp_reply_raw(ctx, mac);
-    if v < 0 {
-        Err((-(v + 1)) as u32)
-    } else {
-        Ok(v as i32)
-    }
-}
-
-/// Non-inlined (keeps the caller's stack small); the result travels as one
-/// i64 so that no path returns undefined register bits.
-#[inline(never)]
-pub fn ndp_reply_raw(ctx: &TcContext, mac: [u8; 6]) -> i64 {
-    match ndp_reply_inner(ctx, mac) {
-        Ok(v) => i64::from(v),
-        Err(r) => -(i64::from(r)) - 1,
-    }
-}
-
-#[inline(always)]
-pub fn ndp_reply(ctx: &TcContext, mac: [u8; 6]) -> Result<i32, u32> {
-    let v = ndp_reply_raw(ctx, mac);
-    if v < 0 {
-        Err((-(v + 1)) as u32)
-    } else {
-        Ok(v as i32)
-    }
 }
