@@ -175,6 +175,17 @@ fn tunnel_endpoint(view: &ClusterView, node: &str) -> Option<IpAddr> {
         .or_else(|| t.tunnel.ipv6.parse().ok())
 }
 
+/// Whether `node` is a candidate of some gateway the controller has given a
+/// status: such a node heartbeats (`NodeDesired::gateway_eligible`, read
+/// without computing the rest).
+pub fn gateway_eligible(view: &ClusterView, node: &str) -> bool {
+    view.node(node).is_some_and(|n| {
+        view.gateways
+            .iter()
+            .any(|g| g.status.is_some() && g.spec.node_selector.selector.matches(&n.labels))
+    })
+}
+
 /// The desired dataplane of `cfg.node`.
 pub fn desired(view: &ClusterView, cfg: &AgentConfig) -> NodeDesired {
     Prepared::new(view).node(cfg)

@@ -12,9 +12,12 @@
 pub mod adapt;
 pub mod bgp;
 pub mod capacity;
+mod event_loop;
 pub mod metrics;
 pub mod node_ports;
+mod pass;
 pub mod pod_devices;
+mod pod_veths;
 pub mod port_use;
 mod published;
 pub mod register;

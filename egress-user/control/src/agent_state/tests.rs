@@ -134,6 +134,8 @@ async fn worker_and_gateway_views() {
     let g = desired(&view, &cfg("gw"));
     assert!(g.rules.is_empty(), "no local pods selected");
     assert!(g.gateway_eligible);
+    // The cheap reading agrees with the whole computation.
+    assert!(gateway_eligible(&view, "gw") && !gateway_eligible(&view, "w1"));
     assert_eq!(g.owned_eips[&ip("10.0.0.1")].epoch, 1);
     assert_eq!(
         g.reply_steering,
