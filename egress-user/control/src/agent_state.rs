@@ -5,9 +5,11 @@
 //! writes only the difference. Nothing here touches the kernel.
 //!
 //! Semantics:
-//! - A policy is active on this node when the controller gave it an EIP and
-//!   a gateway node (`status.eip`, `status.node`). Inactive policies match
-//!   nothing: their pods' traffic leaves the normal way.
+//! - A policy is active when the controller gave it an EIP and a gateway
+//!   node (`status.eip`, `status.node`). One that is not yet, but selects
+//!   pods here, is listed in [`NodeDesired::pending`]: it fails closed, its
+//!   pods' traffic to its destinations is dropped rather than sent with
+//!   their own address (see `pending`).
 //! - For each local pod, policies apply in order of precedence (lower
 //!   `priority`, then the older object). A destination prefix already taken
 //!   by a policy with precedence is not given to a later one; a broader
@@ -26,6 +28,9 @@ use crate::api::TunnelPhase;
 use crate::datastore::{Kind, ObjectKey};
 use crate::validate::parse_cidr;
 use crate::view::{ClusterView, PolicyIndex};
+
+mod pending;
+pub use pending::{PendingPolicy, PendingReason};
 
 /// What the agent knows that the datastore does not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,6 +82,10 @@ pub struct PolicyTarget {
     pub use_node_ip: bool,
     /// Epoch of the EIP's current assignment.
     pub epoch: u64,
+    /// Precedence rank among all policies (0 wins).
+    pub rank: i32,
+    /// Its `excludedSubnet`: never sent to a gateway.
+    pub excluded: Vec<IpNet>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -118,6 +127,8 @@ pub struct NodeDesired {
     pub policies: BTreeMap<u32, PolicyTarget>,
     /// Policy match entries for local pods, sorted.
     pub rules: Vec<MatchRule>,
+    /// Policies not assigned yet that select local pods (they fail closed).
+    pub pending: Vec<PendingPolicy>,
     pub cluster_cidrs: ClusterCidrs,
     /// This node's port blocks, per EIP (worker side).
     pub port_blocks: BTreeMap<IpAddr, Vec<PortRange>>,
@@ -199,6 +210,9 @@ pub struct Prepared<'a> {
     index: PolicyIndex,
     /// Policy index (into `views`) -> id, for active policies.
     active: BTreeMap<usize, u32>,
+    /// Every view's id and precedence rank, by index.
+    ids: Vec<u32>,
+    ranks: Vec<i32>,
     targets: BTreeMap<u32, PolicyTarget>,
     cluster_cidrs: ClusterCidrs,
     gateways: Vec<GatewayParts>,
@@ -353,6 +367,7 @@ impl<'a> Prepared<'a> {
         // Policies and their targets.
         let views = view.policy_views();
         let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
+        let ranks = pending::precedence_ranks(&views);
         // Each node's tunnel endpoint, looked up once (not per policy).
         let endpoints: BTreeMap<&str, IpAddr> = view
             .tunnels
@@ -413,16 +428,24 @@ impl<'a> Prepared<'a> {
                         .get(&(gw, st.node.as_str(), v4, v6))
                         .copied()
                         .unwrap_or(0),
+                    rank: ranks[vi],
+                    excluded: pending::cidrs(p.fields.excluded_subnet),
                 },
             );
             active.insert(vi, id);
         }
         let index = PolicyIndex::new(&views);
+        let ids = views
+            .iter()
+            .map(|p| ids[&(p.kind, p.key.clone())])
+            .collect();
         Self {
             view,
             views,
             index,
             active,
+            ids,
+            ranks,
             targets,
             cluster_cidrs: cc,
             gateways: gateway_parts(view),
@@ -508,6 +531,15 @@ impl<'a> Prepared<'a> {
             }
         }
         out.rules = rules.into_iter().collect();
+        let policies = pending::Policies {
+            view,
+            views,
+            index,
+            active,
+            ids: &self.ids,
+            ranks: &self.ranks,
+        };
+        out.pending = pending::pending_on(&policies, me);
 
         // Port blocks, reply steering, owned EIPs.
         for g in &self.gateways {

@@ -8,10 +8,8 @@ use std::{
 };
 
 use egress_control::{
-    agent_state::{policy_ids, NodeDesired, RuleAction},
-    controller::{ClusterView, PolicyView},
-    datastore::{Kind, ObjectKey},
-    validate::parse_cidr,
+    agent_state::{NodeDesired, RuleAction},
+    controller::ClusterView,
 };
 use ipnet::IpNet;
 
@@ -50,31 +48,6 @@ fn cidr(n: &IpNet) -> Cidr {
     Cidr::new(n.addr(), n.prefix_len()).expect("an IpNet's prefix length is valid")
 }
 
-/// Precedence rank of every policy (0 wins): lower `spec.priority`, then older.
-fn ranks(view: &ClusterView) -> BTreeMap<(Kind, ObjectKey), i32> {
-    let mut views = view.policy_views();
-    views.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
-    views
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| ((p.kind, p.key.clone()), i as i32))
-        .collect()
-}
-
-fn excluded_of(view: &ClusterView, kind: Kind, key: &ObjectKey) -> Vec<Cidr> {
-    view.policy_views()
-        .into_iter()
-        .find(|p| p.kind == kind && &p.key == key)
-        .map(|p| {
-            p.fields
-                .excluded_subnet
-                .iter()
-                .filter_map(|s| s.parse::<Cidr>().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn fail_closed(policy: String, why: String) -> Skipped {
     Skipped {
         policy,
@@ -105,85 +78,20 @@ fn no_gateway_rule(
     }
 }
 
-/// The address families a policy will get an EIP of: those asked for
-/// explicitly and those its gateway has a pool of. A policy whose gateway
-/// does not exist (or has no pool, or uses the node's address) is expected
-/// to cover both.
-fn expected_families(view: &ClusterView, p: &PolicyView<'_>) -> (bool, bool) {
-    let e = p.fields.egress_ip;
-    let (mut v4, mut v6) = (!e.ipv4.is_empty(), !e.ipv6.is_empty());
-    if let Some(g) = view.gateway_for(p.fields.gateway) {
-        if !e.use_node_ip {
-            v4 |= !g.spec.ippools.ipv4.is_empty();
-            v6 |= !g.spec.ippools.ipv6.is_empty();
-        }
-    }
-    if !v4 && !v6 {
-        (true, true)
-    } else {
-        (v4, v6)
-    }
-}
-
-/// Policies the controller has not given an EIP and a gateway node yet
-/// (the control plane leaves them out of `nd.policies`): each one that
-/// selects a pod on this node becomes a fail-closed rule for those pods.
-fn pending_policies(
-    view: &ClusterView,
-    nd: &NodeDesired,
-    ranks: &BTreeMap<(Kind, ObjectKey), i32>,
-    policies: &mut Vec<PolicyRule>,
-    skipped: &mut Vec<Skipped>,
-) {
-    let views = view.policy_views();
-    let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
-    for p in &views {
-        let id = ids[&(p.kind, p.key.clone())];
-        if nd.policies.contains_key(&id) {
-            continue;
-        }
-        let (v4, v6) = expected_families(view, p);
-        let mut sources = BTreeSet::new();
-        for pod in view.pods.iter().filter(|pod| pod.node == nd.node) {
-            if !p.selects(pod, &view.namespace_labels(&pod.namespace)) {
-                continue;
-            }
-            for ip in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
-                if (ip.is_ipv4() && v4) || (ip.is_ipv6() && v6) {
-                    sources.insert(Cidr::host(ip));
-                }
-            }
-        }
-        if sources.is_empty() {
-            continue; // no local pod: nothing to match
-        }
-        let cidrs = |list: &[String]| -> Vec<Cidr> {
-            list.iter()
-                .filter_map(|c| parse_cidr(c).ok())
-                .map(|n| cidr(&n))
-                .collect()
-        };
-        let has_eip = p
-            .status
-            .is_some_and(|st| !st.eip.ipv4.is_empty() || !st.eip.ipv6.is_empty());
-        let why = if has_eip {
-            "no gateway node assigned yet"
-        } else {
-            "no EIP assigned yet"
-        };
+/// The fail-closed rules of the policies not assigned yet
+/// ([`NodeDesired::pending`], where the control plane decides them).
+fn pending_rules(nd: &NodeDesired, policies: &mut Vec<PolicyRule>, skipped: &mut Vec<Skipped>) {
+    for p in &nd.pending {
         skipped.push(fail_closed(
             format!("{}/{}/{}", p.kind.name(), p.key.namespace, p.key.name),
-            why.into(),
+            p.reason.describe().into(),
         ));
         policies.push(no_gateway_rule(
-            id,
-            ranks
-                .get(&(p.kind, p.key.clone()))
-                .copied()
-                .unwrap_or(i32::MAX),
-            sources.into_iter().collect(),
-            cidrs(p.fields.dest_subnet),
-            cidrs(p.fields.excluded_subnet),
+            p.id,
+            p.rank,
+            p.sources.iter().map(|ip| Cidr::host(*ip)).collect(),
+            p.destinations.iter().map(cidr).collect(),
+            p.excluded.iter().map(cidr).collect(),
         ));
     }
 }
@@ -196,7 +104,6 @@ pub fn desired_maps(
     facts: &NodeFacts,
     announce: &BTreeSet<IpAddr>,
 ) -> (DesiredMaps, Vec<Skipped>) {
-    let ranks = ranks(view);
     let mut skipped = Vec::new();
     let mut sources: BTreeMap<u32, BTreeSet<Cidr>> = BTreeMap::new();
     let mut dests: BTreeMap<u32, BTreeSet<Cidr>> = BTreeMap::new();
@@ -217,15 +124,12 @@ pub fn desired_maps(
         let Some(srcs) = sources.get(id) else {
             continue;
         }; // no local pod: nothing to match
-        let priority = ranks
-            .get(&(target.kind, target.key.clone()))
-            .copied()
-            .unwrap_or(i32::MAX);
+        let priority = target.rank;
         let destinations: Vec<Cidr> = dests
             .get(id)
             .map(|d| d.iter().copied().collect())
             .unwrap_or_default();
-        let excluded = excluded_of(view, target.kind, &target.key);
+        let excluded: Vec<Cidr> = target.excluded.iter().map(cidr).collect();
         let why = match target.tunnel_endpoint {
             _ if target.eip_v4.is_none() && target.eip_v6.is_none() => {
                 Some("no EIP assigned yet".to_string())
@@ -269,7 +173,7 @@ pub fn desired_maps(
             no_gateway: false,
         });
     }
-    pending_policies(view, nd, &ranks, &mut policies, &mut skipped);
+    pending_rules(nd, &mut policies, &mut skipped);
 
     let mut block_size = None;
     let port_blocks = nd

@@ -68,6 +68,8 @@ mod tests {
             local: false,
             use_node_ip: false,
             epoch: 0,
+            rank: 0,
+            excluded: Vec::new(),
         }
     }
 

@@ -307,3 +307,42 @@ fn policy_ids_are_stable_and_unique() {
     assert!(!set.contains(&0));
     let _ = NodeRecord::default();
 }
+
+/// A policy the controller has not assigned yet selects w1's pod: w1 gets
+/// it as pending (fail closed, with its rank and the pod's address); once
+/// assigned it is a target and no longer pending. The gateway node, with
+/// no selected pod, has nothing pending.
+#[tokio::test]
+async fn an_unassigned_policy_is_pending_on_the_nodes_of_its_pods() {
+    let ds = cluster().await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("old", 1, "g1", json!({}), "db", None),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    ds.create(
+        Kind::EgressPolicy,
+        policy("p", 2, "g1", json!({}), "web", None),
+    )
+    .await
+    .unwrap();
+    let view = load_view(&ds).await.unwrap();
+    let w = desired(&view, &cfg("w1"));
+    assert_eq!(w.pending.len(), 1, "{:?}", w.pending);
+    let p = &w.pending[0];
+    assert_eq!(p.key.name, "p");
+    assert_eq!(p.reason, PendingReason::NoEip);
+    assert_eq!(p.sources, vec![ip("10.244.1.5")]);
+    assert_eq!(p.rank, 1, "the older policy ranks first");
+    assert!(!w.policies.contains_key(&p.id));
+    assert_eq!(w.policies.values().map(|t| t.rank).collect::<Vec<_>>(), [0]);
+    assert!(desired(&view, &cfg("gw")).pending.is_empty());
+
+    pass(&ds).await;
+    let view = load_view(&ds).await.unwrap();
+    let w = desired(&view, &cfg("w1"));
+    assert!(w.pending.is_empty(), "{:?}", w.pending);
+    assert_eq!(w.policies.len(), 2);
+}
