@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
-use crate::{client_prefix, wait_until, CLUSTER};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::{client_prefix, wait_until};
 
 /// `kind` as a client of our reflector next to one of our clients: each
 /// gets the other's route.
@@ -13,47 +13,17 @@ pub(crate) fn client_of_our_reflector(kind: Kind) -> Result<()> {
     let _rr = Router::start(
         Kind::Ours,
         lan.node("rr", rr)?,
-        RouterCfg {
-            me: rr,
-            cluster_id: Some(CLUSTER),
-            neighbors: vec![
-                Neighbor {
-                    addr: ip(11),
-                    client: true,
-                },
-                Neighbor {
-                    addr: ip(12),
-                    client: true,
-                },
-            ],
-            announce: vec![],
-        },
+        RouterCfg::reflector(rr, &[ip(11), ip(12)], &[], vec![]),
     )?;
     let theirs = Router::start(
         kind,
         lan.node("peer", ip(11))?,
-        RouterCfg {
-            me: ip(11),
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec![client_prefix(11)],
-        },
+        RouterCfg::peer_of(ip(11), &[rr], vec![client_prefix(11)]),
     )?;
     let ours = Router::start(
         Kind::Ours,
         lan.node("c", ip(12))?,
-        RouterCfg {
-            me: ip(12),
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec![client_prefix(12)],
-        },
+        RouterCfg::peer_of(ip(12), &[rr], vec![client_prefix(12)]),
     )?;
     wait_until(
         "our client's route at theirs",

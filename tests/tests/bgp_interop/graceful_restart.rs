@@ -2,8 +2,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
-use crate::{client_prefix, count_present, hold, peer_status, wait_until, CLUSTER};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// Graceful restart both ways between our speaker and `kind`:
 /// 1. ours is killed and restarted while `kind` keeps its route: polled
@@ -16,47 +16,17 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
     let mut ours = Router::start(
         Kind::Ours,
         lan.node("rr", rr)?,
-        RouterCfg {
-            me: rr,
-            cluster_id: Some(CLUSTER),
-            neighbors: vec![
-                Neighbor {
-                    addr: ip(11),
-                    client: true,
-                },
-                Neighbor {
-                    addr: ip(12),
-                    client: true,
-                },
-            ],
-            announce: vec!["192.0.2.1/32".into()],
-        },
+        RouterCfg::reflector(rr, &[ip(11), ip(12)], &[], vec!["192.0.2.1/32".into()]),
     )?;
     let mut theirs = Router::start(
         kind,
         lan.node("peer", ip(11))?,
-        RouterCfg {
-            me: ip(11),
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec![client_prefix(11)],
-        },
+        RouterCfg::peer_of(ip(11), &[rr], vec![client_prefix(11)]),
     )?;
     let observer = Router::start(
         Kind::Ours,
         lan.node("obs", ip(12))?,
-        RouterCfg {
-            me: ip(12),
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec![],
-        },
+        RouterCfg::peer_of(ip(12), &[rr], vec![]),
     )?;
     let ours_route = vec!["192.0.2.1/32".to_string()];
     let their_route = vec![client_prefix(11)];

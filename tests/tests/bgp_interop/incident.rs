@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
-use crate::{client_prefix, count_present, hold, peer_status, wait_until, CLUSTER};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// The incident: two of our reflectors share one cluster id, `n` clients
 /// of kind `clients`, FRR upstream. Each reflector alone sends every
@@ -20,45 +20,14 @@ pub(crate) fn incident(clients: Kind, n: u8) -> Result<()> {
     let frr = Router::start(
         Kind::Frr,
         lan.node("up", up)?,
-        RouterCfg {
-            me: up,
-            cluster_id: None,
-            neighbors: rrs
-                .iter()
-                .map(|a| Neighbor {
-                    addr: *a,
-                    client: false,
-                })
-                .collect(),
-            announce: vec![],
-        },
+        RouterCfg::peer_of(up, &rrs, vec![]),
     )?;
     let mut reflectors = Vec::new();
     for (i, me) in rrs.iter().enumerate() {
-        let mut neighbors: Vec<Neighbor> = client_ips
-            .iter()
-            .map(|a| Neighbor {
-                addr: *a,
-                client: true,
-            })
-            .collect();
-        neighbors.push(Neighbor {
-            addr: up,
-            client: false,
-        });
-        neighbors.push(Neighbor {
-            addr: rrs[1 - i],
-            client: false,
-        });
         reflectors.push(Router::start(
             Kind::Ours,
             lan.node("rr", *me)?,
-            RouterCfg {
-                me: *me,
-                cluster_id: Some(CLUSTER),
-                neighbors,
-                announce: vec![],
-            },
+            RouterCfg::reflector(*me, &client_ips, &[up, rrs[1 - i]], vec![]),
         )?);
     }
     let mut cs = Vec::new();
@@ -66,18 +35,7 @@ pub(crate) fn incident(clients: Kind, n: u8) -> Result<()> {
         cs.push(Router::start(
             clients,
             lan.node("c", *a)?,
-            RouterCfg {
-                me: *a,
-                cluster_id: None,
-                neighbors: rrs
-                    .iter()
-                    .map(|r| Neighbor {
-                        addr: *r,
-                        client: false,
-                    })
-                    .collect(),
-                announce: vec![prefixes[i].clone()],
-            },
+            RouterCfg::peer_of(*a, &rrs, vec![prefixes[i].clone()]),
         )?);
     }
     // Each reflector alone sends all client prefixes upstream.

@@ -3,8 +3,8 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
-use crate::{wait_until, CLUSTER};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::wait_until;
 
 /// IPv6 unicast over an IPv4 session (MP_REACH_NLRI, RFC 4760): a client
 /// of ours announces an IPv6 prefix (next hop: the IPv4-mapped form of its
@@ -16,47 +16,17 @@ pub(crate) fn ipv6_routes_reach_frr() -> Result<()> {
     let frr = Router::start(
         Kind::Frr,
         lan.node("up", up)?,
-        RouterCfg {
-            me: up,
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec![],
-        },
+        RouterCfg::peer_of(up, &[rr], vec![]),
     )?;
     let _rr = Router::start(
         Kind::Ours,
         lan.node("rr", rr)?,
-        RouterCfg {
-            me: rr,
-            cluster_id: Some(CLUSTER),
-            neighbors: vec![
-                Neighbor {
-                    addr: ip(11),
-                    client: true,
-                },
-                Neighbor {
-                    addr: up,
-                    client: false,
-                },
-            ],
-            announce: vec![],
-        },
+        RouterCfg::reflector(rr, &[ip(11)], &[up], vec![]),
     )?;
     let _c = Router::start(
         Kind::Ours,
         lan.node("c", ip(11))?,
-        RouterCfg {
-            me: ip(11),
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec!["2001:db8:11::/48".into()],
-        },
+        RouterCfg::peer_of(ip(11), &[rr], vec!["2001:db8:11::/48".into()]),
     )?;
     wait_until("the IPv6 prefix at FRR", Duration::from_secs(30), || {
         let v: Value = serde_json::from_str(&frr.vtysh("show bgp ipv6 unicast json")?)?;

@@ -108,6 +108,50 @@ pub(crate) struct RouterCfg {
     pub(crate) announce: Vec<String>,
 }
 
+impl RouterCfg {
+    /// A speaker whose neighbours are plain peers (a reflector's client,
+    /// an upstream router).
+    pub(crate) fn peer_of(me: Ipv4Addr, peers: &[Ipv4Addr], announce: Vec<String>) -> Self {
+        Self {
+            me,
+            cluster_id: None,
+            neighbors: peers
+                .iter()
+                .map(|&addr| Neighbor {
+                    addr,
+                    client: false,
+                })
+                .collect(),
+            announce,
+        }
+    }
+
+    /// A reflector of the test cluster (`CLUSTER`): `clients` are its route
+    /// reflector clients, `peers` its other neighbours.
+    pub(crate) fn reflector(
+        me: Ipv4Addr,
+        clients: &[Ipv4Addr],
+        peers: &[Ipv4Addr],
+        announce: Vec<String>,
+    ) -> Self {
+        let client = |&addr: &Ipv4Addr| Neighbor { addr, client: true };
+        let peer = |&addr: &Ipv4Addr| Neighbor {
+            addr,
+            client: false,
+        };
+        Self {
+            me,
+            cluster_id: Some(crate::CLUSTER),
+            neighbors: clients
+                .iter()
+                .map(client)
+                .chain(peers.iter().map(peer))
+                .collect(),
+            announce,
+        }
+    }
+}
+
 /// A running BGP router of any kind, with its own namespace.
 pub(crate) struct Router {
     kind: Kind,

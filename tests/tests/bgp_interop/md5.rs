@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
-use crate::{hold, wait_until, CLUSTER};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::{hold, wait_until};
 
 /// TCP-MD5 (RFC 2385): our reflector and `kind` share a key; the session
 /// comes up and our route arrives.
@@ -14,29 +14,13 @@ pub(crate) fn md5_session(kind: Kind) -> Result<()> {
     let _ours = Router::start_with_password(
         Kind::Ours,
         lan.node("rr", rr)?,
-        RouterCfg {
-            me: rr,
-            cluster_id: Some(CLUSTER),
-            neighbors: vec![Neighbor {
-                addr: ip(11),
-                client: true,
-            }],
-            announce: vec!["192.0.2.1/32".into()],
-        },
+        RouterCfg::reflector(rr, &[ip(11)], &[], vec!["192.0.2.1/32".into()]),
         Some("s3cret"),
     )?;
     let theirs = Router::start_with_password(
         kind,
         lan.node("peer", ip(11))?,
-        RouterCfg {
-            me: ip(11),
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec![],
-        },
+        RouterCfg::peer_of(ip(11), &[rr], vec![]),
         Some("s3cret"),
     )?;
     wait_until(
@@ -60,18 +44,12 @@ pub(crate) fn md5_for_peers_added_at_run_time() -> Result<()> {
     ];
     let ours = Router::start_ours_with_late_peers(
         lan.node("rr", rr)?,
-        RouterCfg {
-            me: rr,
-            cluster_id: Some(CLUSTER),
-            neighbors: peers
-                .iter()
-                .map(|(a, _)| Neighbor {
-                    addr: *a,
-                    client: true,
-                })
-                .collect(),
-            announce: vec!["192.0.2.1/32".into()],
-        },
+        RouterCfg::reflector(
+            rr,
+            &peers.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
+            &[],
+            vec!["192.0.2.1/32".into()],
+        ),
         "s3cret",
     )?;
     let mut frrs = Vec::new();
@@ -79,15 +57,7 @@ pub(crate) fn md5_for_peers_added_at_run_time() -> Result<()> {
         frrs.push(Router::start_with_password(
             Kind::Frr,
             lan.node("peer", a)?,
-            RouterCfg {
-                me: a,
-                cluster_id: None,
-                neighbors: vec![Neighbor {
-                    addr: rr,
-                    client: false,
-                }],
-                announce: vec![format!("198.51.100.{}/32", a.octets()[3])],
-            },
+            RouterCfg::peer_of(a, &[rr], vec![format!("198.51.100.{}/32", a.octets()[3])]),
             pw,
         )?);
     }

@@ -3,7 +3,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::lab::{ip, Kind, Lan, Neighbor, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
 use crate::{client_prefix, count_present, wait_until, CLUSTER};
 
 /// Our reflector with two of our clients and `kind` as an upstream
@@ -15,34 +15,12 @@ pub(crate) fn upstream_receives_every_route(kind: Kind) -> Result<()> {
     let rr = ip(1);
     let up = ip(254);
     let clients = [11u8, 12];
-    let rr_cfg = RouterCfg {
-        me: rr,
-        cluster_id: Some(CLUSTER),
-        neighbors: clients
-            .iter()
-            .map(|c| Neighbor {
-                addr: ip(*c),
-                client: true,
-            })
-            .chain([Neighbor {
-                addr: up,
-                client: false,
-            }])
-            .collect(),
-        announce: vec![],
-    };
+    let client_ips: Vec<_> = clients.iter().map(|c| ip(*c)).collect();
+    let rr_cfg = RouterCfg::reflector(rr, &client_ips, &[up], vec![]);
     let upstream = Router::start(
         kind,
         lan.node("up", up)?,
-        RouterCfg {
-            me: up,
-            cluster_id: None,
-            neighbors: vec![Neighbor {
-                addr: rr,
-                client: false,
-            }],
-            announce: vec!["203.0.113.0/24".into()],
-        },
+        RouterCfg::peer_of(up, &[rr], vec!["203.0.113.0/24".into()]),
     )?;
     let _rr = Router::start(Kind::Ours, lan.node("rr", rr)?, rr_cfg)?;
     let mut cs = Vec::new();
@@ -50,15 +28,7 @@ pub(crate) fn upstream_receives_every_route(kind: Kind) -> Result<()> {
         cs.push(Router::start(
             Kind::Ours,
             lan.node("c", ip(c))?,
-            RouterCfg {
-                me: ip(c),
-                cluster_id: None,
-                neighbors: vec![Neighbor {
-                    addr: rr,
-                    client: false,
-                }],
-                announce: vec![client_prefix(c)],
-            },
+            RouterCfg::peer_of(ip(c), &[rr], vec![client_prefix(c)]),
         )?);
     }
     let want: Vec<String> = clients.iter().map(|c| client_prefix(*c)).collect();
