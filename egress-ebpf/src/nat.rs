@@ -112,6 +112,72 @@ const _: () = assert!(
         && core::mem::size_of::<NatKey>() == core::mem::offset_of!(NatKey, proto) + 4
 );
 
+/// An existing translation of the flow to the same EIP: refreshed with the
+/// current policy tables' values in `fresh` (all but the port and state);
+/// its port. `None` when it is of another EIP.
+#[inline(always)]
+fn reuse(e: &mut NatEntry, fresh: &NatEntry, f: &Flow) -> Option<u16> {
+    if e.addr != fresh.addr {
+        return None;
+    }
+    e.last_seen_ns = fresh.last_seen_ns;
+    if f.proto == IPPROTO_TCP {
+        e.state = next_tcp_state(e.state, f.tcp_flags);
+    }
+    // Still right under the current policy tables.
+    e.epoch = fresh.epoch;
+    e.ifindex = fresh.ifindex;
+    e.flags = fresh.flags;
+    e.policy_id = fresh.policy_id;
+    Some(e.port)
+}
+
+/// Where a new flow's port search starts: a hash of its addresses
+/// (their last words), ports and protocol.
+#[inline(always)]
+fn port_hash(f: &Flow) -> u32 {
+    flow_hash(&[
+        u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]),
+        u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]),
+        u32::from(f.sport) << 16 | u32::from(f.dport),
+        u32::from(f.proto) ^ u32::from_ne_bytes([f.src[8], f.src[9], f.src[10], f.src[11]]),
+    ])
+}
+
+/// The port of reverse key `rev` is taken: takes it over when its flow has
+/// been idle for its timeout (the forward entry removed, the reverse one
+/// overwritten). True when the port is this flow's now.
+#[inline(always)]
+fn reclaim_idle(
+    cfg: &DatapathConfig,
+    f: &Flow,
+    rev: &NatKey,
+    rev_val: &NatEntry,
+    now: u64,
+) -> bool {
+    let Some(old) = NAT_REV.get_ptr(rev) else {
+        return false;
+    };
+    // SAFETY: valid map value pointer.
+    let old = unsafe { &*old };
+    let old_fwd = nat_key(&old.addr, &f.dst, old.port, f.dport, f.proto);
+    let (fwd_seen, fwd_state) = match NAT_FWD.get_ptr(&old_fwd) {
+        // SAFETY: valid map value pointer.
+        Some(e) => unsafe { ((*e).last_seen_ns, (*e).state) },
+        None => (0, 0),
+    };
+    let seen = if fwd_seen > old.last_seen_ns {
+        fwd_seen
+    } else {
+        old.last_seen_ns
+    };
+    if now.saturating_sub(seen) < idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
+        return false;
+    }
+    let _ = NAT_FWD.remove(&old_fwd);
+    NAT_REV.insert(rev, rev_val, u64::from(BPF_ANY)).is_ok()
+}
+
 /// Finds or creates the translation of `f` to `eip` and returns the EIP port.
 /// `absent`: the caller just looked the forward key up and found nothing,
 /// so the lookup is not repeated.
@@ -144,20 +210,19 @@ fn translate_forward(
         NAT_FWD.get_ptr_mut(&key)
     };
     if let Some(e) = found {
-        // SAFETY: the entry stays valid for this run; racing writers only touch these fields.
-        unsafe {
-            if (*e).addr == *eip {
-                (*e).last_seen_ns = now;
-                if f.proto == IPPROTO_TCP {
-                    (*e).state = next_tcp_state((*e).state, f.tcp_flags);
-                }
-                // Still right under the current policy tables.
-                (*e).epoch = cfg.policy_epoch;
-                (*e).ifindex = gw;
-                (*e).flags = nflags;
-                (*e).policy_id = policy_id;
-                return Packed::ok(i64::from((*e).port));
-            }
+        let fresh = NatEntry {
+            addr: *eip,
+            port: 0,
+            state: 0,
+            flags: nflags,
+            ifindex: gw,
+            policy_id,
+            epoch: cfg.policy_epoch,
+            last_seen_ns: now,
+        };
+        // SAFETY: valid map value pointer, for this run.
+        if let Some(port) = unsafe { reuse(&mut *e, &fresh, f) } {
+            return Packed::ok(i64::from(port));
         }
         // The policy now maps this flow to another EIP: allocate anew.
     }
@@ -179,12 +244,7 @@ fn translate_forward(
     }
     let max = MAX_BLOCKS_PER_EIP as u32;
     let n = if n > max { max } else { n };
-    let h = flow_hash(&[
-        u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]),
-        u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]),
-        u32::from(f.sport) << 16 | u32::from(f.dport),
-        u32::from(f.proto) ^ u32::from_ne_bytes([f.src[8], f.src[9], f.src[10], f.src[11]]),
-    ]);
+    let h = port_hash(f);
     let state = if f.proto == IPPROTO_TCP {
         next_tcp_state(0, f.tcp_flags)
     } else {
@@ -216,30 +276,10 @@ fn translate_forward(
         }
         let port = port as u16;
         let rev = nat_key(&f.dst, eip, f.dport, port, f.proto);
-        let mut take = NAT_REV
+        let take = NAT_REV
             .insert(&rev, &rev_val, u64::from(BPF_NOEXIST))
-            .is_ok();
-        if !take {
-            if let Some(old) = NAT_REV.get_ptr(&rev) {
-                // SAFETY: valid map value pointer.
-                let old = unsafe { &*old };
-                let old_fwd = nat_key(&old.addr, &f.dst, old.port, f.dport, f.proto);
-                let (fwd_seen, fwd_state) = match NAT_FWD.get_ptr(&old_fwd) {
-                    // SAFETY: valid map value pointer.
-                    Some(e) => unsafe { ((*e).last_seen_ns, (*e).state) },
-                    None => (0, 0),
-                };
-                let seen = if fwd_seen > old.last_seen_ns {
-                    fwd_seen
-                } else {
-                    old.last_seen_ns
-                };
-                if now.saturating_sub(seen) >= idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
-                    let _ = NAT_FWD.remove(&old_fwd);
-                    take = NAT_REV.insert(&rev, &rev_val, u64::from(BPF_ANY)).is_ok();
-                }
-            }
-        }
+            .is_ok()
+            || reclaim_idle(cfg, f, &rev, &rev_val, now);
         if take {
             let fwd_val = NatEntry {
                 addr: *eip,
