@@ -58,6 +58,10 @@ pub(crate) struct SessionSetup {
 struct Conn {
     rd: OwnedReadHalf,
     buf: BytesMut,
+    /// Room made for the next reads: small at first, doubled while reads
+    /// fill it (a peer sending its table), so that a thousand quiet
+    /// sessions do not hold 64 KiB each.
+    read_size: usize,
     local: SocketAddr,
     outbound: bool,
 }
@@ -69,13 +73,19 @@ impl Conn {
         let (rd, wr) = stream.into_split();
         let conn = Conn {
             rd,
-            buf: BytesMut::with_capacity(65536),
+            buf: BytesMut::with_capacity(READ_MIN),
+            read_size: READ_MIN,
             local,
             outbound,
         };
         Ok((conn, Output::new(wr)))
     }
 }
+
+/// The smallest and largest room made for reads: one message of the
+/// usual size, and enough for a peer sending its table at speed.
+const READ_MIN: usize = 4096;
+const READ_MAX: usize = 65536;
 
 type Connecting = Pin<Box<dyn std::future::Future<Output = io::Result<TcpStream>> + Send>>;
 
@@ -168,10 +178,15 @@ async fn read_more(conn: Option<&mut Conn>) -> io::Result<usize> {
         Some(c) => {
             // Keep reads large: an exhausted BytesMut would otherwise grow
             // by a few bytes per read.
-            if c.buf.capacity() - c.buf.len() < 16384 {
-                c.buf.reserve(65536);
+            if c.buf.capacity() - c.buf.len() < c.read_size / 4 {
+                c.buf.reserve(c.read_size);
             }
-            c.rd.read_buf(&mut c.buf).await
+            let room = c.buf.capacity() - c.buf.len();
+            let n = c.rd.read_buf(&mut c.buf).await?;
+            if n == room {
+                c.read_size = (c.read_size * 2).min(READ_MAX);
+            }
+            Ok(n)
         }
         None => pending().await,
     }
