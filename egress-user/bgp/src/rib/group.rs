@@ -120,28 +120,34 @@ impl OutGroup {
         }
     }
 
-    /// Packs the pending changes: one list for the members that decide
-    /// alike, one per member that was the source of a pending route. Each
-    /// list goes to `send` as soon as it is packed, so that one list at a
-    /// time is alive as [`Update`]s (a list of a full table costs some 150
+    /// Packs the pending changes: the prefixes no member is the source of
+    /// in one list for all members; those some member is the source of
+    /// (its own routes, never sent back to it) in one list for the other
+    /// members and one for each source. So sessions that come up together
+    /// and announce their routes at once share one full table and get a
+    /// few prefixes each on their own, not a full table each.
+    ///
+    /// Each list goes to `send` as soon as it is packed, so that one list
+    /// at a time is alive as [`Update`]s (a full table costs some 150
     /// octets a prefix before it is encoded to a few).
     pub(super) fn take(&mut self, send: &mut impl FnMut(Outgoing)) {
         if self.pending.is_empty() {
             return;
         }
         self.fresh = false;
-        let alone = self.deciding_alone();
-        let alike: Vec<IpAddr> = self
-            .members
+        let sourced: Vec<Prefix> = self
+            .pending
             .iter()
-            .filter(|m| !alone.contains(m))
-            .copied()
+            .filter(|(_, p)| self.sourced_by_member(p))
+            .map(|(k, _)| *k)
             .collect();
-        if !alike.is_empty() {
-            self.pack_for(None, alike, send);
-        }
-        for m in alone {
-            self.pack_for(Some(m), vec![m], send);
+        let common = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !self.sourced_by_member(p));
+        self.pack_for(None, self.members.clone(), common, send);
+        if !sourced.is_empty() {
+            self.take_sourced(&sourced, send);
         }
         let big = self.pending.capacity() > 1 << 16;
         self.pending.clear();
@@ -150,36 +156,53 @@ impl OutGroup {
         }
     }
 
-    /// The members that were the source of a pending route (or of the
-    /// route it replaces), so are sent a list of their own.
-    fn deciding_alone(&self) -> Vec<IpAddr> {
-        if self.members.len() == 1 {
-            return self.members.clone();
-        }
+    /// Whether a member is the source of the change's route, or of the
+    /// route it replaces.
+    fn sourced_by_member(&self, p: &Pending) -> bool {
+        [p.from, p.was_from]
+            .into_iter()
+            .flatten()
+            .any(|f| self.own.contains_key(&f))
+    }
+
+    /// The lists of the `sourced` prefixes: one for the members that are
+    /// the source of none of them, one for each that is.
+    fn take_sourced(&self, sourced: &[Prefix], send: &mut impl FnMut(Outgoing)) {
         let mut alone: Vec<IpAddr> = Vec::new();
-        for p in self.pending.values() {
+        for p in sourced.iter().filter_map(|k| self.pending.get(k)) {
             for f in [p.from, p.was_from].into_iter().flatten() {
                 if !alone.contains(&f) && self.own.contains_key(&f) {
                     alone.push(f);
                 }
             }
         }
-        alone
+        let alike: Vec<IpAddr> = self
+            .members
+            .iter()
+            .filter(|m| !alone.contains(m))
+            .copied()
+            .collect();
+        let entries = || sourced.iter().filter_map(|k| self.pending.get_key_value(k));
+        if !alike.is_empty() {
+            self.pack_for(None, alike, entries(), send);
+        }
+        for m in alone {
+            self.pack_for(Some(m), vec![m], entries(), send);
+        }
     }
 
     /// Packs what `member` (None: a member that sourced none of them) is
-    /// sent and hands it to `send` for `peers`, unless it is nothing.
-    fn pack_for(
+    /// sent of `entries` and hands it to `send` for `peers`, unless it is
+    /// nothing.
+    fn pack_for<'a>(
         &self,
         member: Option<IpAddr>,
         peers: Vec<IpAddr>,
+        entries: impl Iterator<Item = (&'a Prefix, &'a Pending)>,
         send: &mut impl FnMut(Outgoing),
     ) {
-        let updates = out::pack(
-            self.pending
-                .iter()
-                .filter_map(|(k, p)| p.for_member(member).map(|v| (*k, v.cloned()))),
-        );
+        let updates =
+            out::pack(entries.filter_map(|(k, p)| p.for_member(member).map(|v| (*k, v.cloned()))));
         if !updates.is_empty() {
             send(Outgoing { peers, updates });
         }

@@ -104,9 +104,19 @@ impl RibTask {
             peers,
             sessions,
             next_batch,
+            first: Vec::new(),
         };
         // Each list is encoded and handed over before the next is packed.
         rib.take_outgoing_each(state, |o| hand.outgoing(o));
+        // A peer may get several lists of one round: End-of-RIB goes after
+        // the last.
+        for addr in std::mem::take(&mut hand.first) {
+            let Some(p) = hand.peers.get(&addr) else {
+                continue;
+            };
+            let eor = encode(&gr::end_of_rib_markers(&p.families), p.codec);
+            hand.batch(addr, vec![eor]);
+        }
     }
 
     /// Hands encoded UPDATEs to a session and notes them as unwritten.
@@ -115,6 +125,7 @@ impl RibTask {
             peers: &mut self.peers,
             sessions: &self.sessions,
             next_batch: &mut self.next_batch,
+            first: Vec::new(),
         }
         .batch(addr, chunks);
     }
@@ -161,6 +172,12 @@ fn encode<'a>(updates: impl IntoIterator<Item = &'a Update>, codec: CodecOptions
             tracing::warn!(error = %e, "UPDATE not sent");
         }
     }
+    // The buffer grew by doubling; what sessions have not written yet is
+    // most of the speaker's memory while many of them come up, so a buffer
+    // much larger than its content is not kept.
+    if buf.capacity() - buf.len() > buf.len() / 4 {
+        return Bytes::copy_from_slice(&buf);
+    }
     buf.freeze()
 }
 
@@ -181,6 +198,8 @@ struct Handover<'a> {
     peers: &'a mut HashMap<IpAddr, PeerEntry>,
     sessions: &'a SessionMap,
     next_batch: &'a mut u64,
+    /// Peers sent their initial table this round, due End-of-RIB after it.
+    first: Vec<IpAddr>,
 }
 
 impl Handover<'_> {
@@ -206,11 +225,10 @@ impl Handover<'_> {
                     b
                 }
             };
-            let mut chunks = vec![bytes];
             if std::mem::take(&mut p.eor_due) {
-                chunks.push(encode(&gr::end_of_rib_markers(&p.families), p.codec));
+                self.first.push(addr);
             }
-            self.batch(addr, chunks);
+            self.batch(addr, vec![bytes]);
         }
     }
 
