@@ -76,3 +76,34 @@ fn a_joining_session_withdrawn_from_before_packing_is_sent_nothing_of_it() {
     rib.withdraw_local(p("192.0.2.0/24"));
     assert!(outgoing(&mut rib).is_empty());
 }
+
+#[test]
+fn members_announcing_before_the_table_is_packed_share_it_and_skip_their_own() {
+    let mut rib = three_clients();
+    rib.announce_local(p("192.0.2.0/24"), ip(ME));
+    up(&mut rib, CLIENT);
+    up(&mut rib, CLIENT2);
+    up(&mut rib, CLIENT3);
+    rib.apply_update(ip(CLIENT), &announce("198.51.100.0/24", CLIENT, |_| {}));
+    rib.apply_update(ip(CLIENT2), &announce("203.0.113.0/24", CLIENT2, |_| {}));
+    let v = outgoing(&mut rib);
+    // The table none of them sourced: once, for all three.
+    let all = vec![ip(CLIENT), ip(CLIENT2), ip(CLIENT3)];
+    let shared: Vec<_> = v.iter().filter(|(peers, _)| *peers == all).collect();
+    assert_eq!(shared.len(), 1, "{v:?}");
+    assert_eq!(shared[0].1.len(), 1, "{v:?}");
+    assert_eq!(shared[0].1[0].nlri, vec![p("192.0.2.0/24")]);
+    // Then each is sent the others' routes, never its own.
+    let to = |peer| {
+        let mut s = announced_to(&v, peer);
+        s.sort();
+        s
+    };
+    let (a, b, c) = (p("192.0.2.0/24"), p("198.51.100.0/24"), p("203.0.113.0/24"));
+    assert_eq!(to(CLIENT), vec![a, c]);
+    assert_eq!(to(CLIENT2), vec![a, b]);
+    assert_eq!(to(CLIENT3), vec![a, b, c]);
+    assert!(v
+        .iter()
+        .all(|(_, ups)| ups.iter().all(|u| u.withdrawn.is_empty())));
+}
