@@ -135,17 +135,11 @@ impl OutGroup {
             return;
         }
         self.fresh = false;
-        let sourced: Vec<Prefix> = self
+        let (sourced, common): (Vec<_>, Vec<_>) = self
             .pending
             .iter()
-            .filter(|(_, p)| self.sourced_by_member(p))
-            .map(|(k, _)| *k)
-            .collect();
-        let common = self
-            .pending
-            .iter()
-            .filter(|(_, p)| !self.sourced_by_member(p));
-        self.pack_for(None, self.members.clone(), common, send);
+            .partition(|(_, p)| self.sourced_by_member(p));
+        self.pack_for(None, self.members.clone(), &common, send);
         if !sourced.is_empty() {
             self.take_sourced(&sourced, send);
         }
@@ -165,11 +159,11 @@ impl OutGroup {
             .any(|f| self.own.contains_key(&f))
     }
 
-    /// The lists of the `sourced` prefixes: one for the members that are
+    /// The lists of the `sourced` changes: one for the members that are
     /// the source of none of them, one for each that is.
-    fn take_sourced(&self, sourced: &[Prefix], send: &mut impl FnMut(Outgoing)) {
+    fn take_sourced(&self, sourced: &[(&Prefix, &Pending)], send: &mut impl FnMut(Outgoing)) {
         let mut alone: Vec<IpAddr> = Vec::new();
-        for p in sourced.iter().filter_map(|k| self.pending.get(k)) {
+        for (_, p) in sourced {
             for f in [p.from, p.was_from].into_iter().flatten() {
                 if !alone.contains(&f) && self.own.contains_key(&f) {
                     alone.push(f);
@@ -182,27 +176,29 @@ impl OutGroup {
             .filter(|m| !alone.contains(m))
             .copied()
             .collect();
-        let entries = || sourced.iter().filter_map(|k| self.pending.get_key_value(k));
         if !alike.is_empty() {
-            self.pack_for(None, alike, entries(), send);
+            self.pack_for(None, alike, sourced, send);
         }
         for m in alone {
-            self.pack_for(Some(m), vec![m], entries(), send);
+            self.pack_for(Some(m), vec![m], sourced, send);
         }
     }
 
     /// Packs what `member` (None: a member that sourced none of them) is
-    /// sent of `entries` and hands it to `send` for `peers`, unless it is
+    /// sent of `changes` and hands it to `send` for `peers`, unless it is
     /// nothing.
-    fn pack_for<'a>(
+    fn pack_for(
         &self,
         member: Option<IpAddr>,
         peers: Vec<IpAddr>,
-        entries: impl Iterator<Item = (&'a Prefix, &'a Pending)>,
+        changes: &[(&Prefix, &Pending)],
         send: &mut impl FnMut(Outgoing),
     ) {
-        let updates =
-            out::pack(entries.filter_map(|(k, p)| p.for_member(member).map(|v| (*k, v.cloned()))));
+        let updates = out::pack(
+            changes
+                .iter()
+                .filter_map(|(k, p)| p.for_member(member).map(|v| (**k, v.cloned()))),
+        );
         if !updates.is_empty() {
             send(Outgoing { peers, updates });
         }
