@@ -5,8 +5,7 @@ use std::future::pending;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
@@ -15,44 +14,13 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::msg::{RibMsg, SessionCmd, SessionSetup};
 use super::output::Output;
-use super::rib_task::RibMsg;
-use super::PeerSpec;
 use crate::codec::{
     notif, split_frame, Capability, CodecOptions, Message, Notification, Open, RouteRefreshSubtype,
 };
-use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, FsmConfig, State, Timer};
-use crate::gr::{self, GrConfig};
-use crate::types::Family;
-
-pub(crate) enum SessionCmd {
-    /// Messages already encoded with these options (the same bytes go to
-    /// every peer of an update group); dropped if the session's differ.
-    /// The RIB sends the next batch once this one is confirmed written
-    /// (or dropped) with [`RibMsg::Written`].
-    SendEncoded {
-        codec: CodecOptions,
-        chunks: Vec<Bytes>,
-        batch: u64,
-    },
-    /// An accepted connection from this peer.
-    Inbound(TcpStream),
-    /// Cease and end the task.
-    Stop,
-    /// Hard Reset (RFC 8538) and end the task: the peer drops our routes.
-    StopHard,
-}
-
-pub(crate) struct SessionSetup {
-    pub spec: PeerSpec,
-    pub fsm: FsmConfig,
-    pub families: Vec<Family>,
-    pub graceful_restart: Option<GrConfig>,
-    pub restarting: Arc<AtomicBool>,
-    pub source_addr: Option<IpAddr>,
-    pub socket_buffer: u32,
-    pub rib: mpsc::Sender<RibMsg>,
-}
+use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, State, Timer};
+use crate::gr;
 
 /// The reading side of a connection; its writing side is an [`Output`].
 struct Conn {

@@ -13,7 +13,7 @@ use super::{PeerEntry, RibTask};
 use crate::codec::{CodecOptions, Message, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::gr;
 use crate::rib::{Outgoing, Readiness};
-use crate::speaker::session::SessionCmd;
+use crate::speaker::msg::SessionCmd;
 use crate::speaker::SessionMap;
 use crate::types::Family;
 
