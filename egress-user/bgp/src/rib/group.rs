@@ -42,7 +42,8 @@ impl Pending {
 /// them, so the speaker encodes each UPDATE once and sends the same bytes
 /// to every member. A peer whose session comes up (or asks for a route
 /// refresh) gets a group of its own for its full table, merged back once
-/// both are sent out.
+/// both are sent out; sessions that come up before that table is packed
+/// share it.
 pub(super) struct OutGroup {
     pub(super) key: GroupKey,
     pub(super) members: Vec<IpAddr>,
@@ -51,6 +52,11 @@ pub(super) struct OutGroup {
     pub(super) advertised: usize,
     /// ... of which came from each member (so not sent to it).
     pub(super) own: HashMap<IpAddr, usize>,
+    /// Made for sessions that came up and nothing sent yet: its pending
+    /// changes are the whole table as exported to its key, so a session
+    /// that comes up meanwhile can join it instead of packing and encoding
+    /// a copy of its own.
+    pub(super) fresh: bool,
 }
 
 impl OutGroup {
@@ -61,6 +67,7 @@ impl OutGroup {
             pending: PrefixMap::default(),
             advertised: 0,
             own: HashMap::from([(member, 0)]),
+            fresh: false,
         }
     }
 
@@ -113,22 +120,53 @@ impl OutGroup {
         }
     }
 
-    /// Packs the pending changes: one list for the members that decide
-    /// alike, one per member that was the source of a pending route.
-    pub(super) fn take(&mut self) -> Vec<Outgoing> {
-        let mut out = Vec::new();
+    /// Packs the pending changes: the prefixes no member is the source of
+    /// in one list for all members; those some member is the source of
+    /// (its own routes, never sent back to it) in one list for the other
+    /// members and one for each source. So sessions that come up together
+    /// and announce their routes at once share one full table and get a
+    /// few prefixes each on their own, not a full table each.
+    ///
+    /// Each list goes to `send` as soon as it is packed, so that one list
+    /// at a time is alive as [`Update`]s (a full table costs some 150
+    /// octets a prefix before it is encoded to a few).
+    pub(super) fn take(&mut self, send: &mut impl FnMut(Outgoing)) {
         if self.pending.is_empty() {
-            return out;
+            return;
         }
+        self.fresh = false;
+        let (sourced, common): (Vec<_>, Vec<_>) = self
+            .pending
+            .iter()
+            .partition(|(_, p)| self.sourced_by_member(p));
+        self.pack_for(None, self.members.clone(), &common, send);
+        if !sourced.is_empty() {
+            self.take_sourced(&sourced, send);
+        }
+        let big = self.pending.capacity() > 1 << 16;
+        self.pending.clear();
+        if big {
+            self.pending.shrink_to(0);
+        }
+    }
+
+    /// Whether a member is the source of the change's route, or of the
+    /// route it replaces.
+    fn sourced_by_member(&self, p: &Pending) -> bool {
+        [p.from, p.was_from]
+            .into_iter()
+            .flatten()
+            .any(|f| self.own.contains_key(&f))
+    }
+
+    /// The lists of the `sourced` changes: one for the members that are
+    /// the source of none of them, one for each that is.
+    fn take_sourced(&self, sourced: &[(&Prefix, &Pending)], send: &mut impl FnMut(Outgoing)) {
         let mut alone: Vec<IpAddr> = Vec::new();
-        if self.members.len() == 1 {
-            alone.push(self.members[0]);
-        } else {
-            for p in self.pending.values() {
-                for f in [p.from, p.was_from].into_iter().flatten() {
-                    if !alone.contains(&f) && self.own.contains_key(&f) {
-                        alone.push(f);
-                    }
+        for (_, p) in sourced {
+            for f in [p.from, p.was_from].into_iter().flatten() {
+                if !alone.contains(&f) && self.own.contains_key(&f) {
+                    alone.push(f);
                 }
             }
         }
@@ -139,32 +177,31 @@ impl OutGroup {
             .copied()
             .collect();
         if !alike.is_empty() {
-            out.push(Outgoing {
-                updates: out::pack(
-                    self.pending
-                        .iter()
-                        .filter_map(|(k, p)| p.for_member(None).map(|v| (*k, v.cloned()))),
-                ),
-                peers: alike,
-            });
+            self.pack_for(None, alike, sourced, send);
         }
         for m in alone {
-            out.push(Outgoing {
-                updates: out::pack(
-                    self.pending
-                        .iter()
-                        .filter_map(|(k, p)| p.for_member(Some(m)).map(|v| (*k, v.cloned()))),
-                ),
-                peers: vec![m],
-            });
+            self.pack_for(Some(m), vec![m], sourced, send);
         }
-        out.retain(|o| !o.updates.is_empty());
-        let big = self.pending.capacity() > 1 << 16;
-        self.pending.clear();
-        if big {
-            self.pending.shrink_to(0);
+    }
+
+    /// Packs what `member` (None: a member that sourced none of them) is
+    /// sent of `changes` and hands it to `send` for `peers`, unless it is
+    /// nothing.
+    fn pack_for(
+        &self,
+        member: Option<IpAddr>,
+        peers: Vec<IpAddr>,
+        changes: &[(&Prefix, &Pending)],
+        send: &mut impl FnMut(Outgoing),
+    ) {
+        let updates = out::pack(
+            changes
+                .iter()
+                .filter_map(|(k, p)| p.for_member(member).map(|v| (**k, v.cloned()))),
+        );
+        if !updates.is_empty() {
+            send(Outgoing { peers, updates });
         }
-        out
     }
 }
 

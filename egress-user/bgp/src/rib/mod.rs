@@ -277,7 +277,13 @@ impl Rib {
             llgr,
         };
         self.leave_group(addr);
-        let id = self.new_group(OutGroup::new(key, addr));
+        if let Some(id) = self.fresh_group(&key) {
+            self.join_fresh(id, addr);
+            return;
+        }
+        let mut g = OutGroup::new(key, addr);
+        g.fresh = true;
+        let id = self.new_group(g);
         let g = self.groups.get_mut(&id).expect("just made");
         let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
         for (prefix, r) in self
@@ -286,6 +292,31 @@ impl Rib {
             .filter_map(|(k, v)| Some((k, flagged(v)?)))
         {
             g.queue(exports, *prefix, None, Some(r));
+        }
+    }
+
+    /// A group of `key` whose pending changes are still its whole table.
+    fn fresh_group(&self, key: &GroupKey) -> Option<u64> {
+        self.groups
+            .iter()
+            .find(|(_, g)| g.fresh && g.key == *key)
+            .map(|(id, _)| *id)
+    }
+
+    /// Adds `addr` to the fresh group `id`: what the group waits to send
+    /// is what the new session is to be sent, less its own routes (kept
+    /// stale from its last session), which each member skips for itself.
+    fn join_fresh(&mut self, id: u64, addr: IpAddr) {
+        let g = self.groups.get_mut(&id).expect("listed");
+        let own = g
+            .pending
+            .values()
+            .filter(|p| p.value.is_some() && p.from == Some(addr))
+            .count();
+        g.members.push(addr);
+        g.own.insert(addr, own);
+        if let Some(p) = self.peers.get_mut(&addr) {
+            p.group = Some(id);
         }
     }
 
@@ -357,6 +388,7 @@ impl Rib {
                     let target = self.groups.get_mut(&into).expect("listed");
                     target.members.extend(g.members);
                     target.own.extend(g.own);
+                    target.fresh &= g.fresh;
                 }
             }
         }
@@ -747,7 +779,9 @@ impl Rib {
             return Vec::new();
         };
         let g = self.groups.get_mut(&id).expect("split");
-        g.take().into_iter().flat_map(|o| o.updates).collect()
+        let mut updates = Vec::new();
+        g.take(&mut |o: Outgoing| updates.extend(o.updates));
+        updates
     }
 
     /// Packs every waiting change, once per set of peers that are sent the
@@ -763,6 +797,20 @@ impl Rib {
     /// rejoins them once it has caught up; a group whose members are all
     /// still writing waits for the first of them to finish.
     pub fn take_outgoing_where(&mut self, state: impl Fn(IpAddr) -> Readiness) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        self.take_outgoing_each(state, |o| out.push(o));
+        out
+    }
+
+    /// [`Self::take_outgoing_where`], handing each list to `send` as soon
+    /// as it is packed: with many groups packing their full tables at
+    /// once (a thousand sessions coming up), holding all the lists before
+    /// encoding any was most of the speaker's memory.
+    pub fn take_outgoing_each(
+        &mut self,
+        state: impl Fn(IpAddr) -> Readiness,
+        mut send: impl FnMut(Outgoing),
+    ) {
         let mut slow = Vec::new();
         for g in self.groups.values().filter(|g| !g.pending.is_empty()) {
             let behind: Vec<IpAddr> = g
@@ -778,16 +826,14 @@ impl Rib {
         for addr in slow {
             self.split(addr);
         }
-        let mut out = Vec::new();
         for g in self.groups.values_mut() {
             let any_ready = g.members.iter().any(|m| state(*m) == Readiness::Ready);
             let none_busy = g.members.iter().all(|m| state(*m) != Readiness::Busy);
             if any_ready && none_busy {
-                out.extend(g.take());
+                g.take(&mut send);
             }
         }
         self.merge_groups();
-        out
     }
 
     /// Prefixes whose change waits to be sent to `addr`.

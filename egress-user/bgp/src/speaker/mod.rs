@@ -6,6 +6,7 @@
 //! prefixes, follow best-route changes, read the status.
 
 mod md5;
+mod msg;
 mod output;
 mod rib_task;
 mod session;
@@ -26,7 +27,7 @@ use crate::gr::GrConfig;
 use crate::rib::BestChange;
 use crate::types::{Family, Prefix};
 
-use rib_task::RibMsg;
+use msg::RibMsg;
 
 pub const BGP_PORT: u16 = 179;
 
@@ -189,7 +190,7 @@ pub struct OutQueue {
 
 /// A running session task.
 pub(crate) struct SessionEntry {
-    pub tx: mpsc::UnboundedSender<session::SessionCmd>,
+    pub tx: mpsc::UnboundedSender<msg::SessionCmd>,
     pub task: tokio::task::AbortHandle,
 }
 
@@ -417,7 +418,7 @@ async fn accept_loop(listener: TcpListener, sessions: SessionMap) {
             .map(|s| s.tx.clone());
         match tx {
             Some(tx) => {
-                let _ = tx.send(session::SessionCmd::Inbound(stream));
+                let _ = tx.send(msg::SessionCmd::Inbound(stream));
             }
             None => tracing::debug!(%remote, "connection from an unknown peer refused"),
         }

@@ -6,88 +6,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::session::{self, SessionCmd, SessionSetup};
+use super::msg::{RibMsg, SessionCmd, SessionSetup, TimerKind};
+use super::session;
 use super::{OutQueue, PeerSpec, PeerStatus, SessionEntry, SessionMap, SpeakerConfig, Status};
 
 use crate::codec::{CodecOptions, GracefulRestartCap, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::fsm::{DownReason, FsmConfig, Negotiated, State};
 use crate::gr::{self, Helper, HelperAction, RestartAction, Restarter};
 use crate::rib::{BestChange, PeerConfig, Rib, RibConfig};
-use crate::types::{Family, Prefix};
+use crate::types::Family;
 
 mod batches;
 
 use batches::Unwritten;
-
-// UPDATEs dominate the traffic; boxing them would cost an allocation each.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum RibMsg {
-    SessionUp {
-        peer: IpAddr,
-        negotiated: Box<Negotiated>,
-        local_addr: IpAddr,
-        local_gr: Option<GracefulRestartCap>,
-    },
-    SessionDown {
-        peer: IpAddr,
-        reason: DownReason,
-    },
-    State {
-        peer: IpAddr,
-        state: State,
-    },
-    Update {
-        peer: IpAddr,
-        update: Update,
-    },
-    RouteRefresh {
-        peer: IpAddr,
-        rr: RouteRefresh,
-    },
-    Announce {
-        prefix: Prefix,
-        next_hop: IpAddr,
-    },
-    AnnounceMany(Vec<(Prefix, IpAddr)>),
-    AnnounceWithPref {
-        prefix: Prefix,
-        next_hop: IpAddr,
-        local_pref: u32,
-    },
-    Withdraw {
-        prefix: Prefix,
-    },
-    Subscribe(mpsc::UnboundedSender<BestChange>),
-    Status(oneshot::Sender<Status>),
-    OutQueue(IpAddr, oneshot::Sender<Option<OutQueue>>),
-    /// A session wrote (or dropped) the batch of UPDATEs last sent to it.
-    Written {
-        peer: IpAddr,
-        batch: u64,
-    },
-    AddPeer(PeerSpec),
-    RemovePeer(IpAddr),
-    Timer {
-        peer: Option<IpAddr>,
-        kind: TimerKind,
-        generation: u64,
-    },
-    Shutdown,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum TimerKind {
-    /// RFC 4724 restart time of a peer.
-    Restart,
-    /// Our wait for a returning peer's End-of-RIB.
-    Stale,
-    /// RFC 9494 long-lived stale time of a peer.
-    LongLived,
-    /// Our own selection deferral.
-    Deferral,
-}
 
 struct PeerEntry {
     spec: PeerSpec,

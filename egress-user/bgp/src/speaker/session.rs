@@ -5,8 +5,7 @@ use std::future::pending;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
@@ -15,49 +14,22 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::msg::{RibMsg, SessionCmd, SessionSetup};
 use super::output::Output;
-use super::rib_task::RibMsg;
-use super::PeerSpec;
 use crate::codec::{
     notif, split_frame, Capability, CodecOptions, Message, Notification, Open, RouteRefreshSubtype,
 };
-use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, FsmConfig, State, Timer};
-use crate::gr::{self, GrConfig};
-use crate::types::Family;
-
-pub(crate) enum SessionCmd {
-    /// Messages already encoded with these options (the same bytes go to
-    /// every peer of an update group); dropped if the session's differ.
-    /// The RIB sends the next batch once this one is confirmed written
-    /// (or dropped) with [`RibMsg::Written`].
-    SendEncoded {
-        codec: CodecOptions,
-        chunks: Vec<Bytes>,
-        batch: u64,
-    },
-    /// An accepted connection from this peer.
-    Inbound(TcpStream),
-    /// Cease and end the task.
-    Stop,
-    /// Hard Reset (RFC 8538) and end the task: the peer drops our routes.
-    StopHard,
-}
-
-pub(crate) struct SessionSetup {
-    pub spec: PeerSpec,
-    pub fsm: FsmConfig,
-    pub families: Vec<Family>,
-    pub graceful_restart: Option<GrConfig>,
-    pub restarting: Arc<AtomicBool>,
-    pub source_addr: Option<IpAddr>,
-    pub socket_buffer: u32,
-    pub rib: mpsc::Sender<RibMsg>,
-}
+use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, State, Timer};
+use crate::gr;
 
 /// The reading side of a connection; its writing side is an [`Output`].
 struct Conn {
     rd: OwnedReadHalf,
     buf: BytesMut,
+    /// Room made for the next reads: small at first, doubled while reads
+    /// fill it (a peer sending its table), so that a thousand quiet
+    /// sessions do not hold 64 KiB each.
+    read_size: usize,
     local: SocketAddr,
     outbound: bool,
 }
@@ -69,13 +41,19 @@ impl Conn {
         let (rd, wr) = stream.into_split();
         let conn = Conn {
             rd,
-            buf: BytesMut::with_capacity(65536),
+            buf: BytesMut::with_capacity(READ_MIN),
+            read_size: READ_MIN,
             local,
             outbound,
         };
         Ok((conn, Output::new(wr)))
     }
 }
+
+/// The smallest and largest room made for reads: one message of the
+/// usual size, and enough for a peer sending its table at speed.
+const READ_MIN: usize = 4096;
+const READ_MAX: usize = 65536;
 
 type Connecting = Pin<Box<dyn std::future::Future<Output = io::Result<TcpStream>> + Send>>;
 
@@ -168,10 +146,15 @@ async fn read_more(conn: Option<&mut Conn>) -> io::Result<usize> {
         Some(c) => {
             // Keep reads large: an exhausted BytesMut would otherwise grow
             // by a few bytes per read.
-            if c.buf.capacity() - c.buf.len() < 16384 {
-                c.buf.reserve(65536);
+            if c.buf.capacity() - c.buf.len() < c.read_size / 4 {
+                c.buf.reserve(c.read_size);
             }
-            c.rd.read_buf(&mut c.buf).await
+            let room = c.buf.capacity() - c.buf.len();
+            let n = c.rd.read_buf(&mut c.buf).await?;
+            if n == room {
+                c.read_size = (c.read_size * 2).min(READ_MAX);
+            }
+            Ok(n)
         }
         None => pending().await,
     }

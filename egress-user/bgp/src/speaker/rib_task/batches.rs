@@ -4,6 +4,7 @@
 //! it; a member further behind leaves the group at once, and what waits
 //! for it is its Adj-RIB-Out changes, one per prefix, not encoded messages.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use bytes::{Bytes, BytesMut};
@@ -11,8 +12,9 @@ use bytes::{Bytes, BytesMut};
 use super::{PeerEntry, RibTask};
 use crate::codec::{CodecOptions, Message, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::gr;
-use crate::rib::Readiness;
-use crate::speaker::session::SessionCmd;
+use crate::rib::{Outgoing, Readiness};
+use crate::speaker::msg::SessionCmd;
+use crate::speaker::SessionMap;
 use crate::types::Family;
 
 /// A batch handed to a session and not yet written.
@@ -81,64 +83,51 @@ impl RibTask {
     }
 
     fn send_outgoing(&mut self) {
-        let (peers, ahead) = (&self.peers, self.cfg.output_ahead);
-        let state = |a: IpAddr| {
-            peers
-                .get(&a)
-                .map_or(Readiness::Ready, |p| p.readiness(ahead))
+        let ahead = self.cfg.output_ahead;
+        // Readiness as it was before this round: a peer sent a list below
+        // is not held back from its other lists of the same round.
+        let behind: HashMap<IpAddr, Readiness> = self
+            .peers
+            .iter()
+            .map(|(a, p)| (*a, p.readiness(ahead)))
+            .filter(|(_, r)| *r != Readiness::Ready)
+            .collect();
+        let state = |a: IpAddr| behind.get(&a).copied().unwrap_or(Readiness::Ready);
+        let RibTask {
+            rib,
+            peers,
+            sessions,
+            next_batch,
+            ..
+        } = self;
+        let mut hand = Handover {
+            peers,
+            sessions,
+            next_batch,
+            first: Vec::new(),
         };
-        for o in self.rib.take_outgoing_where(state) {
-            // Each list is encoded once per distinct (codec, families) of
-            // its peers, and the same bytes go to all of them.
-            let mut encoded: Vec<(CodecOptions, Vec<Family>, Bytes)> = Vec::new();
-            for addr in o.peers {
-                let Some(p) = self.peers.get_mut(&addr) else {
-                    continue;
-                };
-                let bytes = match encoded
-                    .iter()
-                    .find(|(c, f, _)| *c == p.codec && *f == p.families)
-                {
-                    Some((_, _, b)) => b.clone(),
-                    None => {
-                        let b = encode(
-                            o.updates.iter().filter(|u| carries(u, &p.families)),
-                            p.codec,
-                        );
-                        encoded.push((p.codec, p.families.clone(), b.clone()));
-                        b
-                    }
-                };
-                let mut chunks = vec![bytes];
-                if std::mem::take(&mut p.eor_due) {
-                    chunks.push(encode(&gr::end_of_rib_markers(&p.families), p.codec));
-                }
-                self.send_batch(addr, chunks);
-            }
+        // Each list is encoded and handed over before the next is packed.
+        rib.take_outgoing_each(state, |o| hand.outgoing(o));
+        // A peer may get several lists of one round: End-of-RIB goes after
+        // the last.
+        for addr in std::mem::take(&mut hand.first) {
+            let Some(p) = hand.peers.get(&addr) else {
+                continue;
+            };
+            let eor = encode(&gr::end_of_rib_markers(&p.families), p.codec);
+            hand.batch(addr, vec![eor]);
         }
     }
 
     /// Hands encoded UPDATEs to a session and notes them as unwritten.
-    fn send_batch(&mut self, addr: IpAddr, mut chunks: Vec<Bytes>) {
-        chunks.retain(|c| !c.is_empty());
-        let Some(p) = self.peers.get_mut(&addr) else {
-            return;
-        };
-        if chunks.is_empty() {
-            return;
+    fn send_batch(&mut self, addr: IpAddr, chunks: Vec<Bytes>) {
+        Handover {
+            peers: &mut self.peers,
+            sessions: &self.sessions,
+            next_batch: &mut self.next_batch,
+            first: Vec::new(),
         }
-        self.next_batch += 1;
-        let batch = self.next_batch;
-        p.unwritten.push_back(Unwritten {
-            batch,
-            bytes: chunks.iter().map(Bytes::len).sum(),
-        });
-        let cmd = SessionCmd::SendEncoded {
-            codec: p.codec,
-            chunks,
-            batch,
-        };
-        self.send(addr, cmd);
+        .batch(addr, chunks);
     }
 
     /// The refreshed table of a peer, between BoRR and EoRR markers when it
@@ -183,6 +172,12 @@ fn encode<'a>(updates: impl IntoIterator<Item = &'a Update>, codec: CodecOptions
             tracing::warn!(error = %e, "UPDATE not sent");
         }
     }
+    // The buffer grew by doubling; what sessions have not written yet is
+    // most of the speaker's memory while many of them come up, so a buffer
+    // much larger than its content is not kept.
+    if buf.capacity() - buf.len() > buf.len() / 4 {
+        return Bytes::copy_from_slice(&buf);
+    }
     buf.freeze()
 }
 
@@ -195,4 +190,69 @@ fn carries(u: &Update, families: &[Family]) -> bool {
         .or(u.mp_unreach.as_ref().map(|m| m.family))
         .unwrap_or(Family::Ipv4Unicast);
     families.contains(&fam)
+}
+
+/// What handing batches to sessions needs of the RIB task, borrowed
+/// apart from its RIB, which packs them meanwhile.
+struct Handover<'a> {
+    peers: &'a mut HashMap<IpAddr, PeerEntry>,
+    sessions: &'a SessionMap,
+    next_batch: &'a mut u64,
+    /// Peers sent their initial table this round, due End-of-RIB after it.
+    first: Vec<IpAddr>,
+}
+
+impl Handover<'_> {
+    /// Encodes one list once per distinct (codec, families) of its peers
+    /// and sends the same bytes to all of them.
+    fn outgoing(&mut self, o: Outgoing) {
+        let mut encoded: Vec<(CodecOptions, Vec<Family>, Bytes)> = Vec::new();
+        for addr in o.peers {
+            let Some(p) = self.peers.get_mut(&addr) else {
+                continue;
+            };
+            let bytes = match encoded
+                .iter()
+                .find(|(c, f, _)| *c == p.codec && *f == p.families)
+            {
+                Some((_, _, b)) => b.clone(),
+                None => {
+                    let b = encode(
+                        o.updates.iter().filter(|u| carries(u, &p.families)),
+                        p.codec,
+                    );
+                    encoded.push((p.codec, p.families.clone(), b.clone()));
+                    b
+                }
+            };
+            if std::mem::take(&mut p.eor_due) {
+                self.first.push(addr);
+            }
+            self.batch(addr, vec![bytes]);
+        }
+    }
+
+    fn batch(&mut self, addr: IpAddr, mut chunks: Vec<Bytes>) {
+        chunks.retain(|c| !c.is_empty());
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        if chunks.is_empty() {
+            return;
+        }
+        *self.next_batch += 1;
+        let batch = *self.next_batch;
+        p.unwritten.push_back(Unwritten {
+            batch,
+            bytes: chunks.iter().map(Bytes::len).sum(),
+        });
+        let cmd = SessionCmd::SendEncoded {
+            codec: p.codec,
+            chunks,
+            batch,
+        };
+        if let Some(s) = self.sessions.lock().expect("session map").get(&addr) {
+            let _ = s.tx.send(cmd);
+        }
+    }
 }
