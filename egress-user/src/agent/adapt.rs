@@ -8,7 +8,7 @@ use std::{
 };
 
 use egress_control::{
-    agent_state::{NodeDesired, RuleAction},
+    agent_state::{NodeDesired, PolicyTarget, RuleAction},
     controller::ClusterView,
 };
 use ipnet::IpNet;
@@ -105,124 +105,9 @@ pub fn desired_maps(
     announce: &BTreeSet<IpAddr>,
 ) -> (DesiredMaps, Vec<Skipped>) {
     let mut skipped = Vec::new();
-    let mut sources: BTreeMap<u32, BTreeSet<Cidr>> = BTreeMap::new();
-    let mut dests: BTreeMap<u32, BTreeSet<Cidr>> = BTreeMap::new();
-    for rule in &nd.rules {
-        if let RuleAction::Egress(id) = rule.action {
-            sources.entry(id).or_default().insert(Cidr::host(rule.src));
-            dests.entry(id).or_default().insert(cidr(&rule.dst));
-        }
-    }
-    let mut policies = Vec::new();
-    for (id, target) in &nd.policies {
-        let name = format!(
-            "{}/{}/{}",
-            target.kind.name(),
-            target.key.namespace,
-            target.key.name
-        );
-        let Some(srcs) = sources.get(id) else {
-            continue;
-        }; // no local pod: nothing to match
-        let priority = target.rank;
-        let destinations: Vec<Cidr> = dests
-            .get(id)
-            .map(|d| d.iter().copied().collect())
-            .unwrap_or_default();
-        let excluded: Vec<Cidr> = target.excluded.iter().map(cidr).collect();
-        let why = match target.tunnel_endpoint {
-            _ if target.eip_v4.is_none() && target.eip_v6.is_none() => {
-                Some("no EIP assigned yet".to_string())
-            }
-            Some(IpAddr::V4(_)) => None,
-            None if target.local => None,
-            Some(IpAddr::V6(_)) => {
-                Some("the gateway has only an IPv6 tunnel endpoint; the underlay is IPv4".into())
-            }
-            None => Some(format!(
-                "gateway node {} has no tunnel endpoint yet",
-                target.gateway_node
-            )),
-        };
-        if let Some(why) = why {
-            skipped.push(fail_closed(name, why));
-            policies.push(no_gateway_rule(
-                *id,
-                priority,
-                srcs.iter().copied().collect(),
-                destinations,
-                excluded,
-            ));
-            continue;
-        }
-        let gateway_tunnel_ip = match target.tunnel_endpoint {
-            Some(IpAddr::V4(ip)) => ip,
-            _ => facts.tunnel_ip, // local gateway (checked above)
-        };
-        policies.push(PolicyRule {
-            id: *id,
-            priority,
-            sources: srcs.iter().copied().collect(),
-            destinations,
-            excluded,
-            eip_v4: target.eip_v4,
-            eip_v6: target.eip_v6,
-            gateway_tunnel_ip,
-            local_gateway: target.local,
-            use_node_ip: target.use_node_ip,
-            no_gateway: false,
-        });
-    }
+    let mut policies = policy_rules(nd, facts, &mut skipped);
     pending_rules(nd, &mut policies, &mut skipped);
-
-    let mut block_size = None;
-    let port_blocks = nd
-        .port_blocks
-        .iter()
-        .map(|(eip, ranges)| {
-            if let Some(r) = ranges.first() {
-                block_size.get_or_insert(r.last - r.first + 1);
-            }
-            PortBlockGrant {
-                eip: *eip,
-                blocks: ranges.iter().map(|r| r.block).collect(),
-            }
-        })
-        .collect();
-
-    let reply_steering = nd
-        .reply_steering
-        .iter()
-        .filter_map(|((eip, block), worker)| match worker {
-            IpAddr::V4(w) => Some(ReplySteering {
-                eip: *eip,
-                block: *block,
-                worker_tunnel_ip: *w,
-                local: *w == facts.tunnel_ip,
-            }),
-            IpAddr::V6(_) => None,
-        })
-        .collect();
-
-    let node_ips: BTreeSet<IpAddr> = view
-        .node(&nd.node)
-        .map(|n| n.addresses.iter().filter_map(|a| a.parse().ok()).collect())
-        .unwrap_or_default();
-    // The node's own addresses (useNodeIP) are not fenced: no other node
-    // can claim them, and nothing announces them (the kernel answers ARP
-    // for them, and they go to no BGP route).
-    let owned_eips = nd
-        .owned_eips
-        .iter()
-        .filter(|(eip, _)| announce.contains(eip) || node_ips.contains(eip))
-        .map(|(eip, owned)| OwnedEip {
-            eip: *eip,
-            answer_neigh: facts.l2_announce && !node_ips.contains(eip),
-            node_ip: node_ips.contains(eip),
-            epoch: owned.epoch as u32,
-        })
-        .collect();
-
+    let (port_blocks, block_size) = port_blocks(nd);
     let config = NodeConfig {
         is_worker: true,
         is_gateway: nd.gateway_eligible,
@@ -245,12 +130,158 @@ pub fn desired_maps(
         policies,
         cluster_cidrs: nd.cluster_cidrs.all().iter().map(cidr).collect(),
         port_blocks,
-        reply_steering,
-        owned_eips,
+        reply_steering: reply_steering(nd, facts),
+        owned_eips: owned_eips(view, nd, facts, announce),
         // Filled by the caller from the routes BGP learned (agent::routes).
         routes: Vec::new(),
     };
     (maps, skipped)
+}
+
+/// The rules of the assigned policies that select local pods; those this
+/// datapath cannot carry yet fail closed (and are reported in `skipped`).
+fn policy_rules(
+    nd: &NodeDesired,
+    facts: &NodeFacts,
+    skipped: &mut Vec<Skipped>,
+) -> Vec<PolicyRule> {
+    let mut sources: BTreeMap<u32, BTreeSet<Cidr>> = BTreeMap::new();
+    let mut dests: BTreeMap<u32, BTreeSet<Cidr>> = BTreeMap::new();
+    for rule in &nd.rules {
+        if let RuleAction::Egress(id) = rule.action {
+            sources.entry(id).or_default().insert(Cidr::host(rule.src));
+            dests.entry(id).or_default().insert(cidr(&rule.dst));
+        }
+    }
+    let mut policies = Vec::new();
+    for (id, target) in &nd.policies {
+        let Some(srcs) = sources.get(id) else {
+            continue; // no local pod: nothing to match
+        };
+        let destinations: Vec<Cidr> = dests
+            .get(id)
+            .map(|d| d.iter().copied().collect())
+            .unwrap_or_default();
+        let excluded: Vec<Cidr> = target.excluded.iter().map(cidr).collect();
+        let sources = srcs.iter().copied().collect();
+        if let Some(why) = not_carried(target) {
+            let name = format!(
+                "{}/{}/{}",
+                target.kind.name(),
+                target.key.namespace,
+                target.key.name
+            );
+            skipped.push(fail_closed(name, why));
+            policies.push(no_gateway_rule(
+                *id,
+                target.rank,
+                sources,
+                destinations,
+                excluded,
+            ));
+            continue;
+        }
+        let gateway_tunnel_ip = match target.tunnel_endpoint {
+            Some(IpAddr::V4(ip)) => ip,
+            _ => facts.tunnel_ip, // local gateway (see `not_carried`)
+        };
+        policies.push(PolicyRule {
+            id: *id,
+            priority: target.rank,
+            sources,
+            destinations,
+            excluded,
+            eip_v4: target.eip_v4,
+            eip_v6: target.eip_v6,
+            gateway_tunnel_ip,
+            local_gateway: target.local,
+            use_node_ip: target.use_node_ip,
+            no_gateway: false,
+        });
+    }
+    policies
+}
+
+/// Why this datapath cannot send an assigned policy's traffic yet (no EIP,
+/// or no IPv4 tunnel endpoint of a remote gateway); `None` when it can.
+fn not_carried(target: &PolicyTarget) -> Option<String> {
+    match target.tunnel_endpoint {
+        _ if target.eip_v4.is_none() && target.eip_v6.is_none() => {
+            Some("no EIP assigned yet".to_string())
+        }
+        Some(IpAddr::V4(_)) => None,
+        None if target.local => None,
+        Some(IpAddr::V6(_)) => {
+            Some("the gateway has only an IPv6 tunnel endpoint; the underlay is IPv4".into())
+        }
+        None => Some(format!(
+            "gateway node {} has no tunnel endpoint yet",
+            target.gateway_node
+        )),
+    }
+}
+
+/// This node's port blocks per EIP, and the block size they were granted
+/// with (the first range's length).
+fn port_blocks(nd: &NodeDesired) -> (Vec<PortBlockGrant>, Option<u16>) {
+    let mut block_size = None;
+    let grants = nd
+        .port_blocks
+        .iter()
+        .map(|(eip, ranges)| {
+            if let Some(r) = ranges.first() {
+                block_size.get_or_insert(r.last - r.first + 1);
+            }
+            PortBlockGrant {
+                eip: *eip,
+                blocks: ranges.iter().map(|r| r.block).collect(),
+            }
+        })
+        .collect();
+    (grants, block_size)
+}
+
+/// Where replies to each (EIP, block) go; IPv6 worker endpoints are left
+/// out (the underlay is IPv4).
+fn reply_steering(nd: &NodeDesired, facts: &NodeFacts) -> Vec<ReplySteering> {
+    nd.reply_steering
+        .iter()
+        .filter_map(|((eip, block), worker)| match worker {
+            IpAddr::V4(w) => Some(ReplySteering {
+                eip: *eip,
+                block: *block,
+                worker_tunnel_ip: *w,
+                local: *w == facts.tunnel_ip,
+            }),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
+}
+
+/// The EIPs this node answers for: those the fence allows, and the node's
+/// own addresses (useNodeIP), which are not fenced: no other node can claim
+/// them, and nothing announces them (the kernel answers ARP for them, and
+/// they go to no BGP route).
+fn owned_eips(
+    view: &ClusterView,
+    nd: &NodeDesired,
+    facts: &NodeFacts,
+    announce: &BTreeSet<IpAddr>,
+) -> Vec<OwnedEip> {
+    let node_ips: BTreeSet<IpAddr> = view
+        .node(&nd.node)
+        .map(|n| n.addresses.iter().filter_map(|a| a.parse().ok()).collect())
+        .unwrap_or_default();
+    nd.owned_eips
+        .iter()
+        .filter(|(eip, _)| announce.contains(eip) || node_ips.contains(eip))
+        .map(|(eip, owned)| OwnedEip {
+            eip: *eip,
+            answer_neigh: facts.l2_announce && !node_ips.contains(eip),
+            node_ip: node_ips.contains(eip),
+            epoch: owned.epoch as u32,
+        })
+        .collect()
 }
 
 #[cfg(test)]
