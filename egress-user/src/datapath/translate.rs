@@ -19,7 +19,7 @@ use egress_common::{
 
 use super::{
     capacity::{self, Caps, OverCapacity},
-    desired::{Cidr, DesiredMaps},
+    desired::{Cidr, DesiredMaps, NodeConfig, PolicyRule},
 };
 
 /// An LPM key: (prefix length in the 128-bit space, address).
@@ -96,10 +96,33 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
     let mut out = MapContents {
         targets: vec![EgressTarget::default(); MAX_POLICY_SLOTS],
         over_capacity: placed.over,
+        config: datapath_config(&d.config),
         ..Default::default()
     };
-    let c = &d.config;
-    out.config = DatapathConfig {
+    for (slot, p) in policies.iter().enumerate() {
+        out.targets[slot] = egress_target(p)?;
+        out.policy_ids.insert(p.id);
+    }
+    fold_prefixes(&policies, &d.cluster_cidrs, &mut out);
+    for r in &d.routes {
+        out.routes.insert(
+            (128, addr_key(r.eip)),
+            RouteNextHop {
+                tunnel_ip: r.tunnel_ip.octets(),
+                epoch: r.epoch,
+            },
+        );
+    }
+    out.config.policy_epoch = policy_epoch(&out);
+    write_port_blocks(d, &policies, caps, &mut out)?;
+    write_gateway_side(d, &mut out);
+    out.config.gateway_epoch = gateway_epoch(&out);
+    Ok(out)
+}
+
+/// The programs' config (both epochs 0: the caller digests them last).
+fn datapath_config(c: &NodeConfig) -> DatapathConfig {
+    DatapathConfig {
         vxlan_ifindex: c.vxlan_ifindex,
         vni: c.vni,
         uplink_ifindex: c.uplink_ifindex,
@@ -116,46 +139,53 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
         vxlan_port: c.vxlan_port,
         cache_ticks: c.cache_ticks,
         _pad: [0; 4],
-    };
+    }
+}
 
-    // Sources and destinations per slot; "no destSubnet" means everything.
-    // Both "everything" prefixes are always in both tries: an IPv4 lookup
-    // then never falls through to an IPv6 prefix that covers the
-    // IPv4-mapped range (such as `::/0`), and a fail-closed stand-in can
-    // always be written (see `capacity`).
+/// One slot's target: the EIPs, the gateway, and the flags.
+fn egress_target(p: &PolicyRule) -> Result<EgressTarget, TranslateError> {
+    if p.eip_v4.is_none() && p.eip_v6.is_none() && !p.no_gateway {
+        return Err(TranslateError::NoEip(p.id));
+    }
+    let mut flags = 0;
+    if p.no_gateway {
+        flags |= TARGET_NO_GATEWAY;
+    }
+    if p.local_gateway {
+        flags |= TARGET_LOCAL_GATEWAY;
+    }
+    if p.use_node_ip {
+        flags |= TARGET_USE_NODE_IP;
+    }
+    let mut t = EgressTarget {
+        policy_id: p.id,
+        gateway_tunnel_ip: p.gateway_tunnel_ip.octets(),
+        ..Default::default()
+    };
+    if let Some(v4) = p.eip_v4 {
+        flags |= TARGET_HAS_V4;
+        t.eip_v4 = v4_mapped(v4.octets());
+    }
+    if let Some(v6) = p.eip_v6 {
+        flags |= TARGET_HAS_V6;
+        t.eip_v6 = v6.octets();
+    }
+    t.flags = flags;
+    Ok(t)
+}
+
+/// The source and destination tries: every prefix any slot names, each
+/// with the slots of every prefix that covers it folded in (the LPM
+/// lookup then finds, in one step, every slot that matches).
+fn fold_prefixes(policies: &[&PolicyRule], cluster: &[Cidr], out: &mut MapContents) {
+    // "No destSubnet" means everything. Both "everything" prefixes are
+    // always in both tries: an IPv4 lookup then never falls through to an
+    // IPv6 prefix that covers the IPv4-mapped range (such as `::/0`), and a
+    // fail-closed stand-in can always be written (see `capacity`).
     let all_dst = capacity::always_present();
     let mut src_prefixes: BTreeSet<Cidr> = all_dst.into();
     let mut dst_prefixes: BTreeSet<Cidr> = all_dst.into();
-    for (slot, p) in policies.iter().enumerate() {
-        if p.eip_v4.is_none() && p.eip_v6.is_none() && !p.no_gateway {
-            return Err(TranslateError::NoEip(p.id));
-        }
-        let mut flags = 0;
-        if p.no_gateway {
-            flags |= TARGET_NO_GATEWAY;
-        }
-        if p.local_gateway {
-            flags |= TARGET_LOCAL_GATEWAY;
-        }
-        if p.use_node_ip {
-            flags |= TARGET_USE_NODE_IP;
-        }
-        let mut t = EgressTarget {
-            policy_id: p.id,
-            gateway_tunnel_ip: p.gateway_tunnel_ip.octets(),
-            ..Default::default()
-        };
-        if let Some(v4) = p.eip_v4 {
-            flags |= TARGET_HAS_V4;
-            t.eip_v4 = v4_mapped(v4.octets());
-        }
-        if let Some(v6) = p.eip_v6 {
-            flags |= TARGET_HAS_V6;
-            t.eip_v6 = v6.octets();
-        }
-        t.flags = flags;
-        out.targets[slot] = t;
-        out.policy_ids.insert(p.id);
+    for p in policies {
         src_prefixes.extend(p.sources.iter().map(|c| c.normalized()));
         if p.destinations.is_empty() {
             dst_prefixes.extend(all_dst);
@@ -163,9 +193,7 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
         dst_prefixes.extend(p.destinations.iter().map(|c| c.normalized()));
         dst_prefixes.extend(p.excluded.iter().map(|c| c.normalized()));
     }
-    dst_prefixes.extend(d.cluster_cidrs.iter().map(|c| c.normalized()));
-
-    // Fold every covering prefix into each more specific one.
+    dst_prefixes.extend(cluster.iter().map(|c| c.normalized()));
     for pre in &src_prefixes {
         let mut m = SrcMatch::default();
         for (slot, p) in policies.iter().enumerate() {
@@ -190,25 +218,22 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
                 set_slot(&mut m.excluded, slot);
             }
         }
-        if d.cluster_cidrs.iter().any(|s| s.contains(pre)) {
+        if cluster.iter().any(|s| s.contains(pre)) {
             m.flags |= DST_CLUSTER;
         }
         out.policy_dst.insert(lpm_key(pre), m);
     }
+}
 
-    for r in &d.routes {
-        out.routes.insert(
-            (128, addr_key(r.eip)),
-            RouteNextHop {
-                tunnel_ip: r.tunnel_ip.octets(),
-                epoch: r.epoch,
-            },
-        );
-    }
-    out.config.policy_epoch = policy_epoch(&out);
-
-    // More EIPs granted than the table holds: only those of the policies
-    // placed are written (the others' policies fail closed, reported).
+/// The worker's port blocks per EIP. More EIPs granted than the table
+/// holds: only those of the policies placed are written (the others'
+/// policies fail closed, reported).
+fn write_port_blocks(
+    d: &DesiredMaps,
+    policies: &[&PolicyRule],
+    caps: Caps,
+    out: &mut MapContents,
+) -> Result<(), TranslateError> {
     let placed_eips: BTreeSet<IpAddr> = policies
         .iter()
         .flat_map(|p| capacity::rule_eips(p))
@@ -244,6 +269,11 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
             entry.count += 1;
         }
     }
+    Ok(())
+}
+
+/// The gateway's side: reply steering and the EIPs it owns.
+fn write_gateway_side(d: &DesiredMaps, out: &mut MapContents) {
     for s in &d.reply_steering {
         out.steering.insert(
             SteerKey {
@@ -258,20 +288,20 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
         );
     }
     for o in &d.owned_eips {
+        let neigh = if o.answer_neigh {
+            OWNED_ANSWER_NEIGH
+        } else {
+            0
+        };
+        let node_ip = if o.node_ip { OWNED_NODE_IP } else { 0 };
         out.owned.insert(
             addr_key(o.eip),
             OwnedVal {
-                flags: if o.answer_neigh {
-                    OWNED_ANSWER_NEIGH
-                } else {
-                    0
-                } | if o.node_ip { OWNED_NODE_IP } else { 0 },
+                flags: neigh | node_ip,
                 epoch: o.epoch,
             },
         );
     }
-    out.config.gateway_epoch = gateway_epoch(&out);
-    Ok(out)
 }
 
 /// FNV-1a over bytes, for the epochs: a digest that is never 0 (0 means
