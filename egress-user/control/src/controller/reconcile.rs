@@ -10,158 +10,11 @@ use crate::api::*;
 use crate::datastore::{Event, Kind, ObjectKey};
 use crate::validate::{self, IpPool};
 
-use super::view::{gateway_created, ClusterView, PolicyIndex, PolicyView};
-
-/// Knobs of the allocation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ControllerConfig {
-    /// Ports per block; a power of two from 64 to 16384.
-    pub port_block_size: u16,
-    /// Ports below this are never handed out (block 0 with the default size).
-    pub first_port: u16,
-    /// The only ports (first, last) handed out of a gateway node's own
-    /// address (useNodeIP): the node's own connections (its ephemeral
-    /// ports, its listeners: kubelet, NodePorts, the VXLAN and probe ports)
-    /// must never fall in a block, or their packets would be steered to a
-    /// worker. Only whole blocks inside count. The default starts above
-    /// Linux's default `ip_local_port_range` (32768-60999).
-    pub node_ip_ports: (u16, u16),
-    /// Most ports of one address one worker may hold (rounded up to whole
-    /// blocks); policies may cap lower (`spec.maxPortsPerNode`).
-    pub max_ports_per_node: u32,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        Self {
-            port_block_size: DEFAULT_PORT_BLOCK_SIZE,
-            first_port: 1024,
-            node_ip_ports: DEFAULT_NODE_IP_PORTS,
-            max_ports_per_node: DEFAULT_MAX_PORTS_PER_NODE,
-        }
-    }
-}
-
-/// Default ports per block: 1,008 blocks above port 1024, so a thousand
-/// workers share one EIP.
-pub const DEFAULT_PORT_BLOCK_SIZE: u16 = 64;
-
-/// Default of [`ControllerConfig::max_ports_per_node`]: the whole EIP.
-pub const DEFAULT_MAX_PORTS_PER_NODE: u32 = 65536;
-
-/// Default of [`ControllerConfig::node_ip_ports`].
-pub const DEFAULT_NODE_IP_PORTS: (u16, u16) = (61000, 65535);
-
-/// The blocks of `size` ports lying wholly inside `first..=last`.
-pub fn whole_blocks(first: u16, last: u16, size: u16) -> std::ops::Range<u16> {
-    let size = u32::from(size.max(1));
-    let start = u32::from(first).div_ceil(size);
-    let end = (u32::from(last) + 1) / size;
-    start.min(end) as u16..end as u16
-}
-
-/// What the controller wants written.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
-    pub gateways: BTreeMap<String, EgressGatewayStatus>,
-    pub policies: BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>,
-    /// Port-block grants per node (the EgressTunnel status fields
-    /// `portBlocks`, `portBlockSize`), for every node with an EgressTunnel:
-    /// empty grants for a node that holds none.
-    pub tunnels: BTreeMap<String, TunnelGrants>,
-    /// Nodes without an EgressTunnel: the controller creates one for each
-    /// (on Kubernetes the agent may not; on etcd it may have done so first).
-    pub new_tunnels: Vec<String>,
-    pub events: Vec<Event>,
-    /// The failovers this plan makes: EIPs leaving a node that can no
-    /// longer hold them (each also has an `EipMoved` event).
-    pub moves: Vec<EipMove>,
-    /// Port grants per (address, worker), for metrics.
-    pub ports: Vec<super::ports::PortFact>,
-    /// Free blocks per address, for metrics.
-    pub addresses: Vec<super::ports::AddressFact>,
-}
-
-/// Why an EIP left its node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FailoverReason {
-    /// The node's heartbeat stopped (tunnel `HeartbeatTimeout`).
-    HeartbeatTimeout,
-    /// The node's datapath probe failed (tunnel `Failed`).
-    ProbeFailed,
-    /// The node itself is not ready (tunnel `NodeNotReady`).
-    NodeNotReady,
-    /// The node is gone or no longer selected by the gateway.
-    NodeRemoved,
-    /// The node's tunnel is not (or no longer) registered (`Pending`, `Init`).
-    TunnelNotReady,
-}
-
-impl FailoverReason {
-    /// Every reason, in label order.
-    pub const ALL: [FailoverReason; 5] = [
-        Self::HeartbeatTimeout,
-        Self::ProbeFailed,
-        Self::NodeNotReady,
-        Self::NodeRemoved,
-        Self::TunnelNotReady,
-    ];
-
-    /// The reason of a move away from a node in `phase` (`selected`: the
-    /// gateway still selects the node).
-    pub fn of(phase: TunnelPhase, selected: bool) -> Self {
-        match phase {
-            _ if !selected => Self::NodeRemoved,
-            TunnelPhase::HeartbeatTimeout => Self::HeartbeatTimeout,
-            TunnelPhase::Failed => Self::ProbeFailed,
-            TunnelPhase::NodeNotReady => Self::NodeNotReady,
-            TunnelPhase::Pending | TunnelPhase::Init | TunnelPhase::Ready => Self::TunnelNotReady,
-        }
-    }
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::HeartbeatTimeout => "heartbeat_timeout",
-            Self::ProbeFailed => "probe_failed",
-            Self::NodeNotReady => "node_not_ready",
-            Self::NodeRemoved => "node_removed",
-            Self::TunnelNotReady => "tunnel_not_ready",
-        }
-    }
-}
-
-/// One EIP (or node-IP unit) moved from a node to another.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EipMove {
-    pub gateway: String,
-    /// What moved, as the events name it ("EIP 10.10.0.200").
-    pub what: String,
-    pub from: String,
-    pub to: String,
-    pub reason: FailoverReason,
-}
-
-/// The port blocks one node holds as a worker.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TunnelGrants {
-    /// Ports per block; 0 when the node holds no block.
-    pub port_block_size: u16,
-    /// Sorted by gateway, then EIP.
-    pub port_blocks: Vec<EipPortBlocks>,
-}
-
-impl TunnelGrants {
-    /// The grants as last written into a tunnel's status.
-    pub fn of(status: Option<&EgressTunnelStatus>) -> Self {
-        status
-            .map(|s| Self {
-                port_block_size: s.port_block_size,
-                port_blocks: s.port_blocks.clone(),
-            })
-            .unwrap_or_default()
-    }
-}
+use super::capacity::fold_into;
+use super::config::{whole_blocks, ControllerConfig};
+use super::plan::{EipMove, FailoverReason, Plan, TunnelGrants};
+use super::ports::{grant_address, Claim};
+use crate::view::{gateway_created, ClusterView, PolicyIndex, PolicyView};
 
 /// The unit of assignment: an IPv4/IPv6 pair, or the node address of one
 /// useNodeIP policy.
@@ -397,7 +250,7 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
     for t in plan.tunnels.values_mut() {
         t.port_blocks.sort();
     }
-    super::capacity::fold_into(view, &mut plan);
+    fold_into(view, &mut plan);
     plan
 }
 
@@ -722,7 +575,7 @@ fn reconcile_gateway(
         cfg.port_block_size,
     );
     // address -> worker -> the policies using it there, with their caps.
-    let mut demand: BTreeMap<String, BTreeMap<&str, Vec<super::ports::Claim>>> = BTreeMap::new();
+    let mut demand: BTreeMap<String, BTreeMap<&str, Vec<Claim>>> = BTreeMap::new();
     // Addresses that are a gateway node's own (useNodeIP).
     let mut node_ips: BTreeSet<String> = BTreeSet::new();
     let mut addrs_of: BTreeSet<String> = BTreeSet::new();
@@ -776,7 +629,7 @@ fn reconcile_gateway(
             eip_blocks.clone()
         };
         let d = demand.get(addr).unwrap_or(&none);
-        super::ports::grant_address(view, cfg, &gw_name, addr, range, d, plan);
+        grant_address(view, cfg, &gw_name, addr, range, d, plan);
     }
 
     // 4. Statuses.

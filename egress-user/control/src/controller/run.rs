@@ -13,10 +13,15 @@ use tokio::time::Instant;
 
 use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
-use super::{
-    heartbeat, reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor,
-    PhaseChange, Plan, StaleTunnels, ViewCache,
-};
+use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
+
+use super::cache::ViewCache;
+use super::config::ControllerConfig;
+use super::heartbeat;
+use super::plan::{EipMove, FailoverReason, Plan};
+use super::reconcile::reconcile;
+use super::stale::StaleTunnels;
+use crate::view::ClusterView;
 
 /// Field manager of every write the controller makes.
 pub const MANAGER: &str = "egress-controller";
