@@ -3,7 +3,9 @@
 
 mod cache;
 mod capacity;
+mod conditions;
 mod config;
+mod gateway_pass;
 pub mod grants;
 mod heartbeat;
 mod plan;
@@ -11,6 +13,7 @@ pub mod ports;
 mod reconcile;
 pub(crate) mod run;
 mod stale;
+mod unit;
 
 // The view types live outside the controller (agents read them too).
 pub use crate::view::{ClusterView, PolicyIndex, PolicyView};
