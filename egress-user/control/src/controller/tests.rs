@@ -126,6 +126,12 @@ impl Setup {
         self
     }
 
+    /// A node as given, its tunnel registered in `phase`.
+    pub(crate) fn node_record(mut self, n: NodeRecord, phase: TunnelPhase) -> Self {
+        self.nodes.push((n, Some(phase)));
+        self
+    }
+
     /// Nodes of gateway `g1` (label `a`), all in `phase`.
     pub(crate) fn gateway_nodes(self, names: &[&str], phase: TunnelPhase) -> Self {
         names.iter().fold(self, |s, n| s.node(n, "a", phase))
