@@ -259,11 +259,11 @@ struct Case {
     want: Vec<(&'static str, Want)>,
 }
 
-#[tokio::test]
-async fn allocation_table() {
+/// The cases of [`allocation_table`].
+fn allocation_cases() -> Vec<Case> {
     let g1 = || Setup::new().gateway(gateway("g1", 1, &["10.0.0.1-10.0.0.3"], "10.0.0.1", "a"));
     let r = TunnelPhase::Ready;
-    let cases = vec![
+    vec![
         Case {
             name: "default allocator shares the default EIP",
             setup: g1()
@@ -354,8 +354,12 @@ async fn allocation_table() {
                 .policy(policy("p1", 1, "g0", json!({}), "x", None)),
             want: vec![("p1", Want::Cond("gateway g0 is invalid"))],
         },
-    ];
-    for c in cases {
+    ]
+}
+
+#[tokio::test]
+async fn allocation_table() {
+    for c in allocation_cases() {
         let ds = c.setup.create().await;
         pass(&ds).await;
         for (p, want) in &c.want {
