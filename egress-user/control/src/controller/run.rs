@@ -19,7 +19,7 @@ use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 use super::cache::ViewCache;
 use super::config::ControllerConfig;
 use super::heartbeat;
-use super::plan::{EipMove, FailoverReason, Plan};
+use super::plan::{EipMove, FailoverReason, Plan, PortFacts, TunnelGrants};
 use super::reconcile::reconcile;
 use super::stale::StaleTunnels;
 use crate::view::ClusterView;
@@ -80,7 +80,7 @@ const TUNNEL_GRANT_FIELDS: &[&str] = &["portBlocks", "portBlockSize"];
 
 /// The status write of a node's port-block grants (both fields removed when
 /// it holds none).
-fn grants_patch(g: &super::TunnelGrants) -> StatusPatch {
+fn grants_patch(g: &TunnelGrants) -> StatusPatch {
     let status = if g.port_blocks.is_empty() {
         json!({})
     } else {
@@ -299,7 +299,7 @@ pub struct TickReport {
     /// monitor's start for a node not seen yet).
     pub last_heartbeat: BTreeMap<String, Instant>,
     /// Port grants after this pass (see `ports`).
-    pub ports: super::ports::PortFacts,
+    pub ports: PortFacts,
 }
 
 /// One pass as leader on a [`ViewCache`]: heartbeats, tunnel phases,
@@ -343,7 +343,7 @@ pub async fn tick_cached_report(
     }
     Ok(TickReport {
         writes: n,
-        ports: super::ports::PortFacts {
+        ports: PortFacts {
             workers: plan.ports,
             addresses: plan.addresses,
         },
@@ -366,7 +366,7 @@ pub struct LoopStats {
     /// seen (empty on a replica that does not lead).
     pub last_heartbeat: Mutex<BTreeMap<String, Instant>>,
     /// Port grants after the last written pass.
-    pub ports: Mutex<super::ports::PortFacts>,
+    pub ports: Mutex<PortFacts>,
 }
 
 impl LoopStats {
