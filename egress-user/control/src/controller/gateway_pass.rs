@@ -57,8 +57,14 @@ impl<'a> GatewayPass<'a> {
         self.gateway.metadata.name.clone().unwrap_or_default()
     }
 
-    fn key(&self) -> ObjectKey {
-        ObjectKey::cluster(self.name())
+    /// A Normal Event on the gateway.
+    fn event(&self, reason: &str, message: String) -> Event {
+        Event::normal(
+            Kind::EgressGateway,
+            ObjectKey::cluster(self.name()),
+            reason,
+            message,
+        )
     }
 
     /// Plans the gateway's status, its policies' placement and the port
@@ -154,9 +160,7 @@ impl<'a> GatewayPass<'a> {
             *load += 1;
             let ep = if asks_reconfirmation(self.view, node, u, *ep) {
                 at.epoch += 1;
-                plan.events.push(Event::normal(
-                    Kind::EgressGateway,
-                    self.key(),
+                plan.events.push(self.event(
                     "EipReconfirmed",
                     format!(
                         "{} reconfirmed on node {node}, which had fenced itself at epoch {ep}: epoch {}",
@@ -238,8 +242,7 @@ impl<'a> GatewayPass<'a> {
                 ),
             });
         }
-        plan.events
-            .push(Event::normal(Kind::EgressGateway, self.key(), reason, msg));
+        plan.events.push(self.event(reason, msg));
         at.placed.insert(u.clone(), (node, epoch));
     }
 
@@ -256,7 +259,7 @@ impl<'a> GatewayPass<'a> {
         if moving || !warned_before {
             plan.events.push(Event::warning(
                 Kind::EgressGateway,
-                self.key(),
+                ObjectKey::cluster(self.name()),
                 "NoReadyGatewayNode",
                 format!("{} has no Ready gateway node to go to", u.label()),
             ));
@@ -267,9 +270,7 @@ impl<'a> GatewayPass<'a> {
     fn tell_released(&self, units: &Units<'_, '_>, before: &Places, plan: &mut Plan) {
         for (u, (node, _)) in before {
             if !units.contains_key(u) {
-                plan.events.push(Event::normal(
-                    Kind::EgressGateway,
-                    self.key(),
+                plan.events.push(self.event(
                     "EipReleased",
                     format!("{} released from node {node}: no policy uses it", u.label()),
                 ));
