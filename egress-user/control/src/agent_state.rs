@@ -335,105 +335,127 @@ fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
     out
 }
 
-impl<'a> Prepared<'a> {
-    pub fn new(view: &'a ClusterView) -> Self {
-        // Cluster CIDRs the datastore knows.
-        let mut cc = ClusterCidrs::default();
-        for n in &view.nodes {
-            cc.pods
-                .extend(n.pod_cidrs.iter().filter_map(|c| parse_cidr(c).ok()));
-            cc.nodes.extend(
-                n.addresses
-                    .iter()
-                    .filter_map(|a| a.parse::<IpAddr>().ok())
-                    .map(host),
-            );
-        }
-        for t in &view.tunnels {
-            if let Some(s) = &t.status {
-                for a in [
-                    &s.tunnel.ipv4,
-                    &s.tunnel.ipv6,
-                    &s.tunnel.parent.ipv4,
-                    &s.tunnel.parent.ipv6,
-                ] {
-                    if let Ok(ip) = a.parse::<IpAddr>() {
-                        cc.nodes.insert(host(ip));
-                    }
+/// Cluster CIDRs the datastore knows: the nodes' pod CIDRs and addresses,
+/// and every tunnel address.
+fn known_cluster_cidrs(view: &ClusterView) -> ClusterCidrs {
+    let mut cc = ClusterCidrs::default();
+    for n in &view.nodes {
+        cc.pods
+            .extend(n.pod_cidrs.iter().filter_map(|c| parse_cidr(c).ok()));
+        cc.nodes.extend(
+            n.addresses
+                .iter()
+                .filter_map(|a| a.parse::<IpAddr>().ok())
+                .map(host),
+        );
+    }
+    for t in &view.tunnels {
+        if let Some(s) = &t.status {
+            for a in [
+                &s.tunnel.ipv4,
+                &s.tunnel.ipv6,
+                &s.tunnel.parent.ipv4,
+                &s.tunnel.parent.ipv6,
+            ] {
+                if let Ok(ip) = a.parse::<IpAddr>() {
+                    cc.nodes.insert(host(ip));
                 }
             }
         }
+    }
+    cc
+}
 
-        // Policies and their targets.
+/// (gateway, node, ipv4, ipv6) -> epoch of that assignment.
+type Epochs<'a> = BTreeMap<(&'a str, &'a str, &'a str, &'a str), u64>;
+
+/// The epoch of every assignment in the gateways' statuses.
+fn assignment_epochs(view: &ClusterView) -> Epochs<'_> {
+    let mut epochs = Epochs::new();
+    for g in &view.gateways {
+        let (Some(name), Some(st)) = (g.metadata.name.as_deref(), g.status.as_ref()) else {
+            continue;
+        };
+        for n in &st.node_list {
+            for e in &n.eips {
+                epochs.insert(
+                    (name, n.name.as_str(), e.ipv4.as_str(), e.ipv6.as_str()),
+                    e.epoch,
+                );
+            }
+        }
+    }
+    epochs
+}
+
+/// The active policies (index into `views` -> id) and their targets.
+fn active_targets(
+    view: &ClusterView,
+    views: &[crate::view::PolicyView<'_>],
+    ids: &BTreeMap<(Kind, ObjectKey), u32>,
+    ranks: &[i32],
+) -> (BTreeMap<usize, u32>, BTreeMap<u32, PolicyTarget>) {
+    // Each node's tunnel endpoint, looked up once (not per policy).
+    let endpoints: BTreeMap<&str, IpAddr> = view
+        .tunnels
+        .iter()
+        .filter_map(|t| {
+            let n = t.metadata.name.as_deref()?;
+            Some((n, tunnel_endpoint(view, n)?))
+        })
+        .collect();
+    let epochs = assignment_epochs(view);
+    let mut active: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut targets = BTreeMap::new();
+    for (vi, p) in views.iter().enumerate() {
+        let Some(st) = p.status else { continue };
+        if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
+            continue;
+        }
+        // The target stays even while its gateway node is not Ready: until
+        // the controller moves the EIP, the selected pods' traffic goes to
+        // the old gateway (and is lost if it is dead) instead of leaving
+        // with their own address (fail closed).
+        let id = ids[&(p.kind, p.key.clone())];
+        let gw = view
+            .gateway_for(p.fields.gateway)
+            .and_then(|g| g.metadata.name.as_deref())
+            .unwrap_or_default();
+        let (v4, v6) = if p.fields.egress_ip.use_node_ip {
+            ("", "")
+        } else {
+            (st.eip.ipv4.as_str(), st.eip.ipv6.as_str())
+        };
+        targets.insert(
+            id,
+            PolicyTarget {
+                kind: p.kind,
+                key: p.key.clone(),
+                eip_v4: st.eip.ipv4.parse().ok(),
+                eip_v6: st.eip.ipv6.parse().ok(),
+                gateway_node: st.node.clone(),
+                tunnel_endpoint: endpoints.get(st.node.as_str()).copied(),
+                local: false,
+                use_node_ip: p.fields.egress_ip.use_node_ip,
+                epoch: epochs
+                    .get(&(gw, st.node.as_str(), v4, v6))
+                    .copied()
+                    .unwrap_or(0),
+                rank: ranks[vi],
+                excluded: pending::cidrs(p.fields.excluded_subnet),
+            },
+        );
+        active.insert(vi, id);
+    }
+    (active, targets)
+}
+
+impl<'a> Prepared<'a> {
+    pub fn new(view: &'a ClusterView) -> Self {
         let views = view.policy_views();
         let ids = policy_ids(views.iter().map(|p| (p.kind, &p.key)));
         let ranks = pending::precedence_ranks(&views);
-        // Each node's tunnel endpoint, looked up once (not per policy).
-        let endpoints: BTreeMap<&str, IpAddr> = view
-            .tunnels
-            .iter()
-            .filter_map(|t| {
-                let n = t.metadata.name.as_deref()?;
-                Some((n, tunnel_endpoint(view, n)?))
-            })
-            .collect();
-        // (gateway, node, ipv4, ipv6) -> epoch of that assignment.
-        let mut epochs: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
-        for g in &view.gateways {
-            let (Some(name), Some(st)) = (g.metadata.name.as_deref(), g.status.as_ref()) else {
-                continue;
-            };
-            for n in &st.node_list {
-                for e in &n.eips {
-                    epochs.insert(
-                        (name, n.name.as_str(), e.ipv4.as_str(), e.ipv6.as_str()),
-                        e.epoch,
-                    );
-                }
-            }
-        }
-        let mut active: BTreeMap<usize, u32> = BTreeMap::new();
-        let mut targets = BTreeMap::new();
-        for (vi, p) in views.iter().enumerate() {
-            let Some(st) = p.status else { continue };
-            if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
-                continue;
-            }
-            // The target stays even while its gateway node is not Ready: until
-            // the controller moves the EIP, the selected pods' traffic goes to
-            // the old gateway (and is lost if it is dead) instead of leaving
-            // with their own address (fail closed).
-            let id = ids[&(p.kind, p.key.clone())];
-            let gw = view
-                .gateway_for(p.fields.gateway)
-                .and_then(|g| g.metadata.name.as_deref())
-                .unwrap_or_default();
-            let (v4, v6) = if p.fields.egress_ip.use_node_ip {
-                ("", "")
-            } else {
-                (st.eip.ipv4.as_str(), st.eip.ipv6.as_str())
-            };
-            targets.insert(
-                id,
-                PolicyTarget {
-                    kind: p.kind,
-                    key: p.key.clone(),
-                    eip_v4: st.eip.ipv4.parse().ok(),
-                    eip_v6: st.eip.ipv6.parse().ok(),
-                    gateway_node: st.node.clone(),
-                    tunnel_endpoint: endpoints.get(st.node.as_str()).copied(),
-                    local: false,
-                    use_node_ip: p.fields.egress_ip.use_node_ip,
-                    epoch: epochs
-                        .get(&(gw, st.node.as_str(), v4, v6))
-                        .copied()
-                        .unwrap_or(0),
-                    rank: ranks[vi],
-                    excluded: pending::cidrs(p.fields.excluded_subnet),
-                },
-            );
-            active.insert(vi, id);
-        }
+        let (active, targets) = active_targets(view, &views, &ids, &ranks);
         let index = PolicyIndex::new(&views);
         let ids = views
             .iter()
@@ -447,23 +469,19 @@ impl<'a> Prepared<'a> {
             ids,
             ranks,
             targets,
-            cluster_cidrs: cc,
+            cluster_cidrs: known_cluster_cidrs(view),
             gateways: gateway_parts(view),
         }
     }
 
     /// The desired dataplane of `cfg.node`.
     pub fn node(&self, cfg: &AgentConfig) -> NodeDesired {
-        let view = self.view;
-        let views = &self.views;
-        let index = &self.index;
-        let active = &self.active;
         let me = cfg.node.as_str();
         let mut out = NodeDesired {
             node: me.into(),
             policies: self.targets.clone(),
             cluster_cidrs: self.cluster_cidrs.clone(),
-            port_block_size: grant_block_size(view),
+            port_block_size: grant_block_size(self.view),
             ..Default::default()
         };
         for t in out.policies.values_mut() {
@@ -473,17 +491,34 @@ impl<'a> Prepared<'a> {
         cc.pods.extend(cfg.pod_cidrs.iter().copied());
         cc.services.extend(cfg.service_cidrs.iter().copied());
         cc.extra.extend(cfg.extra_cidrs.iter().copied());
+        out.rules = self.local_rules(me, &out.policies);
+        let policies = pending::Policies {
+            view: self.view,
+            views: &self.views,
+            index: &self.index,
+            active: &self.active,
+            ids: &self.ids,
+            ranks: &self.ranks,
+        };
+        out.pending = pending::pending_on(&policies, me);
+        self.add_gateway_parts(me, &mut out);
+        out
+    }
 
-        // Match rules for local pods.
+    /// Match rules for the pods on node `me`, per source address in order
+    /// of precedence: a destination a policy took is not another's.
+    fn local_rules(&self, me: &str, policies: &BTreeMap<u32, PolicyTarget>) -> Vec<MatchRule> {
+        let view = self.view;
         let mut rules = BTreeSet::new();
         for pod in view.pods.iter().filter(|p| p.node == me) {
             let nsl = view.namespace_labels(&pod.namespace);
             for src in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
                 let mut taken: Vec<IpNet> = Vec::new();
-                for vi in index.selecting(views, pod, &nsl) {
-                    let Some(id) = active.get(&vi) else { continue };
-                    let p = &views[vi];
-                    let t = &out.policies[id];
+                for vi in self.index.selecting(&self.views, pod, &nsl) {
+                    let Some(id) = self.active.get(&vi) else {
+                        continue;
+                    };
+                    let t = &policies[id];
                     let has_eip = match src {
                         IpAddr::V4(_) => t.eip_v4.is_some(),
                         IpAddr::V6(_) => t.eip_v6.is_some(),
@@ -491,38 +526,7 @@ impl<'a> Prepared<'a> {
                     if !has_eip {
                         continue;
                     }
-                    let fam = |n: &IpNet| n.addr().is_ipv6() == src.is_ipv6();
-                    let mut mine: Vec<(IpNet, RuleAction)> = Vec::new();
-                    for ex in p
-                        .fields
-                        .excluded_subnet
-                        .iter()
-                        .filter_map(|c| parse_cidr(c).ok())
-                        .filter(fam)
-                    {
-                        if !covered(&taken, &ex) {
-                            mine.push((ex, RuleAction::Skip));
-                        }
-                    }
-                    let dsts: Vec<IpNet> = if p.fields.dest_subnet.is_empty() {
-                        vec![if src.is_ipv6() {
-                            "::/0".parse().unwrap()
-                        } else {
-                            "0.0.0.0/0".parse().unwrap()
-                        }]
-                    } else {
-                        p.fields
-                            .dest_subnet
-                            .iter()
-                            .filter_map(|c| parse_cidr(c).ok())
-                            .filter(fam)
-                            .collect()
-                    };
-                    for d in dsts {
-                        if !covered(&taken, &d) {
-                            mine.push((d, RuleAction::Egress(*id)));
-                        }
-                    }
+                    let mine = policy_rules(&self.views[vi], *id, src, &taken);
                     for (dst, action) in mine {
                         taken.push(dst);
                         rules.insert(MatchRule { src, dst, action });
@@ -530,18 +534,11 @@ impl<'a> Prepared<'a> {
                 }
             }
         }
-        out.rules = rules.into_iter().collect();
-        let policies = pending::Policies {
-            view,
-            views,
-            index,
-            active,
-            ids: &self.ids,
-            ranks: &self.ranks,
-        };
-        out.pending = pending::pending_on(&policies, me);
+        rules.into_iter().collect()
+    }
 
-        // Port blocks, reply steering, owned EIPs.
+    /// Port blocks, reply steering and owned EIPs of node `me`.
+    fn add_gateway_parts(&self, me: &str, out: &mut NodeDesired) {
         for g in &self.gateways {
             out.gateway_eligible |= g.eligible.contains(me);
             if let Some(b) = g.blocks.get(me) {
@@ -561,7 +558,7 @@ impl<'a> Prepared<'a> {
                         .extend(g.steering.iter().map(|(k, v)| (*k, *v)));
                 }
             }
-            if view.phase(me) == TunnelPhase::Ready {
+            if self.view.phase(me) == TunnelPhase::Ready {
                 if let Some(owned) = g.owned.get(me) {
                     out.owned_eips
                         .extend(owned.iter().map(|(k, v)| (*k, v.clone())));
@@ -571,8 +568,51 @@ impl<'a> Prepared<'a> {
         for v in out.port_blocks.values_mut() {
             v.sort();
         }
-        out
     }
+}
+
+/// What policy `p` (id `id`) adds for source `src` where the prefixes
+/// `taken` belong to policies with precedence: its excluded subnets
+/// (skipped), then its destinations (or everything of the family).
+fn policy_rules(
+    p: &crate::view::PolicyView<'_>,
+    id: u32,
+    src: IpAddr,
+    taken: &[IpNet],
+) -> Vec<(IpNet, RuleAction)> {
+    let fam = |n: &IpNet| n.addr().is_ipv6() == src.is_ipv6();
+    let mut mine: Vec<(IpNet, RuleAction)> = Vec::new();
+    for ex in p
+        .fields
+        .excluded_subnet
+        .iter()
+        .filter_map(|c| parse_cidr(c).ok())
+        .filter(fam)
+    {
+        if !covered(taken, &ex) {
+            mine.push((ex, RuleAction::Skip));
+        }
+    }
+    let dsts: Vec<IpNet> = if p.fields.dest_subnet.is_empty() {
+        vec![if src.is_ipv6() {
+            "::/0".parse().unwrap()
+        } else {
+            "0.0.0.0/0".parse().unwrap()
+        }]
+    } else {
+        p.fields
+            .dest_subnet
+            .iter()
+            .filter_map(|c| parse_cidr(c).ok())
+            .filter(fam)
+            .collect()
+    };
+    for d in dsts {
+        if !covered(taken, &d) {
+            mine.push((d, RuleAction::Egress(id)));
+        }
+    }
+    mine
 }
 
 #[cfg(test)]

@@ -2,9 +2,8 @@ use serde_json::json;
 
 use super::*;
 use crate::api::{NodeRecord, TunnelPhase};
-use crate::controller::tests::{add_node, gateway, node, pass, pod, policy};
+use crate::controller::tests::{node, pass, policy, Setup};
 use crate::datastore::memory::MemoryDatastore;
-use crate::datastore::typed::pod_object;
 use crate::datastore::Datastore;
 use crate::view::load_view;
 
@@ -15,31 +14,45 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Gateway `g1` on the node `gw`, the worker `w1` with the pods `web`
+/// and `db`; no policy yet.
 async fn cluster() -> MemoryDatastore {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
-    )
-    .await
-    .unwrap();
     let mut gwn = node("gw", "a");
     gwn.pod_cidrs = vec!["10.244.0.0/24".into()];
-    add_node(&ds, &gwn, TunnelPhase::Ready).await;
     let mut w = node("w1", "-");
     w.pod_cidrs = vec!["10.244.1.0/24".into()];
     w.addresses = vec!["172.18.0.11".into()];
-    add_node(&ds, &w, TunnelPhase::Ready).await;
-    ds.create(
-        Kind::Pod,
-        pod_object(&pod("web", "web", "w1", "10.244.1.5")),
-    )
-    .await
-    .unwrap();
-    ds.create(Kind::Pod, pod_object(&pod("db", "db", "w1", "10.244.1.6")))
+    Setup::new()
+        .g1(&["10.0.0.1-10.0.0.4"])
+        .node_record(gwn, TunnelPhase::Ready)
+        .node_record(w, TunnelPhase::Ready)
+        .pod("web", "web", "w1", "10.244.1.5")
+        .pod("db", "db", "w1", "10.244.1.6")
+        .create()
         .await
-        .unwrap();
-    ds
+}
+
+/// An `rr` policy of `g1` for the `web` pods, to `dest` only.
+fn web_policy(name: &str, age: u32, priority: Option<i64>, dest: &str) -> serde_json::Value {
+    let mut p = policy(
+        name,
+        age,
+        "g1",
+        json!({"allocatorPolicy": "rr"}),
+        "web",
+        priority,
+    );
+    p["spec"]["destSubnet"] = json!([dest]);
+    p
+}
+
+/// The id the node's dataplane gives policy `name`.
+fn id_of(w: &NodeDesired, name: &str) -> u32 {
+    *w.policies
+        .iter()
+        .find(|(_, t)| t.key.name == name)
+        .unwrap()
+        .0
 }
 
 fn cfg(node: &str) -> AgentConfig {
@@ -147,43 +160,21 @@ async fn worker_and_gateway_views() {
 async fn priority_decides_overlapping_destinations() {
     let ds = cluster().await;
     // Both select app=web. "wide" covers everything, "narrow" one /24.
-    let mut wide = policy(
-        "wide",
-        1,
-        "g1",
-        json!({"allocatorPolicy": "rr"}),
-        "web",
-        Some(10),
-    );
-    wide["spec"]["destSubnet"] = json!(["0.0.0.0/0"]);
-    let mut narrow = policy(
-        "narrow",
-        2,
-        "g1",
-        json!({"allocatorPolicy": "rr"}),
-        "web",
-        Some(20),
-    );
-    narrow["spec"]["destSubnet"] = json!(["198.51.100.0/24"]);
-    ds.create(Kind::EgressPolicy, wide).await.unwrap();
-    ds.create(Kind::EgressPolicy, narrow).await.unwrap();
+    Setup::new()
+        .policy(web_policy("wide", 1, Some(10), "0.0.0.0/0"))
+        .policy(web_policy("narrow", 2, Some(20), "198.51.100.0/24"))
+        .add_to(&ds)
+        .await;
     pass(&ds).await;
     let view = load_view(&ds).await.unwrap();
     let w = desired(&view, &cfg("w1"));
-    let id_of = |name: &str| {
-        *w.policies
-            .iter()
-            .find(|(_, t)| t.key.name == name)
-            .unwrap()
-            .0
-    };
     // wide has precedence (10 < 20) and covers the /24: narrow gets nothing.
     assert_eq!(
         w.rules,
         vec![MatchRule {
             src: ip("10.244.1.5"),
             dst: net("0.0.0.0/0"),
-            action: RuleAction::Egress(id_of("wide"))
+            action: RuleAction::Egress(id_of(&w, "wide"))
         }]
     );
 
@@ -200,23 +191,16 @@ async fn priority_decides_overlapping_destinations() {
     pass(&ds).await;
     let view = load_view(&ds).await.unwrap();
     let w = desired(&view, &cfg("w1"));
-    let id_of = |name: &str| {
-        *w.policies
-            .iter()
-            .find(|(_, t)| t.key.name == name)
-            .unwrap()
-            .0
-    };
     let mut want = vec![
         MatchRule {
             src: ip("10.244.1.5"),
             dst: net("198.51.100.0/24"),
-            action: RuleAction::Egress(id_of("narrow")),
+            action: RuleAction::Egress(id_of(&w, "narrow")),
         },
         MatchRule {
             src: ip("10.244.1.5"),
             dst: net("0.0.0.0/0"),
-            action: RuleAction::Egress(id_of("wide")),
+            action: RuleAction::Egress(id_of(&w, "wide")),
         },
     ];
     want.sort();
@@ -224,36 +208,16 @@ async fn priority_decides_overlapping_destinations() {
 
     // Equal priority: the older object wins.
     let ds = cluster().await;
-    let mut a = policy(
-        "older",
-        1,
-        "g1",
-        json!({"allocatorPolicy": "rr"}),
-        "web",
-        None,
-    );
-    a["spec"]["destSubnet"] = json!(["198.51.100.0/24"]);
-    let mut b = policy(
-        "newer",
-        2,
-        "g1",
-        json!({"allocatorPolicy": "rr"}),
-        "web",
-        None,
-    );
-    b["spec"]["destSubnet"] = json!(["198.51.100.0/24"]);
-    ds.create(Kind::EgressPolicy, b).await.unwrap();
-    ds.create(Kind::EgressPolicy, a).await.unwrap();
+    // The newer one is created first.
+    Setup::new()
+        .policy(web_policy("newer", 2, None, "198.51.100.0/24"))
+        .policy(web_policy("older", 1, None, "198.51.100.0/24"))
+        .add_to(&ds)
+        .await;
     pass(&ds).await;
     let w = desired(&load_view(&ds).await.unwrap(), &cfg("w1"));
-    let id_older = *w
-        .policies
-        .iter()
-        .find(|(_, t)| t.key.name == "older")
-        .unwrap()
-        .0;
     assert_eq!(w.rules.len(), 1);
-    assert_eq!(w.rules[0].action, RuleAction::Egress(id_older));
+    assert_eq!(w.rules[0].action, RuleAction::Egress(id_of(&w, "older")));
 }
 
 #[tokio::test]

@@ -268,6 +268,18 @@ mod tests {
         assert_eq!(c.view.pods.len(), 1);
     }
 
+    /// The blocks of w1's first grant in `view`.
+    fn first_blocks_of_w1(view: &ClusterView) -> Vec<u16> {
+        view.tunnel("w1")
+            .unwrap()
+            .status
+            .clone()
+            .unwrap()
+            .port_blocks[0]
+            .blocks
+            .clone()
+    }
+
     #[tokio::test]
     async fn a_change_of_grants_alone_is_not_global() {
         use crate::datastore::StatusPatch;
@@ -320,32 +332,13 @@ mod tests {
         .await;
         {
             let (view, mut pending) = c.split();
-            assert_eq!(
-                view.tunnel("w1")
-                    .unwrap()
-                    .status
-                    .clone()
-                    .unwrap()
-                    .port_blocks[0]
-                    .blocks,
-                [1]
-            );
+            assert_eq!(first_blocks_of_w1(view), [1]);
             assert!(pending.any());
             assert!(pending.any(), "still waiting until a batch takes it");
         }
         let ch = c.next_batch().await.unwrap().unwrap();
         assert_eq!(ch.grant_nodes, ["w1"]);
-        assert_eq!(
-            c.view
-                .tunnel("w1")
-                .unwrap()
-                .status
-                .clone()
-                .unwrap()
-                .port_blocks[0]
-                .blocks,
-            [2]
-        );
+        assert_eq!(first_blocks_of_w1(&c.view), [2]);
         assert!(!c.split().1.any());
 
         // The phase (or the endpoint) matters to every node.

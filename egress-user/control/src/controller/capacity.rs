@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use crate::api::{Condition, PolicyOverCapacity};
 use crate::datastore::{Event, Kind, ObjectKey};
 
-use super::reconcile::Plan;
-use super::view::ClusterView;
+use super::plan::Plan;
+use crate::view::ClusterView;
 
 /// Condition type and reason, and the Event's reason.
 pub const APPLIED: &str = "Applied";

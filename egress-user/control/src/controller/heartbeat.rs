@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::datastore::Heartbeat;
 
-use super::ClusterView;
+use crate::view::ClusterView;
 
 /// Notes every heartbeat read at `now` (the controller's clock).
 pub fn observe(monitor: &mut HeartbeatMonitor, heartbeats: &[Heartbeat], now: Instant) {

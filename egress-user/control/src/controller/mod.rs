@@ -3,23 +3,28 @@
 
 mod cache;
 mod capacity;
+mod conditions;
+mod config;
+mod gateway_pass;
 pub mod grants;
 mod heartbeat;
+mod plan;
 pub mod ports;
 mod reconcile;
 pub(crate) mod run;
 mod stale;
+mod unit;
 
-// The view types live outside the controller (agents read them too); its
-// modules reach them as `super::view`.
-use crate::view;
+// The view types live outside the controller (agents read them too).
 pub use crate::view::{ClusterView, PolicyIndex, PolicyView};
 pub use cache::{sizes, Changed, Pending, ViewCache};
-pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
-pub use reconcile::{
-    reconcile, whole_blocks, ControllerConfig, EipMove, FailoverReason, Plan, TunnelGrants,
-    DEFAULT_MAX_PORTS_PER_NODE, DEFAULT_NODE_IP_PORTS, DEFAULT_PORT_BLOCK_SIZE,
+pub use config::{
+    whole_blocks, ControllerConfig, DEFAULT_MAX_PORTS_PER_NODE, DEFAULT_NODE_IP_PORTS,
+    DEFAULT_PORT_BLOCK_SIZE,
 };
+pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
+pub use plan::{EipMove, FailoverReason, Plan, TunnelGrants};
+pub use reconcile::reconcile;
 pub use run::{
     gateway_eligible, run_controller, run_controller_with_stats, tick_cached_report, write_plan,
     write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION, MANAGER, PORT_BLOCK_MANAGER,

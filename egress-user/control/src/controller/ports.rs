@@ -10,48 +10,14 @@ use std::collections::BTreeMap;
 use crate::api::{EgressTunnelStatus, EipPortBlocks, EipPortUse};
 use crate::datastore::{Event, Kind, ObjectKey};
 
+use super::config::ControllerConfig;
 use super::grants::{plan_address, Holding, WorkerPorts};
-use super::reconcile::{ControllerConfig, Plan};
-use super::view::ClusterView;
+use super::plan::Plan;
+pub use super::plan::{AddressFact, PortFact, PortFacts};
+use crate::view::ClusterView;
 
 /// A policy's claim on an address at a worker: its name and its cap (ports).
 pub type Claim = (String, Option<u32>);
-
-/// One (address, worker) after the pass, for metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PortFact {
-    pub gateway: String,
-    pub eip: String,
-    pub node: String,
-    /// Blocks held, the draining ones included.
-    pub granted: u32,
-    pub draining: u32,
-    /// Ports in use as the agent reported.
-    pub in_use: u32,
-    /// Ports per block.
-    pub block_size: u16,
-    /// The headroom asks for more blocks than a policy's cap allows: the
-    /// policy (the largest cap among those using the address there).
-    pub quota_reached: Option<String>,
-    /// No free block was left for the blocks the headroom asks for.
-    pub refused: bool,
-}
-
-/// Free and total blocks of one address, for metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AddressFact {
-    pub gateway: String,
-    pub eip: String,
-    pub total: u32,
-    pub free: u32,
-}
-
-/// Every fact of a pass, for the metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PortFacts {
-    pub workers: Vec<PortFact>,
-    pub addresses: Vec<AddressFact>,
-}
 
 /// Blocks of `size` ports covering `ports` (at least one).
 pub fn blocks_for(ports: u32, size: u16) -> u16 {

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,10 +14,15 @@ use tokio::time::Instant;
 
 use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
 
-use super::{
-    heartbeat, reconcile, ClusterView, ControllerConfig, EipMove, FailoverReason, HeartbeatMonitor,
-    PhaseChange, Plan, StaleTunnels, ViewCache,
-};
+use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
+
+use super::cache::ViewCache;
+use super::config::ControllerConfig;
+use super::heartbeat;
+use super::plan::{EipMove, FailoverReason, Plan, PortFacts, TunnelGrants};
+use super::reconcile::reconcile;
+use super::stale::StaleTunnels;
+use crate::view::ClusterView;
 
 /// Field manager of every write the controller makes.
 pub const MANAGER: &str = "egress-controller";
@@ -74,7 +80,7 @@ const TUNNEL_GRANT_FIELDS: &[&str] = &["portBlocks", "portBlockSize"];
 
 /// The status write of a node's port-block grants (both fields removed when
 /// it holds none).
-fn grants_patch(g: &super::TunnelGrants) -> StatusPatch {
+fn grants_patch(g: &TunnelGrants) -> StatusPatch {
     let status = if g.port_blocks.is_empty() {
         json!({})
     } else {
@@ -109,9 +115,32 @@ pub async fn write_plan_stored(
     plan: &Plan,
 ) -> Result<Vec<Stored>> {
     use futures::stream::{self, TryStreamExt};
-    use std::collections::BTreeMap;
+    let created = create_tunnels(ds, &plan.new_tunnels).await?;
+    let written: Vec<Option<Stored>> = stream::iter(status_writes(view, plan).into_iter().map(Ok))
+        .map_ok(|(kind, key, p)| async move {
+            match ds.write_status(kind, &key, &p).await {
+                Ok(s) => Ok(Some(s)),
+                // Deleted since the view was taken: nothing to write.
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .try_buffer_unordered(WRITE_CONCURRENCY)
+        .try_collect()
+        .await?;
+    for e in &plan.events {
+        ds.record_event(e.clone()).await?;
+    }
+    Ok(created
+        .into_iter()
+        .chain(written.into_iter().flatten())
+        .collect())
+}
+
+/// Creates an EgressTunnel for each of `nodes`; returns those created.
+async fn create_tunnels(ds: &dyn Datastore, nodes: &[String]) -> Result<Vec<Stored>> {
     let mut created = Vec::new();
-    for node in &plan.new_tunnels {
+    for node in nodes {
         let tunnel = json!({
             "apiVersion": crate::api::API_VERSION,
             "kind": "EgressTunnel",
@@ -125,36 +154,17 @@ pub async fn write_plan_stored(
             Err(e) => return Err(e),
         }
     }
+    Ok(created)
+}
+
+/// The status writes of `plan`: the statuses that differ from `view`'s.
+fn status_writes(view: &ClusterView, plan: &Plan) -> Vec<(Kind, ObjectKey, StatusPatch)> {
     let gw_cur: BTreeMap<&str, _> = view
         .gateways
         .iter()
         .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref())))
         .collect();
-    let pol_cur: BTreeMap<(Kind, ObjectKey), _> = view
-        .policies
-        .iter()
-        .map(|p| {
-            (
-                (
-                    Kind::EgressPolicy,
-                    ObjectKey::namespaced(
-                        p.metadata.namespace.clone().unwrap_or_default(),
-                        p.metadata.name.clone().unwrap_or_default(),
-                    ),
-                ),
-                p.status.as_ref(),
-            )
-        })
-        .chain(view.cluster_policies.iter().map(|p| {
-            (
-                (
-                    Kind::EgressClusterPolicy,
-                    ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
-                ),
-                p.status.as_ref(),
-            )
-        }))
-        .collect();
+    let pol_cur = policy_statuses(view);
     let mut writes: Vec<(Kind, ObjectKey, StatusPatch)> = Vec::new();
     for (name, st) in &plan.gateways {
         if gw_cur.get(name.as_str()).copied().flatten() != Some(st) {
@@ -187,25 +197,37 @@ pub async fn write_plan_stored(
             ));
         }
     }
-    let written: Vec<Option<Stored>> = stream::iter(writes.into_iter().map(Ok))
-        .map_ok(|(kind, key, p)| async move {
-            match ds.write_status(kind, &key, &p).await {
-                Ok(s) => Ok(Some(s)),
-                // Deleted since the view was taken: nothing to write.
-                Err(e) if e.is_not_found() => Ok(None),
-                Err(e) => Err(e),
-            }
+    writes
+}
+
+/// The statuses of every policy and cluster policy in `view`.
+fn policy_statuses(
+    view: &ClusterView,
+) -> BTreeMap<(Kind, ObjectKey), Option<&crate::api::EgressPolicyStatus>> {
+    view.policies
+        .iter()
+        .map(|p| {
+            (
+                (
+                    Kind::EgressPolicy,
+                    ObjectKey::namespaced(
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                    ),
+                ),
+                p.status.as_ref(),
+            )
         })
-        .try_buffer_unordered(WRITE_CONCURRENCY)
-        .try_collect()
-        .await?;
-    for e in &plan.events {
-        ds.record_event(e.clone()).await?;
-    }
-    Ok(created
-        .into_iter()
-        .chain(written.into_iter().flatten())
-        .collect())
+        .chain(view.cluster_policies.iter().map(|p| {
+            (
+                (
+                    Kind::EgressClusterPolicy,
+                    ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
+                ),
+                p.status.as_ref(),
+            )
+        }))
+        .collect()
 }
 
 /// Status writes in flight at once.
@@ -277,7 +299,7 @@ pub struct TickReport {
     /// monitor's start for a node not seen yet).
     pub last_heartbeat: BTreeMap<String, Instant>,
     /// Port grants after this pass (see `ports`).
-    pub ports: super::ports::PortFacts,
+    pub ports: PortFacts,
 }
 
 /// One pass as leader on a [`ViewCache`]: heartbeats, tunnel phases,
@@ -321,7 +343,7 @@ pub async fn tick_cached_report(
     }
     Ok(TickReport {
         writes: n,
-        ports: super::ports::PortFacts {
+        ports: PortFacts {
             workers: plan.ports,
             addresses: plan.addresses,
         },
@@ -344,7 +366,7 @@ pub struct LoopStats {
     /// seen (empty on a replica that does not lead).
     pub last_heartbeat: Mutex<BTreeMap<String, Instant>>,
     /// Port grants after the last written pass.
-    pub ports: Mutex<super::ports::PortFacts>,
+    pub ports: Mutex<PortFacts>,
 }
 
 impl LoopStats {
@@ -421,139 +443,188 @@ pub async fn run_controller_with_stats(
     use std::sync::atomic::Ordering::Relaxed;
     cfg.timers.validate()?;
     tokio::pin!(shutdown);
+    let ds = ds.as_ref();
     // Every replica, before it campaigns (the writes are conditional, so
     // replicas may race); again on leading while it has not succeeded.
-    let mut indexes_complete = complete_indexes(ds.as_ref(), &cfg.identity).await;
-    'campaign: loop {
-        // Campaign.
-        let lead = loop {
-            match ds
-                .try_acquire(&cfg.election, &cfg.identity, cfg.lease_ttl)
-                .await
-            {
-                Ok(Some(l)) => break l,
-                Ok(None) => {}
-                // The datastore is down or restarting: campaign again soon,
-                // the process stays up.
-                Err(e) => {
-                    tracing::warn!("campaigning failed: {e}; trying again");
-                    tokio::select! {
-                        _ = &mut shutdown => return Ok(()),
-                        _ = tokio::time::sleep(CAMPAIGN_RETRY.min(cfg.lease_ttl / 3)) => {}
-                    }
-                    continue;
-                }
-            }
-            tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                _ = tokio::time::sleep(cfg.lease_ttl / 3) => {}
-            }
+    let mut indexes_complete = complete_indexes(ds, &cfg.identity).await;
+    loop {
+        let Some(lead) = campaign(ds, &cfg, &mut shutdown).await else {
+            return Ok(());
         };
         tracing::info!(identity = %cfg.identity, term = lead.term, "leading");
         stats.leader.store(true, Relaxed);
         stats.term.store(lead.term, Relaxed);
         // From here every status write is fenced by this term.
         if let Err(e) = ds.fence(Some(&lead)).await {
-            step_down(ds.as_ref(), &lead, &stats, &e.to_string()).await;
+            step_down(ds, &lead, &stats, &e.to_string()).await;
             continue;
         }
         println!("controller {} leading, term {}", cfg.identity, lead.term);
         if !indexes_complete {
-            indexes_complete = complete_indexes(ds.as_ref(), &cfg.identity).await;
+            indexes_complete = complete_indexes(ds, &cfg.identity).await;
         }
-        let mut monitor = HeartbeatMonitor::new(Instant::now().into_std());
-        // None: list every kind before the next pass (at first, and after a
-        // watch failed or fell behind).
-        let mut cache: Option<ViewCache> = None;
-        let mut ticker =
-            tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
-        let mut probe_down = cfg.probe_down.clone();
-        let mut stale = StaleTunnels::default();
-        loop {
-            let view = match &mut cache {
-                Some(c) => c,
-                None => match ViewCache::start(ds.as_ref()).await {
-                    Ok(c) => cache.insert(c),
-                    Err(e) => {
-                        step_down(ds.as_ref(), &lead, &stats, &format!("listing: {e}")).await;
-                        continue 'campaign;
-                    }
-                },
-            };
-            if let Some(rx) = &probe_down {
-                monitor.set_probe_down(rx.borrow().clone());
+        if let Led::ShutDown = lead_while_leader(ds, &cfg, &lead, &stats, &mut shutdown).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Campaigns until this replica leads; `None` when `shutdown` comes first.
+async fn campaign<F: Future<Output = ()>>(
+    ds: &dyn Datastore,
+    cfg: &RunConfig,
+    shutdown: &mut Pin<&mut F>,
+) -> Option<crate::datastore::Leadership> {
+    loop {
+        match ds
+            .try_acquire(&cfg.election, &cfg.identity, cfg.lease_ttl)
+            .await
+        {
+            Ok(Some(l)) => return Some(l),
+            Ok(None) => {}
+            // The datastore is down or restarting: campaign again soon,
+            // the process stays up.
+            Err(e) => {
+                tracing::warn!("campaigning failed: {e}; trying again");
+                tokio::select! {
+                    _ = shutdown.as_mut() => return None,
+                    _ = tokio::time::sleep(CAMPAIGN_RETRY.min(cfg.lease_ttl / 3)) => {}
+                }
+                continue;
             }
-            if let Err(e) = ds.renew_leadership(&lead).await {
-                tracing::warn!("lost leadership: {e}");
+        }
+        tokio::select! {
+            _ = shutdown.as_mut() => return None,
+            _ = tokio::time::sleep(cfg.lease_ttl / 3) => {}
+        }
+    }
+}
+
+/// How a term of leading ended.
+enum Led {
+    /// Leadership lost, or given up: campaign again.
+    Lost,
+    /// `shutdown` completed; resigned.
+    ShutDown,
+}
+
+/// While leader: a pass on every change, every monitor period and every
+/// change of the probe-down set, until leadership is lost or `shutdown`.
+async fn lead_while_leader<F: Future<Output = ()>>(
+    ds: &dyn Datastore,
+    cfg: &RunConfig,
+    lead: &crate::datastore::Leadership,
+    stats: &LoopStats,
+    shutdown: &mut Pin<&mut F>,
+) -> Led {
+    let mut monitor = HeartbeatMonitor::new(Instant::now().into_std());
+    // None: list every kind before the next pass (at first, and after a
+    // watch failed or fell behind).
+    let mut cache: Option<ViewCache> = None;
+    let mut ticker = tokio::time::interval(cfg.timers.tunnel_monitor_period.min(cfg.lease_ttl / 3));
+    let mut probe_down = cfg.probe_down.clone();
+    let mut stale = StaleTunnels::default();
+    loop {
+        let view = match &mut cache {
+            Some(c) => c,
+            None => match ViewCache::start(ds).await {
+                Ok(c) => cache.insert(c),
+                Err(e) => {
+                    step_down(ds, lead, stats, &format!("listing: {e}")).await;
+                    return Led::Lost;
+                }
+            },
+        };
+        if let Some(rx) = &probe_down {
+            monitor.set_probe_down(rx.borrow().clone());
+        }
+        if let Err(e) = ds.renew_leadership(lead).await {
+            tracing::warn!("lost leadership: {e}");
+            stats.lost_leadership();
+            let _ = ds.fence(None).await;
+            return Led::Lost;
+        }
+        if !pass_as_leader(ds, view, &mut monitor, cfg, stats).await {
+            return Led::Lost;
+        }
+        let grace = stale_tunnel_grace(&cfg.timers);
+        for (node, revision) in stale.due(&view.view, std::time::Instant::now(), grace) {
+            remove_stale_tunnel(ds, &node, revision, grace).await;
+        }
+        tokio::select! {
+            _ = shutdown.as_mut() => {
                 stats.lost_leadership();
                 let _ = ds.fence(None).await;
-                break;
+                let _ = ds.resign(lead).await;
+                return Led::ShutDown;
             }
-            stats.passes.fetch_add(1, Relaxed);
-            match tick_cached_report(ds.as_ref(), view, &mut monitor, &cfg).await {
-                Ok(report) => {
-                    let n = report.writes;
-                    stats.writes.fetch_add(n as u64, Relaxed);
-                    stats.record(&report);
-                    for m in &report.moves {
-                        tracing::info!(gateway = %m.gateway, what = %m.what, from = %m.from, to = %m.to, reason = m.reason.as_str(), "failover");
-                    }
-                    if n > 0 {
-                        tracing::debug!(writes = n, "reconciled");
-                    }
-                }
-                Err(crate::datastore::DatastoreError::LostLeadership { .. }) => {
-                    tracing::warn!("a write was fenced off: another replica leads");
-                    stats.lost_leadership();
-                    let _ = ds.fence(None).await;
-                    break;
-                }
-                Err(e) => {
-                    stats.errors.fetch_add(1, Relaxed);
-                    tracing::warn!("reconcile failed: {e}");
+            _ = ticker.tick() => {}
+            changed = probe_changed(&mut probe_down) => {
+                if changed.is_err() {
+                    probe_down = None;
                 }
             }
-            let grace = stale_tunnel_grace(&cfg.timers);
-            for (node, revision) in stale.due(&view.view, std::time::Instant::now(), grace) {
-                remove_stale_tunnel(ds.as_ref(), &node, revision, grace).await;
-            }
-            tokio::select! {
-                _ = &mut shutdown => {
-                    stats.lost_leadership();
-                    let _ = ds.fence(None).await;
-                    let _ = ds.resign(&lead).await;
-                    return Ok(());
-                }
-                _ = ticker.tick() => {}
-                changed = probe_changed(&mut probe_down) => {
-                    if changed.is_err() {
-                        probe_down = None;
-                    }
-                }
-                batch = view.next_batch() => match batch {
-                    Some(Ok(_)) => {
-                        // Gather what follows closely into the same pass.
-                        if !cfg.coalesce.is_zero() {
-                            tokio::time::sleep(cfg.coalesce).await;
-                            while let Some(Some(b)) = futures::FutureExt::now_or_never(view.next_batch()) {
-                                if let Err(e) = b {
-                                    tracing::warn!("watch: {e}; listing again");
-                                    cache = None;
-                                    break;
-                                }
+            batch = view.next_batch() => match batch {
+                Some(Ok(_)) => {
+                    // Gather what follows closely into the same pass.
+                    if !cfg.coalesce.is_zero() {
+                        tokio::time::sleep(cfg.coalesce).await;
+                        while let Some(Some(b)) = futures::FutureExt::now_or_never(view.next_batch()) {
+                            if let Err(e) = b {
+                                tracing::warn!("watch: {e}; listing again");
+                                cache = None;
+                                break;
                             }
                         }
                     }
-                    // A watch failed or fell behind: list again.
-                    Some(Err(e)) => {
-                        tracing::warn!("watch: {e}; listing again");
-                        cache = None;
-                    }
-                    None => break,
-                },
-            }
+                }
+                // A watch failed or fell behind: list again.
+                Some(Err(e)) => {
+                    tracing::warn!("watch: {e}; listing again");
+                    cache = None;
+                }
+                None => return Led::Lost,
+            },
         }
     }
+}
+
+/// One counted pass as leader; `false` when a write was fenced off
+/// (another replica leads). Other errors are counted and logged: the next
+/// pass tries again.
+async fn pass_as_leader(
+    ds: &dyn Datastore,
+    view: &mut ViewCache,
+    monitor: &mut HeartbeatMonitor,
+    cfg: &RunConfig,
+    stats: &LoopStats,
+) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    stats.passes.fetch_add(1, Relaxed);
+    match tick_cached_report(ds, view, monitor, cfg).await {
+        Ok(report) => {
+            let n = report.writes;
+            stats.writes.fetch_add(n as u64, Relaxed);
+            stats.record(&report);
+            for m in &report.moves {
+                tracing::info!(gateway = %m.gateway, what = %m.what, from = %m.from, to = %m.to, reason = m.reason.as_str(), "failover");
+            }
+            if n > 0 {
+                tracing::debug!(writes = n, "reconciled");
+            }
+        }
+        Err(crate::datastore::DatastoreError::LostLeadership { .. }) => {
+            tracing::warn!("a write was fenced off: another replica leads");
+            stats.lost_leadership();
+            let _ = ds.fence(None).await;
+            return false;
+        }
+        Err(e) => {
+            stats.errors.fetch_add(1, Relaxed);
+            tracing::warn!("reconcile failed: {e}");
+        }
+    }
+    true
 }
 
 /// How long a tunnel's node must have been gone before the tunnel is

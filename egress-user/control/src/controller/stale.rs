@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::ClusterView;
+use crate::view::ClusterView;
 
 /// When each tunnel's node was first seen missing.
 #[derive(Clone, Debug, Default)]

@@ -93,6 +93,108 @@ pub(crate) async fn set_phase(ds: &MemoryDatastore, node: &str, phase: TunnelPha
     .unwrap();
 }
 
+/// A cluster to start a test from, created in the memory datastore in the
+/// order a cluster comes up: gateways, nodes (with their tunnels), policies,
+/// pods, each in the order given.
+#[derive(Default)]
+pub(crate) struct Setup {
+    gateways: Vec<Value>,
+    /// With the tunnel's phase; `None`: a Node without an EgressTunnel.
+    nodes: Vec<(NodeRecord, Option<TunnelPhase>)>,
+    policies: Vec<Value>,
+    pods: Vec<PodRecord>,
+}
+
+impl Setup {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn gateway(mut self, g: Value) -> Self {
+        self.gateways.push(g);
+        self
+    }
+
+    /// Gateway `g1` (age 1, no default EIP) over the nodes labelled `a`.
+    pub(crate) fn g1(self, v4: &[&str]) -> Self {
+        self.gateway(gateway("g1", 1, v4, "", "a"))
+    }
+
+    /// A node labelled `label` whose tunnel is registered in `phase`.
+    pub(crate) fn node(mut self, name: &str, label: &str, phase: TunnelPhase) -> Self {
+        self.nodes.push((node(name, label), Some(phase)));
+        self
+    }
+
+    /// A node as given, its tunnel registered in `phase`.
+    pub(crate) fn node_record(mut self, n: NodeRecord, phase: TunnelPhase) -> Self {
+        self.nodes.push((n, Some(phase)));
+        self
+    }
+
+    /// Nodes of gateway `g1` (label `a`), all in `phase`.
+    pub(crate) fn gateway_nodes(self, names: &[&str], phase: TunnelPhase) -> Self {
+        names.iter().fold(self, |s, n| s.node(n, "a", phase))
+    }
+
+    /// Ready nodes outside every gateway (label `-`).
+    pub(crate) fn workers(self, names: &[&str]) -> Self {
+        names
+            .iter()
+            .fold(self, |s, n| s.node(n, "-", TunnelPhase::Ready))
+    }
+
+    /// A Node (label `-`) without an EgressTunnel: no agent yet.
+    pub(crate) fn bare_node(mut self, name: &str) -> Self {
+        self.nodes.push((node(name, "-"), None));
+        self
+    }
+
+    pub(crate) fn policy(mut self, p: Value) -> Self {
+        self.policies.push(p);
+        self
+    }
+
+    /// Policy `name` of age `age` on `g1`, for the pods labelled `app`.
+    pub(crate) fn g1_policy(self, name: &str, age: u32, egress_ip: Value, app: &str) -> Self {
+        self.policy(policy(name, age, "g1", egress_ip, app, None))
+    }
+
+    /// Pod `name` (label `app`) on node `on`.
+    pub(crate) fn pod(mut self, name: &str, app: &str, on: &str, ip: &str) -> Self {
+        self.pods.push(pod(name, app, on, ip));
+        self
+    }
+
+    /// A new datastore holding the cluster.
+    pub(crate) async fn create(self) -> MemoryDatastore {
+        let ds = MemoryDatastore::new();
+        self.add_to(&ds).await;
+        ds
+    }
+
+    /// Adds the cluster's objects to `ds`.
+    pub(crate) async fn add_to(self, ds: &MemoryDatastore) {
+        for g in self.gateways {
+            ds.create(Kind::EgressGateway, g).await.unwrap();
+        }
+        for (n, phase) in &self.nodes {
+            match phase {
+                Some(phase) => add_node(ds, n, *phase).await,
+                None => {
+                    ds.create(Kind::Node, node_object(n)).await.unwrap();
+                }
+            }
+        }
+        for p in self.policies {
+            ds.create(Kind::EgressPolicy, p).await.unwrap();
+        }
+        for p in &self.pods {
+            ds.create(Kind::Pod, pod_object(p)).await.unwrap();
+        }
+    }
+}
+
 pub(crate) async fn pass(ds: &MemoryDatastore) -> Plan {
     pass_with(ds, &ControllerConfig::default()).await
 }
@@ -153,25 +255,21 @@ enum Want {
 
 struct Case {
     name: &'static str,
-    gateways: Vec<Value>,
-    nodes: Vec<(&'static str, &'static str, TunnelPhase)>,
-    policies: Vec<Value>,
+    setup: Setup,
     want: Vec<(&'static str, Want)>,
 }
 
-#[tokio::test]
-async fn allocation_table() {
-    let g1 = || gateway("g1", 1, &["10.0.0.1-10.0.0.3"], "10.0.0.1", "a");
+/// The cases of [`allocation_table`].
+fn allocation_cases() -> Vec<Case> {
+    let g1 = || Setup::new().gateway(gateway("g1", 1, &["10.0.0.1-10.0.0.3"], "10.0.0.1", "a"));
     let r = TunnelPhase::Ready;
-    let cases = vec![
+    vec![
         Case {
             name: "default allocator shares the default EIP",
-            gateways: vec![g1()],
-            nodes: vec![("n1", "a", r), ("n2", "a", r)],
-            policies: vec![
-                policy("p1", 1, "g1", json!({}), "x", None),
-                policy("p2", 2, "g1", json!({}), "y", None),
-            ],
+            setup: g1()
+                .gateway_nodes(&["n1", "n2"], r)
+                .g1_policy("p1", 1, json!({}), "x")
+                .g1_policy("p2", 2, json!({}), "y"),
             want: vec![
                 ("p1", Want::Eip("10.0.0.1", "n1")),
                 ("p2", Want::Eip("10.0.0.1", "n1")),
@@ -179,12 +277,10 @@ async fn allocation_table() {
         },
         Case {
             name: "rr gives each policy its own EIP, spread over the fewest-loaded nodes",
-            gateways: vec![g1()],
-            nodes: vec![("n1", "a", r), ("n2", "a", r)],
-            policies: vec![
-                policy("p1", 1, "g1", json!({"allocatorPolicy": "rr"}), "x", None),
-                policy("p2", 2, "g1", json!({"allocatorPolicy": "rr"}), "y", None),
-            ],
+            setup: g1()
+                .gateway_nodes(&["n1", "n2"], r)
+                .g1_policy("p1", 1, json!({"allocatorPolicy": "rr"}), "x")
+                .g1_policy("p2", 2, json!({"allocatorPolicy": "rr"}), "y"),
             want: vec![
                 ("p1", Want::Eip("10.0.0.1", "n1")),
                 ("p2", Want::Eip("10.0.0.2", "n2")),
@@ -192,12 +288,10 @@ async fn allocation_table() {
         },
         Case {
             name: "explicit EIP; an explicit EIP outside the pool is refused with the field named",
-            gateways: vec![g1()],
-            nodes: vec![("n1", "a", r)],
-            policies: vec![
-                policy("p1", 1, "g1", json!({"ipv4": "10.0.0.3"}), "x", None),
-                policy("p2", 2, "g1", json!({"ipv4": "10.9.9.9"}), "y", None),
-            ],
+            setup: g1()
+                .gateway_nodes(&["n1"], r)
+                .g1_policy("p1", 1, json!({"ipv4": "10.0.0.3"}), "x")
+                .g1_policy("p2", 2, json!({"ipv4": "10.9.9.9"}), "y"),
             want: vec![
                 ("p1", Want::Eip("10.0.0.3", "n1")),
                 (
@@ -210,27 +304,33 @@ async fn allocation_table() {
         },
         Case {
             name: "only Ready gateway nodes get EIPs; nodes outside the selector never",
-            gateways: vec![g1()],
-            nodes: vec![
-                ("n1", "a", TunnelPhase::HeartbeatTimeout),
-                ("n2", "a", r),
-                ("n3", "b", r),
-            ],
-            policies: vec![policy("p1", 1, "g1", json!({}), "x", None)],
+            setup: g1()
+                .gateway_nodes(&["n1"], TunnelPhase::HeartbeatTimeout)
+                .gateway_nodes(&["n2"], r)
+                .node("n3", "b", r)
+                .g1_policy("p1", 1, json!({}), "x"),
             want: vec![("p1", Want::Eip("10.0.0.1", "n2"))],
         },
         Case {
             name: "no Ready node: no node, a condition",
-            gateways: vec![g1()],
-            nodes: vec![("n1", "a", TunnelPhase::Init)],
-            policies: vec![policy("p1", 1, "g1", json!({}), "x", None)],
+            setup: g1().gateway_nodes(&["n1"], TunnelPhase::Init).g1_policy(
+                "p1",
+                1,
+                json!({}),
+                "x",
+            ),
             want: vec![("p1", Want::Cond("gateway g1 has no Ready node"))],
         },
         Case {
             name: "a missing gateway is accepted with a condition",
-            gateways: vec![g1()],
-            nodes: vec![("n1", "a", r)],
-            policies: vec![policy("p1", 1, "nope", json!({}), "x", None)],
+            setup: g1().gateway_nodes(&["n1"], r).policy(policy(
+                "p1",
+                1,
+                "nope",
+                json!({}),
+                "x",
+                None,
+            )),
             want: vec![(
                 "p1",
                 Want::Cond("spec.egressGatewayName: gateway nope does not exist"),
@@ -238,30 +338,29 @@ async fn allocation_table() {
         },
         Case {
             name: "useNodeIP leaves with the gateway node's address",
-            gateways: vec![g1()],
-            nodes: vec![("n1", "a", r)],
-            policies: vec![policy("p1", 1, "g1", json!({"useNodeIP": true}), "x", None)],
+            setup: g1().gateway_nodes(&["n1"], r).g1_policy(
+                "p1",
+                1,
+                json!({"useNodeIP": true}),
+                "x",
+            ),
             want: vec![("p1", Want::Eip("192.168.0.1", "n1"))],
         },
         Case {
             name: "overlapping pools: the older gateway keeps them, the newer is refused",
-            gateways: vec![g1(), gateway("g0", 5, &["10.0.0.3/32"], "", "a")],
-            nodes: vec![("n1", "a", r)],
-            policies: vec![policy("p1", 1, "g0", json!({}), "x", None)],
+            setup: g1()
+                .gateway(gateway("g0", 5, &["10.0.0.3/32"], "", "a"))
+                .gateway_nodes(&["n1"], r)
+                .policy(policy("p1", 1, "g0", json!({}), "x", None)),
             want: vec![("p1", Want::Cond("gateway g0 is invalid"))],
         },
-    ];
-    for c in cases {
-        let ds = MemoryDatastore::new();
-        for g in &c.gateways {
-            ds.create(Kind::EgressGateway, g.clone()).await.unwrap();
-        }
-        for (n, l, ph) in &c.nodes {
-            add_node(&ds, &node(n, l), *ph).await;
-        }
-        for p in &c.policies {
-            ds.create(Kind::EgressPolicy, p.clone()).await.unwrap();
-        }
+    ]
+}
+
+#[tokio::test]
+async fn allocation_table() {
+    for c in allocation_cases() {
+        let ds = c.setup.create().await;
         pass(&ds).await;
         for (p, want) in &c.want {
             let st = policy_status(&ds, p).await;
@@ -305,24 +404,14 @@ async fn allocation_table() {
 /// Gateway `g1` (pool 10.0.0.1-4) on the Ready `nodes`, policies `p1` and
 /// `p2` using it, after one controller pass.
 pub(crate) async fn gateway_with_two_policies(nodes: &[&str]) -> MemoryDatastore {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
-    )
-    .await
-    .unwrap();
-    for n in nodes {
-        add_node(&ds, &node(n, "a"), TunnelPhase::Ready).await;
-    }
-    for (i, p) in ["p1", "p2"].iter().enumerate() {
-        ds.create(
-            Kind::EgressPolicy,
-            policy(p, i as u32, "g1", json!({"allocatorPolicy": "rr"}), p, None),
-        )
-        .await
-        .unwrap();
-    }
+    let rr = || json!({"allocatorPolicy": "rr"});
+    let ds = Setup::new()
+        .g1(&["10.0.0.1-10.0.0.4"])
+        .gateway_nodes(nodes, TunnelPhase::Ready)
+        .g1_policy("p1", 0, rr(), "p1")
+        .g1_policy("p2", 1, rr(), "p2")
+        .create()
+        .await;
     pass(&ds).await;
     ds
 }
@@ -379,12 +468,10 @@ async fn eip_moves_only_with_cause_and_epoch_grows() {
     assert_eq!(policy_status(&ds, "p1").await.node, "n2");
 
     // A third policy goes to the node with the fewest EIPs: n1.
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p3", 9, "g1", json!({"allocatorPolicy": "rr"}), "p3", None),
-    )
-    .await
-    .unwrap();
+    Setup::new()
+        .g1_policy("p3", 9, json!({"allocatorPolicy": "rr"}), "p3")
+        .add_to(&ds)
+        .await;
     pass(&ds).await;
     let p3 = policy_status(&ds, "p3").await;
     assert_eq!((p3.eip.ipv4.as_str(), p3.node.as_str()), ("10.0.0.3", "n1"));
@@ -483,37 +570,16 @@ async fn conflicting_explicit_pairs_precedence_by_priority_then_age() {
         (Some(5), 9, None, 1, "a"),
     ];
     for (pa, aa, pb, ab, winner) in cases {
-        let ds = MemoryDatastore::new();
         let mut g = gateway("g1", 1, &["10.0.0.1-10.0.0.2"], "", "a");
         g["spec"]["ippools"]["ipv6"] = json!(["fd00::1-fd00::2"]);
-        ds.create(Kind::EgressGateway, g).await.unwrap();
-        add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
-        ds.create(
-            Kind::EgressPolicy,
-            policy(
-                "a",
-                aa,
-                "g1",
-                json!({"ipv4": "10.0.0.1", "ipv6": "fd00::1"}),
-                "x",
-                pa,
-            ),
-        )
-        .await
-        .unwrap();
-        ds.create(
-            Kind::EgressPolicy,
-            policy(
-                "b",
-                ab,
-                "g1",
-                json!({"ipv4": "10.0.0.1", "ipv6": "fd00::2"}),
-                "y",
-                pb,
-            ),
-        )
-        .await
-        .unwrap();
+        let pair = |v6: &str| json!({"ipv4": "10.0.0.1", "ipv6": v6});
+        let ds = Setup::new()
+            .gateway(g)
+            .gateway_nodes(&["n1"], TunnelPhase::Ready)
+            .policy(policy("a", aa, "g1", pair("fd00::1"), "x", pa))
+            .policy(policy("b", ab, "g1", pair("fd00::2"), "y", pb))
+            .create()
+            .await;
         pass(&ds).await;
         let loser = if winner == "a" { "b" } else { "a" };
         let w = policy_status(&ds, winner).await;
@@ -539,21 +605,13 @@ fn whole_blocks_lie_inside_the_range() {
     assert!(whole_blocks(61000, 61000, 64).is_empty());
 }
 
-/// Gateway `g1` with the one address 10.0.0.1 on the Ready node `gw`, and
-/// the Ready worker nodes `workers`.
-pub(crate) async fn one_eip_gateway(workers: &[&str]) -> MemoryDatastore {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("gw", "a"), TunnelPhase::Ready).await;
-    for w in workers {
-        add_node(&ds, &node(w, "-"), TunnelPhase::Ready).await;
-    }
-    ds
+/// The set-up of gateway `g1` with the one address 10.0.0.1 on the Ready
+/// node `gw`, and the Ready worker nodes `workers`.
+pub(crate) fn one_eip_gateway(workers: &[&str]) -> Setup {
+    Setup::new()
+        .g1(&["10.0.0.1"])
+        .gateway_nodes(&["gw"], TunnelPhase::Ready)
+        .workers(workers)
 }
 
 /// A gateway node's own address hands out blocks only from the reserved
@@ -562,27 +620,13 @@ pub(crate) async fn one_eip_gateway(workers: &[&str]) -> MemoryDatastore {
 #[tokio::test]
 async fn node_ip_blocks_come_only_from_the_reserved_range() {
     let workers = ["w1", "w2", "w3", "w4", "w5"];
-    let ds = one_eip_gateway(&workers).await;
-    for (name, spec, app) in [
-        ("n", json!({"useNodeIP": true}), "web"),
-        ("e", json!({}), "db"),
-    ] {
-        ds.create(Kind::EgressPolicy, policy(name, 1, "g1", spec, app, None))
-            .await
-            .unwrap();
-    }
+    let mut setup = one_eip_gateway(&workers)
+        .g1_policy("n", 1, json!({"useNodeIP": true}), "web")
+        .g1_policy("e", 1, json!({}), "db");
     for (i, w) in workers.iter().enumerate() {
-        let ip = format!("10.244.{}.2", i + 1);
-        ds.create(
-            Kind::Pod,
-            pod_object(&pod(&format!("web{i}"), "web", w, &ip)),
-        )
-        .await
-        .unwrap();
+        setup = setup.pod(&format!("web{i}"), "web", w, &format!("10.244.{}.2", i + 1));
     }
-    ds.create(Kind::Pod, pod_object(&pod("db", "db", "w1", "10.244.1.3")))
-        .await
-        .unwrap();
+    let ds = setup.pod("db", "db", "w1", "10.244.1.3").create().await;
     let big = ControllerConfig {
         port_block_size: 1024,
         ..Default::default()
@@ -635,24 +679,15 @@ async fn node_ip_blocks_come_only_from_the_reserved_range() {
 /// tunnel (an address in its status) draws port blocks.
 #[tokio::test]
 async fn the_controller_creates_a_tunnel_per_node_and_grants_only_registered_ones() {
-    let ds = one_eip_gateway(&["w1"]).await;
     // w2 and w3: Nodes without a tunnel (no agent yet, or one that may not create it).
-    for w in ["w2", "w3"] {
-        ds.create(Kind::Node, node_object(&node(w, "-")))
-            .await
-            .unwrap();
-    }
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p", 1, "g1", json!({}), "web", None),
-    )
-    .await
-    .unwrap();
-    for (name, on, ip) in [("a", "w1", "10.244.1.2"), ("b", "w2", "10.244.2.2")] {
-        ds.create(Kind::Pod, pod_object(&pod(name, "web", on, ip)))
-            .await
-            .unwrap();
-    }
+    let ds = one_eip_gateway(&["w1"])
+        .bare_node("w2")
+        .bare_node("w3")
+        .g1_policy("p", 1, json!({}), "web")
+        .pod("a", "web", "w1", "10.244.1.2")
+        .pod("b", "web", "w2", "10.244.2.2")
+        .create()
+        .await;
     let plan = pass(&ds).await;
     assert_eq!(plan.new_tunnels, ["w2", "w3"]);
     let view = load_view(&ds).await.unwrap();
@@ -679,31 +714,20 @@ async fn the_controller_creates_a_tunnel_per_node_and_grants_only_registered_one
 
 #[tokio::test]
 async fn port_blocks_on_demand_and_taken_back() {
-    let ds = one_eip_gateway(&["w1", "w2"]).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p", 1, "g1", json!({}), "web", None),
-    )
-    .await
-    .unwrap();
+    let ds = one_eip_gateway(&["w1", "w2"])
+        .g1_policy("p", 1, json!({}), "web")
+        .create()
+        .await;
     pass(&ds).await;
     assert!(grants(&ds).await.is_empty(), "no pods, no blocks");
 
-    for (name, on, ip) in [
-        ("a", "w1", "10.244.1.2"),
-        ("b", "w2", "10.244.2.2"),
-        ("c", "w2", "10.244.2.3"),
-    ] {
-        ds.create(Kind::Pod, pod_object(&pod(name, "web", on, ip)))
-            .await
-            .unwrap();
-    }
-    ds.create(
-        Kind::Pod,
-        pod_object(&pod("other", "db", "gw", "10.244.0.2")),
-    )
-    .await
-    .unwrap();
+    Setup::new()
+        .pod("a", "web", "w1", "10.244.1.2")
+        .pod("b", "web", "w2", "10.244.2.2")
+        .pod("c", "web", "w2", "10.244.2.3")
+        .pod("other", "db", "gw", "10.244.0.2")
+        .add_to(&ds)
+        .await;
     pass(&ds).await;
     let eip = |n: &str| (n.to_string(), "10.0.0.1".to_string());
     assert_eq!(
@@ -749,9 +773,10 @@ async fn port_blocks_on_demand_and_taken_back() {
         (vec![16], vec![16])
     );
     // A new worker meanwhile gets another block, not w1's draining one.
-    ds.create(Kind::Pod, pod_object(&pod("d", "web", "gw", "10.244.0.3")))
-        .await
-        .unwrap();
+    Setup::new()
+        .pod("d", "web", "gw", "10.244.0.3")
+        .add_to(&ds)
+        .await;
     pass(&ds).await;
     assert_eq!(grants(&ds).await[&eip("gw")], vec![18]);
     // w1's agent reports the block emptied: it goes back to the pool.
@@ -778,38 +803,26 @@ async fn port_blocks_on_demand_and_taken_back() {
         .is_empty());
 
     // A pod on a node without an EgressTunnel (no agent) gets no block.
-    ds.create(Kind::Node, node_object(&node("bare", "-")))
-        .await
-        .unwrap();
-    ds.create(
-        Kind::Pod,
-        pod_object(&pod("e", "web", "bare", "10.244.3.2")),
-    )
-    .await
-    .unwrap();
+    Setup::new()
+        .bare_node("bare")
+        .pod("e", "web", "bare", "10.244.3.2")
+        .add_to(&ds)
+        .await;
     pass(&ds).await;
     assert_eq!(grants(&ds).await.len(), 2);
 }
 
 #[tokio::test]
 async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1-10.0.0.2"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("good", 1, "g1", json!({}), "x", None),
-    )
-    .await
-    .unwrap();
     let mut bad = policy("bad", 2, "g1", json!({}), "y", None);
     bad["spec"]["appliedTo"]["podSubnet"] = json!(["10.244.0.0/33"]);
-    ds.create(Kind::EgressPolicy, bad).await.unwrap();
+    let ds = Setup::new()
+        .g1(&["10.0.0.1-10.0.0.2"])
+        .gateway_nodes(&["n1"], TunnelPhase::Ready)
+        .g1_policy("good", 1, json!({}), "x")
+        .policy(bad)
+        .create()
+        .await;
 
     // Two writes are refused with a conflict first, as if another writer won.
     ds.inject_conflicts(2);
@@ -860,22 +873,13 @@ async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
 #[tokio::test(start_paused = true)]
 async fn heartbeat_timeout_and_recovery() {
     use std::time::Duration;
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("n1", "a"), TunnelPhase::Init).await;
-    add_node(&ds, &node("n2", "a"), TunnelPhase::Init).await;
-    add_node(&ds, &node("w", "-"), TunnelPhase::Pending).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p", 1, "g1", json!({}), "x", None),
-    )
-    .await
-    .unwrap();
+    let ds = Setup::new()
+        .g1(&["10.0.0.1"])
+        .gateway_nodes(&["n1", "n2"], TunnelPhase::Init)
+        .node("w", "-", TunnelPhase::Pending)
+        .g1_policy("p", 1, json!({}), "x")
+        .create()
+        .await;
     let cfg = RunConfig {
         timers: egress_failover::FailoverTimers {
             tunnel_update_period: Duration::from_millis(100),
@@ -936,13 +940,7 @@ async fn heartbeat_timeout_and_recovery() {
 async fn only_the_leader_writes() {
     use std::sync::Arc;
     use std::time::Duration;
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1"], "", "a"),
-    )
-    .await
-    .unwrap();
+    let ds = Setup::new().g1(&["10.0.0.1"]).create().await;
     let other = ds
         .try_acquire(run::ELECTION, "someone-else", Duration::from_secs(30))
         .await
@@ -987,20 +985,12 @@ async fn only_the_leader_writes() {
 
 #[tokio::test]
 async fn cached_passes_see_their_own_writes_at_once() {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1-10.0.0.2"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p", 1, "g1", json!({}), "x", None),
-    )
-    .await
-    .unwrap();
+    let ds = Setup::new()
+        .g1(&["10.0.0.1-10.0.0.2"])
+        .gateway_nodes(&["n1"], TunnelPhase::Ready)
+        .g1_policy("p", 1, json!({}), "x")
+        .create()
+        .await;
     let cfg = RunConfig::default();
     let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let mut cache = ViewCache::start(&ds).await.unwrap();
@@ -1033,12 +1023,10 @@ async fn cached_passes_see_their_own_writes_at_once() {
     );
     assert_eq!(gw_status(&ds, "g1").await.epoch, 1);
     // A change from outside reaches the cache through the watch.
-    ds.create(
-        Kind::EgressPolicy,
-        policy("q", 2, "g1", json!({"allocatorPolicy": "rr"}), "y", None),
-    )
-    .await
-    .unwrap();
+    Setup::new()
+        .g1_policy("q", 2, json!({"allocatorPolicy": "rr"}), "y")
+        .add_to(&ds)
+        .await;
     while !cache
         .view
         .policies
@@ -1060,13 +1048,7 @@ async fn cached_passes_see_their_own_writes_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_deposed_leader_cannot_write() {
     use std::time::Duration;
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1"], "", "a"),
-    )
-    .await
-    .unwrap();
+    let ds = Setup::new().g1(&["10.0.0.1"]).create().await;
     let old = ds.handle();
     let new = ds.handle();
     let lead = old
@@ -1116,20 +1098,12 @@ async fn a_deposed_leader_cannot_write() {
 
 #[tokio::test]
 async fn failover_reasons_follow_the_old_nodes_phase() {
-    let ds = MemoryDatastore::new();
-    ds.create(
-        Kind::EgressGateway,
-        gateway("g1", 1, &["10.0.0.1-10.0.0.4"], "", "a"),
-    )
-    .await
-    .unwrap();
-    add_node(&ds, &node("n1", "a"), TunnelPhase::Ready).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p1", 1, "g1", json!({}), "p1", None),
-    )
-    .await
-    .unwrap();
+    let ds = Setup::new()
+        .g1(&["10.0.0.1-10.0.0.4"])
+        .gateway_nodes(&["n1"], TunnelPhase::Ready)
+        .g1_policy("p1", 1, json!({}), "p1")
+        .create()
+        .await;
     let plan = pass(&ds).await;
     assert!(plan.moves.is_empty(), "a first assignment is no failover");
     add_node(&ds, &node("n2", "a"), TunnelPhase::Ready).await;

@@ -7,11 +7,8 @@ use std::collections::BTreeSet;
 use serde_json::json;
 
 use crate::api::EipPortUse;
-use crate::api::TunnelPhase;
-use crate::controller::tests::{add_node, grants, node, one_eip_gateway, pass, pod, policy};
+use crate::controller::tests::{grants, one_eip_gateway, pass, policy, Setup};
 use crate::datastore::memory::MemoryDatastore;
-use crate::datastore::typed::pod_object;
-use crate::datastore::{Datastore, Kind};
 use crate::registration::publish_port_use;
 
 async fn report(ds: &MemoryDatastore, node: &str, in_use: u32) {
@@ -32,23 +29,19 @@ fn held(g: &std::collections::BTreeMap<(String, String), Vec<u16>>, n: &str) -> 
 
 #[tokio::test]
 async fn a_thousand_workers_share_one_eip_none_refused() {
-    let ds = one_eip_gateway(&[]).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p", 1, "g1", json!({}), "web", None),
-    )
-    .await
-    .unwrap();
+    let ds = one_eip_gateway(&[])
+        .g1_policy("p", 1, json!({}), "web")
+        .create()
+        .await;
+    // Each worker's node, then its pod.
     for i in 0..1000u32 {
         let w = format!("w{i:04}");
-        add_node(&ds, &node(&w, "-"), TunnelPhase::Ready).await;
         let ip = format!("10.{}.{}.2", 100 + i / 256, i % 256);
-        ds.create(
-            Kind::Pod,
-            pod_object(&pod(&format!("p{i}"), "web", &w, &ip)),
-        )
-        .await
-        .unwrap();
+        Setup::new()
+            .workers(&[&w])
+            .pod(&format!("p{i}"), "web", &w, &ip)
+            .add_to(&ds)
+            .await;
     }
     let plan = pass(&ds).await;
     assert!(
@@ -75,18 +68,12 @@ async fn a_thousand_workers_share_one_eip_none_refused() {
 
 #[tokio::test]
 async fn use_grows_the_grant_and_a_new_controller_keeps_every_number() {
-    let ds = one_eip_gateway(&["w1", "w2"]).await;
-    ds.create(
-        Kind::EgressPolicy,
-        policy("p", 1, "g1", json!({}), "web", None),
-    )
-    .await
-    .unwrap();
-    for (n, on, ip) in [("a", "w1", "10.244.1.2"), ("b", "w2", "10.244.2.2")] {
-        ds.create(Kind::Pod, pod_object(&pod(n, "web", on, ip)))
-            .await
-            .unwrap();
-    }
+    let ds = one_eip_gateway(&["w1", "w2"])
+        .g1_policy("p", 1, json!({}), "web")
+        .pod("a", "web", "w1", "10.244.1.2")
+        .pod("b", "web", "w2", "10.244.2.2")
+        .create()
+        .await;
     pass(&ds).await;
     assert_eq!(held(&grants(&ds).await, "w1"), vec![16]);
     // w1 reports 100 ports in use: ceil(200 / 64) + 1 = 5 blocks, ahead of need.
@@ -105,13 +92,13 @@ async fn use_grows_the_grant_and_a_new_controller_keeps_every_number() {
 
 #[tokio::test]
 async fn a_policy_quota_caps_the_grant_and_is_reported() {
-    let ds = one_eip_gateway(&["w1"]).await;
     let mut p = policy("p", 1, "g1", json!({}), "web", None);
     p["spec"]["maxPortsPerNode"] = json!(128);
-    ds.create(Kind::EgressPolicy, p).await.unwrap();
-    ds.create(Kind::Pod, pod_object(&pod("a", "web", "w1", "10.244.1.2")))
-        .await
-        .unwrap();
+    let ds = one_eip_gateway(&["w1"])
+        .policy(p)
+        .pod("a", "web", "w1", "10.244.1.2")
+        .create()
+        .await;
     pass(&ds).await;
     report(&ds, "w1", 1000).await;
     let plan = pass(&ds).await;

@@ -1,0 +1,149 @@
+//! What one reconcile pass decides, as plain data: the statuses to write,
+//! the events to record, the failovers and the port facts for metrics.
+//! The async loop writes it; nothing here reads or writes a datastore.
+
+use std::collections::BTreeMap;
+
+use crate::api::{
+    EgressGatewayStatus, EgressPolicyStatus, EgressTunnelStatus, EipPortBlocks, TunnelPhase,
+};
+use crate::datastore::{Event, Kind, ObjectKey};
+
+/// What the controller wants written.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub gateways: BTreeMap<String, EgressGatewayStatus>,
+    pub policies: BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>,
+    /// Port-block grants per node (the EgressTunnel status fields
+    /// `portBlocks`, `portBlockSize`), for every node with an EgressTunnel:
+    /// empty grants for a node that holds none.
+    pub tunnels: BTreeMap<String, TunnelGrants>,
+    /// Nodes without an EgressTunnel: the controller creates one for each
+    /// (on Kubernetes the agent may not; on etcd it may have done so first).
+    pub new_tunnels: Vec<String>,
+    pub events: Vec<Event>,
+    /// The failovers this plan makes: EIPs leaving a node that can no
+    /// longer hold them (each also has an `EipMoved` event).
+    pub moves: Vec<EipMove>,
+    /// Port grants per (address, worker), for metrics.
+    pub ports: Vec<PortFact>,
+    /// Free blocks per address, for metrics.
+    pub addresses: Vec<AddressFact>,
+}
+
+/// Why an EIP left its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FailoverReason {
+    /// The node's heartbeat stopped (tunnel `HeartbeatTimeout`).
+    HeartbeatTimeout,
+    /// The node's datapath probe failed (tunnel `Failed`).
+    ProbeFailed,
+    /// The node itself is not ready (tunnel `NodeNotReady`).
+    NodeNotReady,
+    /// The node is gone or no longer selected by the gateway.
+    NodeRemoved,
+    /// The node's tunnel is not (or no longer) registered (`Pending`, `Init`).
+    TunnelNotReady,
+}
+
+impl FailoverReason {
+    /// Every reason, in label order.
+    pub const ALL: [FailoverReason; 5] = [
+        Self::HeartbeatTimeout,
+        Self::ProbeFailed,
+        Self::NodeNotReady,
+        Self::NodeRemoved,
+        Self::TunnelNotReady,
+    ];
+
+    /// The reason of a move away from a node in `phase` (`selected`: the
+    /// gateway still selects the node).
+    pub fn of(phase: TunnelPhase, selected: bool) -> Self {
+        match phase {
+            _ if !selected => Self::NodeRemoved,
+            TunnelPhase::HeartbeatTimeout => Self::HeartbeatTimeout,
+            TunnelPhase::Failed => Self::ProbeFailed,
+            TunnelPhase::NodeNotReady => Self::NodeNotReady,
+            TunnelPhase::Pending | TunnelPhase::Init | TunnelPhase::Ready => Self::TunnelNotReady,
+        }
+    }
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HeartbeatTimeout => "heartbeat_timeout",
+            Self::ProbeFailed => "probe_failed",
+            Self::NodeNotReady => "node_not_ready",
+            Self::NodeRemoved => "node_removed",
+            Self::TunnelNotReady => "tunnel_not_ready",
+        }
+    }
+}
+
+/// One EIP (or node-IP unit) moved from a node to another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EipMove {
+    pub gateway: String,
+    /// What moved, as the events name it ("EIP 10.10.0.200").
+    pub what: String,
+    pub from: String,
+    pub to: String,
+    pub reason: FailoverReason,
+}
+
+/// The port blocks one node holds as a worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TunnelGrants {
+    /// Ports per block; 0 when the node holds no block.
+    pub port_block_size: u16,
+    /// Sorted by gateway, then EIP.
+    pub port_blocks: Vec<EipPortBlocks>,
+}
+
+impl TunnelGrants {
+    /// The grants as last written into a tunnel's status.
+    pub fn of(status: Option<&EgressTunnelStatus>) -> Self {
+        status
+            .map(|s| Self {
+                port_block_size: s.port_block_size,
+                port_blocks: s.port_blocks.clone(),
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// One (address, worker) after the pass, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortFact {
+    pub gateway: String,
+    pub eip: String,
+    pub node: String,
+    /// Blocks held, the draining ones included.
+    pub granted: u32,
+    pub draining: u32,
+    /// Ports in use as the agent reported.
+    pub in_use: u32,
+    /// Ports per block.
+    pub block_size: u16,
+    /// The headroom asks for more blocks than a policy's cap allows: the
+    /// policy (the largest cap among those using the address there).
+    pub quota_reached: Option<String>,
+    /// No free block was left for the blocks the headroom asks for.
+    pub refused: bool,
+}
+
+/// Free and total blocks of one address, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressFact {
+    pub gateway: String,
+    pub eip: String,
+    pub total: u32,
+    pub free: u32,
+}
+
+/// Every fact of a pass, for the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortFacts {
+    pub workers: Vec<PortFact>,
+    pub addresses: Vec<AddressFact>,
+}
