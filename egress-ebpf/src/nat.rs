@@ -11,7 +11,7 @@ use egress_common::{
     drops::*,
     nat::*,
     policy::{EgressTarget, TARGET_LOCAL_GATEWAY},
-    ports::{block_slot, flow_hash, MAX_BLOCKS_PER_EIP},
+    ports::{block_slot, flow_hash, PortBlocks, MAX_BLOCKS_PER_EIP},
 };
 
 use crate::{
@@ -178,6 +178,26 @@ fn reclaim_idle(
     NAT_REV.insert(rev, rev_val, u64::from(BPF_ANY)).is_ok()
 }
 
+/// The EIP's port blocks on this worker and how many of them new flows
+/// choose from.
+#[inline(always)]
+fn granted_blocks(eip: &Addr, cfg: &DatapathConfig) -> Result<(&'static PortBlocks, u32), u32> {
+    let blocks = PORT_BLOCKS.get_ptr(eip).ok_or(DROP_NO_PORT_BLOCK)?;
+    // SAFETY: valid map value pointer.
+    let blocks = unsafe { &*blocks };
+    if cfg.port_block_size == 0 {
+        return Err(DROP_NO_PORT_BLOCK);
+    }
+    let n = blocks.count;
+    // Written by the agent for an EIP the controller could grant no block
+    // of: the EIP is exhausted, and the pod is told so at once.
+    if n == 0 {
+        return Err(DROP_PORTS_EXHAUSTED);
+    }
+    let max = MAX_BLOCKS_PER_EIP as u32;
+    Ok((blocks, if n > max { max } else { n }))
+}
+
 /// Finds or creates the translation of `f` to `eip` and returns the EIP port.
 /// `absent`: the caller just looked the forward key up and found nothing,
 /// so the lookup is not repeated.
@@ -226,24 +246,11 @@ fn translate_forward(
         }
         // The policy now maps this flow to another EIP: allocate anew.
     }
-    let blocks = match PORT_BLOCKS.get_ptr(eip) {
-        Some(b) => b,
-        None => return Packed::err(DROP_NO_PORT_BLOCK),
+    let (blocks, n) = match granted_blocks(eip, cfg) {
+        Ok(b) => b,
+        Err(reason) => return Packed::err(reason),
     };
-    // SAFETY: valid map value pointer.
-    let blocks = unsafe { &*blocks };
-    let n = blocks.count;
     let bs = u32::from(cfg.port_block_size);
-    if bs == 0 {
-        return Packed::err(DROP_NO_PORT_BLOCK);
-    }
-    // Written by the agent for an EIP the controller could grant no block
-    // of: the EIP is exhausted, and the pod is told so at once.
-    if n == 0 {
-        return Packed::err(DROP_PORTS_EXHAUSTED);
-    }
-    let max = MAX_BLOCKS_PER_EIP as u32;
-    let n = if n > max { max } else { n };
     let h = port_hash(f);
     let state = if f.proto == IPPROTO_TCP {
         next_tcp_state(0, f.tcp_flags)
