@@ -27,7 +27,7 @@ use egress_control::{
     datastore::Datastore,
 };
 use egress_failover::{
-    fence::{Announcement, Fence},
+    fence::{Announcement, Assignment, Fence},
     timers::FailoverTimers,
 };
 use tokio::time::Instant;
@@ -37,12 +37,33 @@ use super::{
     bgp::AgentBgp,
     published::{Learned, Published},
     register::{addresses_changed, register, registration_lost, SelfDescription},
-    runtime::{assignments, AgentSettings, LIST_RETRY},
+    settings::{AgentSettings, LIST_RETRY},
 };
 use crate::{
     datapath::{lease, links, PinnedMaps},
     node::watch::{LinkEvent, LinkWatch},
 };
+
+/// Every EIP assignment in the view, for the fence.
+pub(super) fn assignments(view: &ClusterView) -> Vec<Assignment> {
+    let mut out = Vec::new();
+    for g in &view.gateways {
+        for n in g.status.iter().flat_map(|s| &s.node_list) {
+            for e in &n.eips {
+                for ip in [&e.ipv4, &e.ipv6] {
+                    if let Ok(eip) = ip.parse::<IpAddr>() {
+                        out.push(Assignment {
+                            eip,
+                            node: n.name.clone(),
+                            epoch: e.epoch,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
 
 /// What the agent holds between passes, apart from its view of the cluster.
 pub(super) struct Agent {
@@ -121,9 +142,12 @@ impl Agent {
         tokio::pin!(shutdown);
         loop {
             self.note_fence_closing();
-            // (Re)start the cache; not while the fence is due, which must not
-            // wait for a datastore that may be unreachable.
-            if (views.cache.is_none() || views.relist_due) && !self.fence_due {
+            // No pass before the worker program is loaded: a policy in the
+            // maps means its pods' veths have the program.
+            let can_pass = self.pod_veths.is_loaded();
+            // (Re)start the cache; not while the fence is due and a pass can
+            // run, which must not wait for a datastore that may be unreachable.
+            if (views.cache.is_none() || views.relist_due) && !(self.fence_due && can_pass) {
                 self.list(&mut views).await;
             }
             if self.dirty {
@@ -132,9 +156,7 @@ impl Agent {
                     self.on_live_view(&c.view);
                 }
             }
-            // No pass before the worker program is loaded: a policy in the
-            // maps means its pods' veths have the program.
-            if self.dirty && self.pod_veths.is_loaded() {
+            if self.dirty && can_pass {
                 self.dirty = false;
                 self.fence_due = false;
                 if let Some(view) = views.current() {

@@ -23,6 +23,8 @@ mod published;
 pub mod register;
 pub mod routes;
 pub mod runtime;
+mod settings;
 pub mod uplink_addr;
 
-pub use runtime::{run, AgentSettings};
+pub use runtime::run;
+pub use settings::AgentSettings;

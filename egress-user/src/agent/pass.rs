@@ -16,9 +16,8 @@ use egress_failover::fence::Announcement;
 
 use super::{
     adapt::desired_maps,
-    event_loop::{ds_call, Agent},
+    event_loop::{assignments, ds_call, Agent},
     register::{publish_awaiting_reconfirmation, publish_over_capacity},
-    runtime::assignments,
 };
 use crate::datapath::{apply, DesiredMaps};
 

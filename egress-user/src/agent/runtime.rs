@@ -3,23 +3,16 @@
 //! the admin server; then the loop (`event_loop`) takes over.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    path::PathBuf,
+    collections::BTreeSet,
+    net::Ipv6Addr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use anyhow::{Context, Result};
 use egress_common::maps::{PROG_TUNNEL_INGRESS, PROG_UPLINK_INGRESS};
-use egress_control::{
-    agent_state::AgentConfig, api::NodeRecord, controller::ClusterView, datastore::Datastore,
-};
-use egress_failover::{
-    fence::{Assignment, Fence},
-    timers::FailoverTimers,
-};
-use ipnet::IpNet;
+use egress_control::{agent_state::AgentConfig, api::NodeRecord, datastore::Datastore};
+use egress_failover::fence::Fence;
 use tokio::time::Instant;
 
 use super::{
@@ -27,75 +20,19 @@ use super::{
     event_loop::{Agent, Sources},
     published::{admin_handler, Published},
     register::{node_addresses, register, SelfDescription},
+    settings::AgentSettings,
     uplink_addr,
 };
 use crate::{
     admin,
     datapath::{lease, links, Datapath, PinnedMaps},
-    node::{
-        vxlan::{self, VxlanSpec},
-        watch::LinkWatch,
-    },
+    node::{vxlan, watch::LinkWatch},
     EBPF_OBJECT,
 };
-
-/// Everything the agent is told at start.
-#[derive(Clone, Debug)]
-pub struct AgentSettings {
-    pub node: String,
-    pub labels: BTreeMap<String, String>,
-    pub uplink: String,
-    /// Tunnel endpoint; the uplink's first IPv4 address when not given.
-    pub tunnel_ip: Option<Ipv4Addr>,
-    /// The node's IPv6 address (useNodeIP); the uplink's first global one
-    /// when not given.
-    pub node_ipv6: Option<Ipv6Addr>,
-    pub vxlan: VxlanSpec,
-    pub vni: u32,
-    pub pod_cidrs: Vec<IpNet>,
-    pub service_cidrs: Vec<IpNet>,
-    pub extra_cidrs: Vec<IpNet>,
-    pub timers: FailoverTimers,
-    /// Answer ARP/NDP and send gratuitous announcements for owned EIPs.
-    pub l2_announce: bool,
-    pub pin_dir: PathBuf,
-    /// Sizes of the maps the agent creates (the NAT tables).
-    pub map_sizes: crate::datapath::MapSizes,
-    pub admin_addr: SocketAddr,
-    /// A full reconcile at least this often, whatever the watches say.
-    pub resync: Duration,
-    /// Answer datapath probes on (tunnel address, port) with these settings.
-    pub probe: Option<(egress_failover::probe::SessionConfig, u16)>,
-    /// Peer with these reflectors and announce pod CIDRs and owned EIPs.
-    pub bgp: Option<super::bgp::AgentBgpConfig>,
-}
 
 /// First and longest wait between attempts to register at start.
 const REGISTER_RETRY_FIRST: Duration = Duration::from_millis(250);
 const REGISTER_RETRY_MAX: Duration = Duration::from_secs(5);
-/// How soon a failed list of the datastore is tried again.
-pub(super) const LIST_RETRY: Duration = Duration::from_secs(1);
-
-/// Every EIP assignment in the view, for the fence.
-pub fn assignments(view: &ClusterView) -> Vec<Assignment> {
-    let mut out = Vec::new();
-    for g in &view.gateways {
-        for n in g.status.iter().flat_map(|s| &s.node_list) {
-            for e in &n.eips {
-                for ip in [&e.ipv4, &e.ipv6] {
-                    if let Ok(eip) = ip.parse::<IpAddr>() {
-                        out.push(Assignment {
-                            eip,
-                            node: n.name.clone(),
-                            epoch: e.epoch,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    out
-}
 
 pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
     s.timers.validate()?;
