@@ -164,7 +164,7 @@ fn look_then_stop(root: &Path, kept: &Kept, out: &str) -> Result<()> {
     demo(root, &["--stop"])?;
     let alive: Vec<_> = processes
         .iter()
-        .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+        .filter(|&&p| crate::demo_stop::running(p as i32))
         .collect();
     ensure!(alive.is_empty(), "--stop left processes {alive:?}");
     let namespaces: Vec<_> = kept

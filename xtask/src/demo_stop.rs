@@ -109,16 +109,40 @@ fn pids_in(ns: &str) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// SIGTERM, then SIGKILL if it is still there after 5 s.
+/// SIGTERM, then SIGKILL if it still runs after 5 s; returns once it has
+/// exited (a SIGKILLed process can take a moment to go).
 fn stop_process(pid: i32) {
     // SAFETY: kill(2) on a pid found in the demo's own namespace.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    if exited_within(pid, Duration::from_secs(5)) {
+        return;
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
+    exited_within(pid, Duration::from_secs(5));
+}
+
+fn exited_within(pid: i32, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    while running(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The process exists and has not exited (a zombie waiting to be reaped
+/// has exited).
+pub fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]
