@@ -1,0 +1,115 @@
+//! One real `egress agent`, with its datapath, in the namespace of one
+//! worker node: the measure of what a single agent spends per change. Its
+//! maps are read with `egress inspect` (another process, so the reading
+//! costs the agent nothing).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use egress_tests::{Netns, Proc};
+
+use super::{node_name, pod_cidr, Size, PREFIX};
+
+/// Where the agent serves /state, on its node's underlay address.
+const ADMIN: &str = "10.10.0.1:9470";
+
+/// The `egress` binary: `EGRESS_BIN`, else the one built beside this example.
+pub fn egress_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("EGRESS_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the example's folder")?;
+    let bin = dir.join("egress");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not found: build it (cargo build --release --bin egress) or set EGRESS_BIN",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// The command that starts the agent of the measured node inside `ns`.
+pub fn command(egress: &Path, ns: &Netns, size: Size, pin: &Path, endpoint: &str) -> Command {
+    let node = size.measured_node();
+    let pin = pin.to_string_lossy().into_owned();
+    let egress = egress.to_string_lossy().into_owned();
+    let name = node_name(node);
+    let cidr = pod_cidr(node);
+    ns.command(&[
+        &egress,
+        "agent",
+        "--node-name",
+        &name,
+        "--pin-dir",
+        &pin,
+        "--uplink",
+        "eth0",
+        "--pod-cidr",
+        &cidr,
+        "--admin-addr",
+        ADMIN,
+        "--datastore",
+        "etcd",
+        "--etcd-endpoints",
+        endpoint,
+        "--etcd-prefix",
+        PREFIX,
+    ])
+}
+
+pub struct RealAgent {
+    pub proc: Proc,
+    egress: PathBuf,
+    pin: PathBuf,
+}
+
+impl RealAgent {
+    pub fn start(cmd: Command, egress: PathBuf, pin: PathBuf) -> Result<Self> {
+        let mut proc = Proc::spawn(cmd, "egress agent (measured)".into())?;
+        proc.wait_for_line("ready node=", Duration::from_secs(180))?;
+        Ok(Self { proc, egress, pin })
+    }
+
+    /// The source prefixes of its POLICY_SRC map.
+    fn sources(&self) -> Result<Vec<String>> {
+        let out = Command::new(&self.egress)
+            .args(["inspect", "--json", "--pin-dir"])
+            .arg(&self.pin)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "egress inspect: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        Ok(v["datapath"]["policy_sources"]
+            .as_array()
+            .context("policy_sources in egress inspect --json")?
+            .iter()
+            .filter_map(|s| s["source"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// Waits until the maps hold (or, with `present` false, no longer hold)
+    /// a policy source for `ip`.
+    pub fn wait_source(&self, ip: &str, present: bool, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let host = format!("{ip}/32");
+        loop {
+            if self.sources()?.contains(&host) == present {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the agent's maps did not get to {ip} present={present} within {timeout:?}");
+            }
+            // Polling another process's maps; the agent is not woken by it.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
