@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::Result;
 use egress_control::{
-    agent_state::{self, AgentConfig},
+    agent_state::{self, AgentConfig, PreparedCache},
     api::{EgressTunnelStatus, PolicyOverCapacity},
     controller::{Changed, ClusterView, ViewCache},
     datastore::Datastore,
@@ -79,6 +79,9 @@ pub(super) struct Agent {
     pub learned: Option<Learned>,
     pub published: Arc<Mutex<Published>>,
     pub cfg: AgentConfig,
+    /// What the node's desired state derives from every kind but pods,
+    /// kept while only pods change.
+    pub prepared: PreparedCache,
     pub fence: Fence,
     /// The node's EgressTunnel status, for the port-use task.
     pub grants_tx: tokio::sync::watch::Sender<Option<EgressTunnelStatus>>,
@@ -284,7 +287,7 @@ impl Agent {
                 let mut p = self.published.lock().unwrap();
                 p.watch_batches += 1;
                 p.view_pods = views.cache.as_ref().map_or(0, |c| c.view.pods.len());
-                if concerns(&changed, &self.s.node) {
+                if concerns(&changed, &self.s.node, self.eligible) {
                     self.dirty = true;
                 } else {
                     p.batches_skipped += 1;
@@ -376,11 +379,18 @@ async fn next_batch(cache: &mut Option<ViewCache>) -> Result<Changed> {
     }
 }
 
-/// Whether a batch of changes can change what `node`'s maps should hold.
-/// Only the node's own pods are in its maps (`agent_state::desired`); port
-/// grants are few and concern gateways too, so any of them counts.
-fn concerns(changed: &Changed, node: &str) -> bool {
-    changed.global || !changed.grant_nodes.is_empty() || changed.pod_nodes.iter().any(|n| n == node)
+/// Whether a batch of changes can change what `node`'s maps should hold
+/// or what its agent writes. Only the node's own pods are in its maps
+/// (`agent_state::desired`); a node's grants are its own port blocks and
+/// every gateway candidate's reply steering (`eligible`); what an agent
+/// reports about its node is read back by that agent only.
+fn concerns(changed: &Changed, node: &str, eligible: bool) -> bool {
+    let mine = |nodes: &[String]| nodes.iter().any(|n| n == node);
+    changed.global
+        || (eligible && !changed.grant_nodes.is_empty())
+        || mine(&changed.grant_nodes)
+        || mine(&changed.pod_nodes)
+        || mine(&changed.report_nodes)
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -403,23 +413,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_changes_of_its_own_pods_grants_or_anything_else_concern_a_node() {
+    fn what_concerns_a_node() {
+        let names = |nodes: &[&str]| nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         let pods_of = |nodes: &[&str]| Changed {
-            pod_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            pod_nodes: names(nodes),
             ..Default::default()
         };
-        assert!(!concerns(&pods_of(&["w2", "w3"]), "w1"));
-        assert!(concerns(&pods_of(&["w2", "w1"]), "w1"));
-        assert!(!concerns(&Changed::default(), "w1"));
+        // Its own pods only.
+        assert!(!concerns(&pods_of(&["w2", "w3"]), "w1", false));
+        assert!(concerns(&pods_of(&["w2", "w1"]), "w1", false));
+        assert!(!concerns(&Changed::default(), "w1", true));
+        // Grants: a gateway candidate steers every worker's blocks; a
+        // worker holds its own.
         let grants = Changed {
-            grant_nodes: vec!["w2".into()],
+            grant_nodes: names(&["w2"]),
             ..Default::default()
         };
-        assert!(concerns(&grants, "g1"));
+        assert!(concerns(&grants, "g1", true));
+        assert!(concerns(&grants, "w2", false));
+        assert!(!concerns(&grants, "w1", false));
+        // What an agent reported: that agent only, gateway or not.
+        let reports = Changed {
+            report_nodes: names(&["w2"]),
+            ..Default::default()
+        };
+        assert!(concerns(&reports, "w2", false));
+        assert!(!concerns(&reports, "g1", true));
         let global = Changed {
             global: true,
             ..pods_of(&["w2"])
         };
-        assert!(concerns(&global, "w1"));
+        assert!(concerns(&global, "w1", false));
     }
 }

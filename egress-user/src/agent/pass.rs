@@ -7,11 +7,7 @@ use std::{
     net::IpAddr,
 };
 
-use egress_control::{
-    agent_state::{self, NodeDesired},
-    api::PolicyOverCapacity,
-    controller::ClusterView,
-};
+use egress_control::{agent_state::NodeDesired, api::PolicyOverCapacity, controller::ClusterView};
 use egress_failover::fence::Announcement;
 
 use super::{
@@ -24,7 +20,7 @@ use crate::datapath::{apply, DesiredMaps};
 impl Agent {
     /// Brings the node in step with `view`.
     pub(super) async fn reconcile_pass(&mut self, view: &ClusterView) {
-        let nd = agent_state::desired(view, &self.cfg);
+        let nd = self.prepared.prepare(view).node(&self.cfg);
         self.eligible = nd.gateway_eligible;
         let now = std::time::Instant::now();
         let desired = self.desired(view, &nd, now).await;

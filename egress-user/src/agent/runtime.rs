@@ -96,6 +96,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             extra_cidrs: s.extra_cidrs.clone(),
             pod_cidrs: s.pod_cidrs.clone(),
         },
+        prepared: Default::default(),
         ephemeral: super::node_ports::ephemeral_range(),
         s,
         ds,

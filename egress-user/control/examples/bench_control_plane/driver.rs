@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use super::real_agent::{self, RealAgent};
 use super::seed::{seed, seeded_pod};
-use super::stats::{cpu_ms, now_ns, peak_mb, pct, round};
+use super::stats::{cpu_ms, now_ns, pct, peak_mb, round};
 use super::{connect, node_name, pod_ip, tracing_on, Size};
 
 /// Builds the fabric (etcd and the measured node), then runs the size's
@@ -164,10 +164,7 @@ async fn measure(
         "controller_peak_mb".into(),
         round(peak_mb(ctl_pid), 1).into(),
     );
-    out.insert(
-        "agent_peak_mb".into(),
-        round(peak_mb(agent_pid), 1).into(),
-    );
+    out.insert("agent_peak_mb".into(), round(peak_mb(agent_pid), 1).into());
     out.insert(
         "sim_agents_peak_mb".into(),
         round(peak_mb(procs.sim.id()), 1).into(),
@@ -225,7 +222,10 @@ async fn relabels(
         let start = now_ns();
         ds.update(Kind::Pod, v, cur.revision).await?;
         write_ms.push(ms_since(start, now_ns()));
-        lat.push(ms_since(start, lines.wait(&format!("SEEN {i} "), Duration::from_secs(30))?));
+        lat.push(ms_since(
+            start,
+            lines.wait(&format!("SEEN {i} "), Duration::from_secs(30))?,
+        ));
         let granted = lines.wait(&format!("GRANT {i} "), Duration::from_secs(30))?;
         grant_lat.push(ms_since(start, granted));
         if tracing_on() {

@@ -25,7 +25,6 @@ mod seed;
 mod sim_agents;
 mod stats;
 
-
 use egress_control::datastore::etcd::EtcdDatastore;
 use egress_control::datastore::Datastore;
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use egress_control::agent_state::{AgentConfig, NodeDesired, Prepared, RuleAction};
+use egress_control::agent_state::{AgentConfig, NodeDesired, PreparedCache, RuleAction};
 use egress_control::controller::{ClusterView, ViewCache};
 
 use super::stats::now_ns;
@@ -46,9 +46,11 @@ pub async fn run(endpoint: &str, size: Size) {
     // waits behind the others'.
     let mut dirty: BTreeSet<String> = names.iter().cloned().collect();
     let mut waiting = false;
+    // As each agent keeps its own: only pods changed, the rest is kept.
+    let mut prepared = PreparedCache::default();
     loop {
         if !dirty.is_empty() && !waiting {
-            waiting = compute_dirty(&mut cache, &mut dirty, &mut state);
+            waiting = compute_dirty(&mut cache, &mut prepared, &mut dirty, &mut state);
         } else {
             waiting = false;
             let t_batch = Instant::now();
@@ -79,7 +81,7 @@ pub async fn run(endpoint: &str, size: Size) {
             let t = Instant::now();
             let mut t_prep = Duration::ZERO;
             if !now.is_empty() {
-                let prep = Prepared::new(&cache.view);
+                let prep = prepared.prepare(&cache.view);
                 t_prep = t.elapsed();
                 for n in now {
                     dirty.remove(n);
@@ -110,6 +112,7 @@ pub async fn run(endpoint: &str, size: Size) {
 /// change waits (returns true then).
 fn compute_dirty(
     cache: &mut ViewCache,
+    prepared: &mut PreparedCache,
     dirty: &mut BTreeSet<String>,
     state: &mut BTreeMap<String, NodeDesired>,
 ) -> bool {
@@ -118,7 +121,7 @@ fn compute_dirty(
     let mut waiting = false;
     {
         let (view, mut pending) = cache.split();
-        let prep = Prepared::new(view);
+        let prep = prepared.prepare(view);
         while let Some(n) = dirty.pop_first() {
             state.insert(n.clone(), prep.node(&cfg(&n)));
             done += 1;

@@ -69,8 +69,14 @@ pub fn merge(all: &mut Map<String, Value>, per_size: &[(Size, Map<String, Value>
     }
     for (ratio, key) in [
         ("agent_cpu_per_change_ratio", "agent_cpu_per_own_change_ms"),
-        ("agent_cpu_per_other_change_ratio", "agent_cpu_per_other_change_ms"),
-        ("controller_cpu_per_change_ratio", "controller_cpu_per_change_ms"),
+        (
+            "agent_cpu_per_other_change_ratio",
+            "agent_cpu_per_other_change_ms",
+        ),
+        (
+            "controller_cpu_per_change_ratio",
+            "controller_cpu_per_change_ms",
+        ),
     ] {
         let get = |k: &str| all.get(k).and_then(Value::as_f64);
         if let (Some(s), Some(l)) = (get(key), get(&format!("large_{key}"))) {

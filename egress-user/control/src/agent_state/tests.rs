@@ -310,3 +310,65 @@ async fn an_unassigned_policy_is_pending_on_the_nodes_of_its_pods() {
     assert!(w.pending.is_empty(), "{:?}", w.pending);
     assert_eq!(w.policies.len(), 2);
 }
+
+/// Applies watch batches until `done` holds for the view.
+async fn follow_until(c: &mut crate::controller::ViewCache, done: impl Fn(&ClusterView) -> bool) {
+    while !done(&c.view) {
+        c.next_batch().await.unwrap().unwrap();
+    }
+}
+
+/// While only pods change, the kept parts give what a fresh preparation
+/// gives; a change of any other kind is not served from them.
+#[tokio::test]
+async fn kept_parts_give_what_fresh_ones_give() {
+    use crate::api::PodRecord;
+    use crate::datastore::typed::pod_object;
+    let ds = cluster().await;
+    ds.create(Kind::EgressPolicy, web_policy("p", 1, None, "0.0.0.0/0"))
+        .await
+        .unwrap();
+    pass(&ds).await;
+    let mut c = crate::controller::ViewCache::start(&ds).await.unwrap();
+    let mut cache = PreparedCache::default();
+    let first = cache.prepare(&c.view).node(&cfg("w1"));
+    assert_eq!(first, desired(&c.view, &cfg("w1")));
+    assert_eq!(first.rules.len(), 1, "{:?}", first.rules);
+
+    let pod = PodRecord {
+        name: "web2".into(),
+        namespace: "default".into(),
+        labels: [("app".to_string(), "web".to_string())].into(),
+        node: "w1".into(),
+        ips: vec!["10.244.1.7".into()],
+    };
+    ds.create(Kind::Pod, pod_object(&pod)).await.unwrap();
+    follow_until(&mut c, |v| v.pods.len() == 3).await;
+    let kept = cache.prepare(&c.view).node(&cfg("w1"));
+    assert_eq!(cache.reused(), 1);
+    assert_eq!(kept, desired(&c.view, &cfg("w1")));
+    assert_eq!(kept.rules.len(), 2, "the new pod's rule: {:?}", kept.rules);
+
+    ds.create(
+        Kind::EgressPolicy,
+        policy("q", 2, "g1", json!({}), "db", None),
+    )
+    .await
+    .unwrap();
+    pass(&ds).await;
+    follow_until(&mut c, |v| {
+        v.policies.iter().any(|p| {
+            p.status.as_ref().is_some_and(|s| !s.node.is_empty())
+                && p.metadata.name.as_deref() == Some("q")
+        })
+    })
+    .await;
+    let again = cache.prepare(&c.view).node(&cfg("w1"));
+    assert_eq!(
+        cache.reused(),
+        1,
+        "a new policy is not served from kept parts"
+    );
+    assert_eq!(again, desired(&c.view, &cfg("w1")));
+    assert_eq!(again.policies.len(), 2);
+}

@@ -19,24 +19,49 @@ pub struct Changed {
     /// EgressTunnel: that node's own port blocks and the reply steering of
     /// every gateway-eligible node may be affected, nothing else.
     pub grant_nodes: Vec<String>,
+    /// Nodes whose EgressTunnel changed only in what their own agent
+    /// reports (port use, policies over capacity, EIPs awaiting
+    /// reconfirmation): the controller and that node's agent read those,
+    /// no other agent.
+    pub report_nodes: Vec<String>,
     /// Something other than pods and grants changed: everything may be
     /// affected.
     pub global: bool,
 }
 
-/// True when two versions of a tunnel differ in their port-block grants only.
-fn grants_only_differ(old: &EgressTunnel, new: &EgressTunnel) -> bool {
-    let strip = |t: &EgressTunnel| {
+/// How two versions of a tunnel differ.
+#[derive(Debug, PartialEq, Eq)]
+enum TunnelChange {
+    /// In the fields its agent reports only.
+    Reports,
+    /// In its port-block grants (and perhaps reports) only.
+    Grants,
+    Other,
+}
+
+fn tunnel_change(old: &EgressTunnel, new: &EgressTunnel) -> TunnelChange {
+    let without = |t: &EgressTunnel, grants: bool| {
         let mut t = t.clone();
         if let Some(s) = &mut t.status {
-            s.port_blocks.clear();
-            s.port_block_size = 0;
+            s.port_use.clear();
+            s.over_capacity.clear();
+            s.awaiting_reconfirmation.clear();
+            if grants {
+                s.port_blocks.clear();
+                s.port_block_size = 0;
+            }
         }
         t.metadata.resource_version = None;
         t.metadata.managed_fields = None;
         t
     };
-    strip(old) == strip(new)
+    if without(old, false) == without(new, false) {
+        TunnelChange::Reports
+    } else if without(old, true) == without(new, true) {
+        TunnelChange::Grants
+    } else {
+        TunnelChange::Other
+    }
 }
 
 /// The view plus the watches that keep it current.
@@ -83,6 +108,8 @@ impl ViewCache {
             }
             watches.push(ds.watch(k, rev).await?);
         }
+        // Kinds with no object were never put: mark them too.
+        view.generations.touch_all();
         Ok(Self {
             view,
             watches,
@@ -119,10 +146,10 @@ impl ViewCache {
                         .cloned();
                     put(v, s, Put::Replace);
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
-                    match (old, new) {
-                        (Some(o), Some(n)) if grants_only_differ(&o, n) => {
-                            changed.grant_nodes.push(s.key.name.clone());
-                        }
+                    let node = s.key.name.clone();
+                    match old.zip(new).map(|(o, n)| tunnel_change(&o, n)) {
+                        Some(TunnelChange::Reports) => changed.report_nodes.push(node),
+                        Some(TunnelChange::Grants) => changed.grant_nodes.push(node),
                         _ => changed.global = true,
                     }
                     return;
@@ -143,6 +170,7 @@ impl ViewCache {
                 put(v, s, Put::Replace);
             }
             WatchEvent::Deleted { kind, key, .. } => {
+                v.generations.touch(*kind);
                 let m = |meta: &kube::core::ObjectMeta| key_of_meta(meta) != *key;
                 match kind {
                     Kind::EgressGateway => v.gateways.retain(|o| m(&o.metadata)),
@@ -198,6 +226,8 @@ impl ViewCache {
         changed.pod_nodes.dedup();
         changed.grant_nodes.sort();
         changed.grant_nodes.dedup();
+        changed.report_nodes.sort();
+        changed.report_nodes.dedup();
         Some(Ok(changed))
     }
 }
@@ -340,6 +370,18 @@ mod tests {
         assert_eq!(ch.grant_nodes, ["w1"]);
         assert_eq!(first_blocks_of_w1(&c.view), [2]);
         assert!(!c.split().1.any());
+
+        // What the agent reports concerns only the controller and itself.
+        write(
+            &["portUse"],
+            json!({"portUse": [{"gateway": "g", "eip": "10.0.0.1", "inUse": 3}]}),
+        )
+        .await;
+        let ch = c.next_batch().await.unwrap().unwrap();
+        assert_eq!(
+            (ch.report_nodes.as_slice(), ch.grant_nodes.len(), ch.global),
+            (&["w1".to_string()][..], 0, false)
+        );
 
         // The phase (or the endpoint) matters to every node.
         write(

@@ -28,6 +28,59 @@ pub struct ClusterView {
     pub nodes: Vec<NodeRecord>,
     pub pods: Vec<PodRecord>,
     pub namespaces: Vec<NamespaceRecord>,
+    /// When each kind last changed (see [`Generations`]).
+    pub generations: Generations,
+}
+
+/// Marks of when each kind of a view last changed, so work derived from
+/// the kinds other than pods can be kept while only pods change. Each mark
+/// is a fresh value of one process-wide counter, so no two views (a view
+/// and the one a new list built) share one. 0 means never marked: a view
+/// built by hand, which no cache may trust.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Generations {
+    pub gateways: u64,
+    pub policies: u64,
+    pub tunnels: u64,
+    pub nodes: u64,
+    pub namespaces: u64,
+}
+
+static NEXT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Generations {
+    /// Marks `kind` as changed (pods are not tracked).
+    pub fn touch(&mut self, kind: Kind) {
+        let g = NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match kind {
+            Kind::EgressGateway => self.gateways = g,
+            Kind::EgressPolicy | Kind::EgressClusterPolicy => self.policies = g,
+            Kind::EgressTunnel => self.tunnels = g,
+            Kind::Node => self.nodes = g,
+            Kind::Namespace => self.namespaces = g,
+            Kind::Pod => {}
+        }
+    }
+
+    /// Marks every kind (a fresh list).
+    pub fn touch_all(&mut self) {
+        for k in Kind::ALL {
+            self.touch(k);
+        }
+    }
+
+    /// Every kind has a mark.
+    pub fn known(&self) -> bool {
+        [
+            self.gateways,
+            self.policies,
+            self.tunnels,
+            self.nodes,
+            self.namespaces,
+        ]
+        .iter()
+        .all(|g| *g != 0)
+    }
 }
 
 /// One policy of either kind, in the shape the reconcilers use.
@@ -95,8 +148,15 @@ fn created(meta: &kube::core::ObjectMeta) -> i128 {
 impl ClusterView {
     /// Both policy kinds in one list, in order of precedence.
     pub fn policy_views(&self) -> Vec<PolicyView<'_>> {
-        let mut v: Vec<PolicyView<'_>> = self
-            .policies
+        let mut v = self.policy_views_as_stored();
+        v.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
+        v
+    }
+
+    /// Both policy kinds in one list, namespaced ones first, each in the
+    /// order the view holds them.
+    pub fn policy_views_as_stored(&self) -> Vec<PolicyView<'_>> {
+        self.policies
             .iter()
             .map(|p| PolicyView {
                 kind: Kind::EgressPolicy,
@@ -117,9 +177,7 @@ impl ClusterView {
                 created: created(&p.metadata),
                 status: p.status.as_ref(),
             }))
-            .collect();
-        v.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
-        v
+            .collect()
     }
 
     pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {

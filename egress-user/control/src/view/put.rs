@@ -56,6 +56,7 @@ fn place<T>(v: &mut Vec<T>, obj: T, how: Put, same: impl Fn(&T) -> bool) {
 /// Puts one stored object into `view`, decoded (one that does not decode
 /// is logged and left out).
 pub(crate) fn put(view: &mut ClusterView, s: &Stored, how: Put) {
+    view.generations.touch(s.kind);
     let meta = |m: &kube::core::ObjectMeta| key_of_meta(m);
     match s.kind {
         Kind::EgressGateway => upsert(&mut view.gateways, s, how, |o| meta(&o.metadata)),
