@@ -11,6 +11,7 @@
 //! - `PREFIX/pod-index/<node>/<namespace>/<name>`: pods by node (see
 //!   [`pod_index`]).
 
+mod paged;
 mod pod_index;
 mod size;
 
@@ -313,9 +314,9 @@ impl EtcdDatastore {
 impl Datastore for EtcdDatastore {
     async fn list(&self, kind: Kind) -> Result<(Vec<Stored>, u64)> {
         let resp = self
-            .range(self.read_prefix(kind, true).await?, true)
+            .range_prefix(self.read_prefix(kind, true).await?)
             .await?;
-        let rev = resp.header().map(|h| h.revision()).unwrap_or_default() as u64;
+        let rev = resp.revision as u64;
         let items = resp
             .kvs()
             .iter()
@@ -558,7 +559,7 @@ impl Datastore for EtcdDatastore {
 
     async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
         let p = format!("{}/heartbeats/", self.prefix);
-        let resp = self.range(p.clone(), true).await?;
+        let resp = self.range_prefix(p.clone()).await?;
         Ok(resp
             .kvs()
             .iter()
@@ -698,7 +699,7 @@ impl Datastore for EtcdDatastore {
 
     async fn events(&self) -> Result<Vec<Event>> {
         let p = format!("{}/events/", self.prefix);
-        let resp = self.range(p, true).await?;
+        let resp = self.range_prefix(p).await?;
         resp.kvs()
             .iter()
             .map(|kv| Ok(serde_json::from_slice(kv.value())?))

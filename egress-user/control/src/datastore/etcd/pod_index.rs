@@ -97,9 +97,9 @@ impl EtcdDatastore {
         {
             return Ok(0);
         }
-        let pods = self.range(self.kind_prefix(Kind::Pod), true).await?;
+        let pods = self.range_prefix(self.kind_prefix(Kind::Pod)).await?;
         let indexed = self
-            .range(format!("{}/pod-index/", self.prefix), true)
+            .range_prefix(format!("{}/pod-index/", self.prefix))
             .await?;
         let have: std::collections::BTreeSet<&[u8]> =
             indexed.kvs().iter().map(|kv| kv.key()).collect();
