@@ -191,11 +191,8 @@ fn tunnel_endpoint(view: &ClusterView, node: &str) -> Option<IpAddr> {
 /// status: such a node heartbeats (`NodeDesired::gateway_eligible`, read
 /// without computing the rest).
 pub fn gateway_eligible(view: &ClusterView, node: &str) -> bool {
-    view.node(node).is_some_and(|n| {
-        view.gateways
-            .iter()
-            .any(|g| g.status.is_some() && g.spec.node_selector.selector.matches(&n.labels))
-    })
+    view.node(node)
+        .is_some_and(|n| view.is_gateway_candidate(n, crate::view::Gateways::WithStatus))
 }
 
 /// The desired dataplane of `cfg.node`.

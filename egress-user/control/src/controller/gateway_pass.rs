@@ -16,7 +16,7 @@ use crate::view::{ClusterView, PolicyView};
 use super::conditions::{cond, policy_name, refuse};
 use super::config::{whole_blocks, ControllerConfig};
 use super::plan::{EipMove, FailoverReason, Plan};
-use super::ports::{grant_address, Claim};
+use super::ports::{grant_address, Claim, Holders};
 use super::unit::{asks_reconfirmation, Allocation, Unit, Units};
 
 /// The worker nodes of each policy's pods (registered ones only).
@@ -293,13 +293,8 @@ impl<'a> GatewayPass<'a> {
         // Addresses some worker still holds (draining) though no policy
         // uses them any more: they stay until released.
         let name = self.name();
-        for t in &self.view.tunnels {
-            for b in t.status.iter().flat_map(|s| &s.port_blocks) {
-                if b.gateway == name && !b.blocks.is_empty() {
-                    addrs.insert(b.eip.clone());
-                }
-            }
-        }
+        let holders = Holders::new(self.view, &name);
+        addrs.extend(holders.addresses().map(str::to_string));
         let none = BTreeMap::new();
         for addr in &addrs {
             let range = if node_ips.contains(addr) {
@@ -308,7 +303,7 @@ impl<'a> GatewayPass<'a> {
                 eip_blocks.clone()
             };
             let d = demand.get(addr).unwrap_or(&none);
-            grant_address(self.view, cfg, &name, addr, range, d, plan);
+            grant_address(&holders, cfg, &name, addr, range, d, plan);
         }
     }
 

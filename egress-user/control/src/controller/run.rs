@@ -235,15 +235,7 @@ pub const WRITE_CONCURRENCY: usize = 32;
 
 /// Nodes some gateway's selector picks.
 pub fn gateway_eligible(view: &ClusterView) -> BTreeSet<String> {
-    view.nodes
-        .iter()
-        .filter(|n| {
-            view.gateways
-                .iter()
-                .any(|g| g.spec.node_selector.selector.matches(&n.labels))
-        })
-        .map(|n| n.name.clone())
-        .collect()
+    view.gateway_candidates(crate::view::Gateways::All)
 }
 
 /// Writes the tunnels' new phases (into the cache too) and records their

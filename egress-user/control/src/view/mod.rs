@@ -83,6 +83,17 @@ impl Generations {
     }
 }
 
+/// Which gateways count for [`ClusterView::is_gateway_candidate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gateways {
+    /// Every gateway: the controller monitors a candidate's heartbeat as
+    /// soon as a selector picks it.
+    All,
+    /// Only those the controller has given a status: an agent heartbeats,
+    /// and holds reply steering, for those.
+    WithStatus,
+}
+
 /// One policy of either kind, in the shape the reconcilers use.
 #[derive(Clone, Debug)]
 pub struct PolicyView<'a> {
@@ -223,6 +234,24 @@ impl ClusterView {
                 .filter_map(|a| a.parse::<IpAddr>().ok())
                 .find(|a| a.is_ipv6() == v6)
         })
+    }
+
+    /// Whether some gateway's node selector picks `node`, among `which`
+    /// gateways: the one rule for who is a gateway candidate.
+    pub fn is_gateway_candidate(&self, node: &NodeRecord, which: Gateways) -> bool {
+        self.gateways.iter().any(|g| {
+            (which == Gateways::All || g.status.is_some())
+                && g.spec.node_selector.selector.matches(&node.labels)
+        })
+    }
+
+    /// The names of the nodes [`Self::is_gateway_candidate`] picks.
+    pub fn gateway_candidates(&self, which: Gateways) -> std::collections::BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter(|n| self.is_gateway_candidate(n, which))
+            .map(|n| n.name.clone())
+            .collect()
     }
 
     /// The gateway a policy uses: the named one, or the oldest cluster default.
