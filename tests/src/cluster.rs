@@ -752,22 +752,7 @@ impl Cluster {
 
     /// The source prefixes in node `i`'s POLICY_SRC map (`egress inspect --json`).
     pub fn policy_sources(&self, i: usize) -> Result<Vec<String>> {
-        let out = std::process::Command::new(&self.egress)
-            .args(["inspect", "--json", "--pin-dir"])
-            .arg(self.pin_dir(i))
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "egress inspect: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        Ok(v["datapath"]["policy_sources"]
-            .as_array()
-            .context("policy_sources in egress inspect --json")?
-            .iter()
-            .filter_map(|s| s["source"].as_str().map(str::to_owned))
-            .collect())
+        policy_sources_in(&self.egress, self.pin_dir(i))
     }
 
     /// How often each agent (in node order) listed the datastore (`/state`
@@ -839,6 +824,27 @@ impl Cluster {
 }
 
 /// Polls `check` until it returns true; fails with `what` after `timeout`.
+/// The source prefixes in the POLICY_SRC map pinned in `pin_dir`, read
+/// with `egress inspect --json` (another process: the agent does no work).
+pub fn policy_sources_in(egress: &Path, pin_dir: &Path) -> Result<Vec<String>> {
+    let out = std::process::Command::new(egress)
+        .args(["inspect", "--json", "--pin-dir"])
+        .arg(pin_dir)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "egress inspect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v["datapath"]["policy_sources"]
+        .as_array()
+        .context("policy_sources in egress inspect --json")?
+        .iter()
+        .filter_map(|s| s["source"].as_str().map(str::to_owned))
+        .collect())
+}
+
 pub fn wait_until(
     what: &str,
     timeout: Duration,

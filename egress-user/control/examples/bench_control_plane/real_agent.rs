@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use egress_tests::cluster::policy_sources_in;
 use egress_tests::{Netns, Proc};
 
 use super::{node_name, pod_cidr, Size, PREFIX};
@@ -76,33 +77,13 @@ impl RealAgent {
         Ok(Self { proc, egress, pin })
     }
 
-    /// The source prefixes of its POLICY_SRC map.
-    fn sources(&self) -> Result<Vec<String>> {
-        let out = Command::new(&self.egress)
-            .args(["inspect", "--json", "--pin-dir"])
-            .arg(&self.pin)
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "egress inspect: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        Ok(v["datapath"]["policy_sources"]
-            .as_array()
-            .context("policy_sources in egress inspect --json")?
-            .iter()
-            .filter_map(|s| s["source"].as_str().map(str::to_owned))
-            .collect())
-    }
-
     /// Waits until the maps hold (or, with `present` false, no longer hold)
     /// a policy source for `ip`.
     pub fn wait_source(&self, ip: &str, present: bool, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let host = format!("{ip}/32");
         loop {
-            if self.sources()?.contains(&host) == present {
+            if policy_sources_in(&self.egress, &self.pin)?.contains(&host) == present {
                 return Ok(());
             }
             if Instant::now() > deadline {
