@@ -283,7 +283,7 @@ mod tests {
             to: "g2".into(),
             reason,
         };
-        stats.record(&TickReport {
+        stats.record(TickReport {
             writes: 3,
             moves: vec![
                 mv(FailoverReason::ProbeFailed),
@@ -292,7 +292,7 @@ mod tests {
             last_heartbeat: BTreeMap::from([("g1".to_string(), t0)]),
             ports: Default::default(),
         });
-        stats.record(&TickReport {
+        stats.record(TickReport {
             writes: 1,
             moves: vec![mv(FailoverReason::HeartbeatTimeout)],
             last_heartbeat: BTreeMap::from([("g1".to_string(), t0)]),

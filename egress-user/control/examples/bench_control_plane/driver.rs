@@ -18,7 +18,7 @@ use egress_tests::topology::{Topology, FABRIC_UNDERLAY_IP};
 use egress_tests::PinDir;
 use serde_json::{json, Map, Value};
 
-use super::real_agent::{self, RealAgent};
+use super::real_agent::{self, Counters, RealAgent};
 use super::seed::{seed, seeded_pod};
 use super::stats::{cpu_ms, now_ns, pct, peak_mb, round};
 use super::{connect, node_name, pod_ip, tracing_on, Size};
@@ -141,12 +141,17 @@ async fn measure(
 
     let (ctl_pid, agent_pid) = (procs.ctl.id(), agent.proc.pid());
     let (ctl0, agent0) = (cpu_ms(ctl_pid), cpu_ms(agent_pid));
+    let seen0 = agent.counters()?;
     relabels(ds.as_ref(), size, &lines, &mut out).await?;
     new_pods(ds.as_ref(), size, &lines, &mut out).await?;
     let elsewhere = (size.changes + size.new_pods) as f64;
     let (ctl1, agent1) = (cpu_ms(ctl_pid), cpu_ms(agent_pid));
+    let seen1 = agent.counters()?;
     own_changes(ds.as_ref(), size, &agent, &mut out).await?;
     let agent2 = cpu_ms(agent_pid);
+    let seen2 = agent.counters()?;
+    put_wakeups(&mut out, "other", seen0, seen1, elsewhere);
+    put_wakeups(&mut out, "own", seen1, seen2, size.own_changes as f64);
 
     out.insert(
         "controller_cpu_per_change_ms".into(),
@@ -182,6 +187,24 @@ async fn measure(
     drop(agent);
     drop(procs);
     Ok(out)
+}
+
+/// How often the measured agent was woken per change (`passes`: reconcile
+/// passes; `batches`: watch batches, of which `skipped` did not concern it).
+fn put_wakeups(out: &mut Map<String, Value>, what: &str, a: Counters, b: Counters, changes: f64) {
+    let per = |x: u64, y: u64| round((y - x) as f64 / changes, 3);
+    out.insert(
+        format!("agent_passes_per_{what}_change"),
+        per(a.passes, b.passes).into(),
+    );
+    out.insert(
+        format!("agent_batches_per_{what}_change"),
+        per(a.batches, b.batches).into(),
+    );
+    out.insert(
+        format!("agent_skipped_per_{what}_change"),
+        per(a.skipped, b.skipped).into(),
+    );
 }
 
 /// The first seeded pod on node `node`.

@@ -93,4 +93,29 @@ impl RealAgent {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+
+    /// The agent's reconcile passes and watch batches so far, from `/state`:
+    /// how often a change woke it, beside what it cost.
+    pub fn counters(&self) -> Result<Counters> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(ADMIN).context("the agent's admin endpoint")?;
+        s.write_all(b"GET /state HTTP/1.0\r\nHost: agent\r\n\r\n")?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let v: serde_json::Value = serde_json::from_str(body).context("/state as JSON")?;
+        let n = |k: &str| v[k].as_u64().with_context(|| format!("/state has no {k}"));
+        Ok(Counters {
+            passes: n("reconciles")?,
+            batches: n("watch_batches")?,
+            skipped: n("batches_skipped")?,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Counters {
+    pub passes: u64,
+    pub batches: u64,
+    pub skipped: u64,
 }

@@ -337,12 +337,14 @@ impl<'a> GatewayPass<'a> {
                 let Some(workers) = self.workers_of.get(&(p.kind, p.key.clone())) else {
                     continue;
                 };
+                let claim: Claim = (
+                    policy_name(&p.policy_ref()).into(),
+                    p.fields.max_ports_per_node,
+                );
                 for a in &addrs {
                     let at = demand.entry(a.clone()).or_default();
                     for w in workers {
-                        at.entry(*w)
-                            .or_default()
-                            .push((policy_name(&p.policy_ref()), p.fields.max_ports_per_node));
+                        at.entry(*w).or_default().push(claim.clone());
                     }
                 }
             }

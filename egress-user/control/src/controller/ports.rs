@@ -17,7 +17,8 @@ pub use super::plan::{AddressFact, PortFact, PortFacts};
 use crate::view::ClusterView;
 
 /// A policy's claim on an address at a worker: its name and its cap (ports).
-pub type Claim = (String, Option<u32>);
+/// The name is shared: one policy claims at every worker of every address.
+pub type Claim = (std::sync::Arc<str>, Option<u32>);
 
 /// Blocks of `size` ports covering `ports` (at least one).
 pub fn blocks_for(ports: u32, size: u16) -> u16 {
@@ -37,7 +38,7 @@ pub fn cap_of(claims: &[Claim], cfg: &ControllerConfig) -> (u16, Option<String>)
             return (node_max, None);
         };
         if best.is_none_or(|(b, _)| *c > b) {
-            best = Some((*c, name));
+            best = Some((*c, &**name));
         }
     }
     match best {
@@ -48,15 +49,6 @@ pub fn cap_of(claims: &[Claim], cfg: &ControllerConfig) -> (u16, Option<String>)
     }
 }
 
-fn find<'a, T>(
-    list: &'a [T],
-    gateway: &str,
-    eip: &str,
-    key: impl Fn(&T) -> (&str, &str),
-) -> Option<&'a T> {
-    list.iter().find(|x| key(x) == (gateway, eip))
-}
-
 /// Every worker's EgressTunnel status, and the workers holding blocks of
 /// each address of one gateway: built once per gateway pass, so an address
 /// reads its own workers only (reading every tunnel for every address cost
@@ -64,6 +56,9 @@ fn find<'a, T>(
 /// seconds of CPU per change).
 pub struct Holders<'a> {
     status: BTreeMap<&'a str, &'a EgressTunnelStatus>,
+    /// (node, address) -> that node's blocks and reported use of the address.
+    blocks: BTreeMap<(&'a str, &'a str), &'a EipPortBlocks>,
+    usage: BTreeMap<(&'a str, &'a str), &'a EipPortUse>,
     /// address -> the nodes with an entry for it (blocks, or refused).
     of_addr: BTreeMap<&'a str, Vec<&'a str>>,
     /// The addresses some worker holds blocks of.
@@ -74,6 +69,8 @@ impl<'a> Holders<'a> {
     pub fn new(view: &'a ClusterView, gw: &str) -> Self {
         let mut out = Self {
             status: BTreeMap::new(),
+            blocks: BTreeMap::new(),
+            usage: BTreeMap::new(),
             of_addr: BTreeMap::new(),
             held: Default::default(),
         };
@@ -82,7 +79,14 @@ impl<'a> Holders<'a> {
                 continue;
             };
             out.status.insert(node, st);
+            for u in st.port_use.iter().filter(|u| u.gateway == gw) {
+                // The first entry counts, as a search of the list would find.
+                out.usage.entry((node, u.eip.as_str())).or_insert(u);
+            }
             for b in st.port_blocks.iter().filter(|b| b.gateway == gw) {
+                if out.blocks.insert((node, b.eip.as_str()), b).is_some() {
+                    continue;
+                }
                 out.of_addr.entry(b.eip.as_str()).or_default().push(node);
                 if !b.blocks.is_empty() {
                     out.held.insert(b.eip.as_str());
@@ -96,12 +100,15 @@ impl<'a> Holders<'a> {
     pub fn addresses(&self) -> impl Iterator<Item = &'a str> + '_ {
         self.held.iter().copied()
     }
+
+    fn blocks_of(&self, node: &str, addr: &str) -> Option<&'a EipPortBlocks> {
+        self.blocks.get(&(node, addr)).copied()
+    }
 }
 
-/// What every worker holds and reports for `addr` of gateway `gw`.
+/// What every worker holds and reports for `addr` of the holders' gateway.
 fn standings(
     holders: &Holders<'_>,
-    gw: &str,
     addr: &str,
     demand: &BTreeMap<&str, Vec<Claim>>,
     cfg: &ControllerConfig,
@@ -110,12 +117,12 @@ fn standings(
     let holding = holders.of_addr.get(addr).into_iter().flatten().copied();
     let nodes: std::collections::BTreeSet<&str> = holding.chain(demand.keys().copied()).collect();
     for node in nodes {
-        let Some(st) = holders.status.get(node) else {
+        if !holders.status.contains_key(node) {
             continue;
-        };
-        let held = find(&st.port_blocks, gw, addr, |b| (&b.gateway, &b.eip));
+        }
+        let held = holders.blocks_of(node, addr);
         let claims = demand.get(node);
-        let usage = reported(st, gw, addr);
+        let usage = holders.usage.get(&(node, addr));
         out.insert(
             node.to_string(),
             WorkerPorts {
@@ -131,10 +138,6 @@ fn standings(
     out
 }
 
-fn reported<'a>(st: &'a EgressTunnelStatus, gw: &str, addr: &str) -> Option<&'a EipPortUse> {
-    find(&st.port_use, gw, addr, |u| (&u.gateway, &u.eip))
-}
-
 /// Runs the grant rule for one address and writes the plan.
 #[allow(clippy::too_many_arguments)]
 pub fn grant_address(
@@ -146,7 +149,7 @@ pub fn grant_address(
     demand: &BTreeMap<&str, Vec<Claim>>,
     plan: &mut Plan,
 ) {
-    let workers = standings(holders, gw, addr, demand, cfg);
+    let workers = standings(holders, addr, demand, cfg);
     let holdings = plan_address(range.clone(), cfg.port_block_size, &workers);
     let used: usize = holdings.values().map(|h| h.held.len()).sum();
     let total = range.len() as u32;
@@ -158,11 +161,7 @@ pub fn grant_address(
     });
     for (node, h) in holdings {
         let s = &workers[&node];
-        let was_refused = holders
-            .status
-            .get(node.as_str())
-            .and_then(|st| find(&st.port_blocks, gw, addr, |b| (&b.gateway, &b.eip)))
-            .is_some_and(|b| b.exhausted);
+        let was_refused = holders.blocks_of(&node, addr).is_some_and(|b| b.exhausted);
         if h.refused && !was_refused {
             plan.events
                 .push(exhausted_event(gw, addr, &node, &h, s, cfg, total, used));

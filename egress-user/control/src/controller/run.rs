@@ -363,7 +363,9 @@ pub struct LoopStats {
 
 impl LoopStats {
     /// Counts the failovers of a written pass and keeps its heartbeat view.
-    pub fn record(&self, report: &TickReport) {
+    /// Takes the report: its port facts (one per worker and address, tens
+    /// of thousands in a large cluster) are moved, never copied, per pass.
+    pub fn record(&self, report: TickReport) {
         let mut f = self.failovers.lock().unwrap_or_else(|e| e.into_inner());
         for m in &report.moves {
             *f.entry(m.reason).or_default() += 1;
@@ -372,8 +374,8 @@ impl LoopStats {
         *self
             .last_heartbeat
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = report.last_heartbeat.clone();
-        *self.ports.lock().unwrap_or_else(|e| e.into_inner()) = report.ports.clone();
+            .unwrap_or_else(|e| e.into_inner()) = report.last_heartbeat;
+        *self.ports.lock().unwrap_or_else(|e| e.into_inner()) = report.ports;
     }
 
     /// This replica stopped leading: it no longer watches heartbeats.
@@ -597,10 +599,10 @@ async fn pass_as_leader(
         Ok(report) => {
             let n = report.writes;
             stats.writes.fetch_add(n as u64, Relaxed);
-            stats.record(&report);
             for m in &report.moves {
                 tracing::info!(gateway = %m.gateway, what = %m.what, from = %m.from, to = %m.to, reason = m.reason.as_str(), "failover");
             }
+            stats.record(report);
             if n > 0 {
                 tracing::debug!(writes = n, "reconciled");
             }
