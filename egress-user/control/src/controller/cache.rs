@@ -144,11 +144,19 @@ impl ViewCache {
                         .iter()
                         .find(|t| key_of_meta(&t.metadata) == s.key)
                         .cloned();
+                    let marks = v.generations;
                     put(v, s, Put::Replace);
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
                     let node = s.key.name.clone();
                     match old.zip(new).map(|(o, n)| tunnel_change(&o, n)) {
-                        Some(TunnelChange::Reports) => changed.report_nodes.push(node),
+                        Some(TunnelChange::Reports) => {
+                            // Nothing derived from tunnels reads the agents'
+                            // reports (its own is read from the view): keep
+                            // the mark, or every agent's report would throw
+                            // away every other agent's prepared parts.
+                            v.generations = marks;
+                            changed.report_nodes.push(node);
+                        }
                         Some(TunnelChange::Grants) => changed.grant_nodes.push(node),
                         _ => changed.global = true,
                     }
@@ -366,10 +374,12 @@ mod tests {
             assert!(pending.any());
             assert!(pending.any(), "still waiting until a batch takes it");
         }
+        let marks = c.view.generations;
         let ch = c.next_batch().await.unwrap().unwrap();
         assert_eq!(ch.grant_nodes, ["w1"]);
         assert_eq!(first_blocks_of_w1(&c.view), [2]);
         assert!(!c.split().1.any());
+        assert_ne!(c.view.generations, marks, "grants are derived from");
 
         // What the agent reports concerns only the controller and itself.
         write(
@@ -377,10 +387,24 @@ mod tests {
             json!({"portUse": [{"gateway": "g", "eip": "10.0.0.1", "inUse": 3}]}),
         )
         .await;
+        let marks = c.view.generations;
         let ch = c.next_batch().await.unwrap().unwrap();
         assert_eq!(
             (ch.report_nodes.as_slice(), ch.grant_nodes.len(), ch.global),
             (&["w1".to_string()][..], 0, false)
+        );
+        assert_eq!(c.view.generations, marks, "reports keep the prepared parts");
+        let reported = &c
+            .view
+            .tunnel("w1")
+            .unwrap()
+            .status
+            .as_ref()
+            .unwrap()
+            .port_use;
+        assert_eq!(
+            reported[0].in_use, 3,
+            "the view holds the report all the same"
         );
 
         // The phase (or the endpoint) matters to every node.
