@@ -194,6 +194,7 @@ fn fold_prefixes(policies: &[&PolicyRule], cluster: &[Cidr], out: &mut MapConten
         dst_prefixes.extend(p.excluded.iter().map(|c| c.normalized()));
     }
     dst_prefixes.extend(cluster.iter().map(|c| c.normalized()));
+    let in_cluster = cover::PrefixCover::new(cluster);
     for pre in &src_prefixes {
         let mut m = SrcMatch::default();
         for (slot, p) in policies.iter().enumerate() {
@@ -218,7 +219,7 @@ fn fold_prefixes(policies: &[&PolicyRule], cluster: &[Cidr], out: &mut MapConten
                 set_slot(&mut m.excluded, slot);
             }
         }
-        if cluster.iter().any(|s| s.contains(pre)) {
+        if in_cluster.covers(pre) {
             m.flags |= DST_CLUSTER;
         }
         out.policy_dst.insert(lpm_key(pre), m);
@@ -679,3 +680,5 @@ mod tests {
 
 #[cfg(test)]
 mod capacity_tests;
+
+mod cover;
