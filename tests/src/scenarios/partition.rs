@@ -9,7 +9,10 @@ use super::{
     ds_watch::record_datastore,
     ms, say,
     stage::stage,
-    tracker::{check_event, record_dual_announce, stop_and_check_traffic, wait_new_owner},
+    tracker::{
+        check_event, check_no_dual_announce_after_eviction, record_dual_announce,
+        stop_and_check_traffic, wait_new_owner,
+    },
     Bins, Options, Outcome,
 };
 use crate::cluster::Cluster;
@@ -128,13 +131,7 @@ pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome
         ),
     );
     stop_and_check_traffic(&mut out, &mut st, bound)?;
-    out.check(
-        out.dual_announce_ms == 0,
-        format!(
-            "two nodes announced the EIP for {} ms after the eviction timeout",
-            out.dual_announce_ms
-        ),
-    );
+    check_no_dual_announce_after_eviction(&mut out);
     // The partitioned owner keeps its datapath, so it must be silent before
     // anyone else speaks: no overlap at all, not only after the timeout.
     out.check(

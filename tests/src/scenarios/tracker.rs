@@ -261,6 +261,18 @@ pub(super) fn record_dual_announce(
     out.dual_announce_ms = tracker.dual_ms(t0 + eviction, now);
 }
 
+/// Checks that no two nodes announced the EIP at once after the eviction
+/// timeout (as [`record_dual_announce`] measured).
+pub(super) fn check_no_dual_announce_after_eviction(out: &mut Outcome) {
+    out.check(
+        out.dual_announce_ms == 0,
+        format!(
+            "two nodes announced the EIP for {} ms after the eviction timeout",
+            out.dual_announce_ms
+        ),
+    );
+}
+
 /// Checks that exactly one node announces the EIP when the run ends.
 pub(super) fn check_one_announcer_at_end(out: &mut Outcome, tracker: &Tracker) {
     let end = tracker.announcers_now();
