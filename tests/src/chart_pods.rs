@@ -515,7 +515,9 @@ fn expand(arg: &str, env: &[(String, String)]) -> String {
     out
 }
 
-/// podman with the settings this machine kind needs (runc, cgroupfs, vfs).
+/// podman with the settings this machine kind needs: runc (crun refuses the
+/// hybrid cgroup layout), cgroupfs (no systemd) and the vfs storage driver
+/// (no overlay mounts inside a container host).
 pub fn podman_base() -> Vec<String> {
     [
         "podman",

@@ -894,6 +894,34 @@ pub fn traffic_report(
     Ok(serde_json::from_str(line)?)
 }
 
+/// The address the server sees a TCP connection (port 5000) from pod `pod`
+/// of worker `worker` come from: the EIP when the pod's policy applies.
+pub fn pod_source_seen(cluster: &Cluster, worker: usize, pod: usize) -> Result<String> {
+    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
+    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
+}
+
+/// A gateway failover: the agent of `owner` (the EIP's owner) dies, another
+/// gateway announces `eip` (`moved` names that wait), and p11 (pod 0 of
+/// worker 0) leaves with the EIP there, each within 30 s.
+pub fn kill_owner_and_wait_failover(
+    cluster: &mut Cluster,
+    owner: usize,
+    eip: &str,
+    moved: &str,
+) -> Result<()> {
+    cluster.kill_agent(owner);
+    wait_until(moved, Duration::from_secs(30), || {
+        Ok(matches!(cluster.announcers(eip).as_slice(), [n] if *n != owner))
+    })?;
+    wait_until(
+        "p11 leaves with the EIP again",
+        Duration::from_secs(30),
+        || Ok(pod_source_seen(cluster, 0, 0)? == eip),
+    )?;
+    Ok(())
+}
+
 /// One short TCP connection from `ns` to the server's port `port`, echoed
 /// back: the (address, port) the server saw it come from.
 pub fn tcp_peer_seen(cluster: &Cluster, ns: &crate::Netns, port: u16) -> Result<(String, u64)> {

@@ -23,6 +23,23 @@ pub mod topology;
 pub use netns::{link_veth, unique_name, Netns, PinDir};
 pub use process::{run, Proc, LOG_DIR_VAR};
 
+/// Value of the Prometheus text-format sample `name{labels...}` (labels in any order), or of
+/// `name` without labels when `labels` is empty.
+pub fn metric_sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(&format!("{name}{{"))
+                || (labels.is_empty() && l.starts_with(&format!("{name} ")))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Runs the TC program `prog` of `ebpf` once on `pkt` with
 /// BPF_PROG_TEST_RUN (loading it first if needed): (verdict, output frame).
 pub fn run_classifier(

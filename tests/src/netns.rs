@@ -98,6 +98,27 @@ impl Netns {
         Ok(())
     }
 
+    /// Adds a permanent neighbour entry: `addr` is at `mac` on `dev`, so a
+    /// FIB lookup finds the next hop's MAC without resolving it.
+    pub fn permanent_neighbour(&self, dev: &str, addr: &str, mac: &str) -> Result<()> {
+        let mut args = Vec::new();
+        if addr.contains(':') {
+            args.push("-6");
+        }
+        args.extend_from_slice(&[
+            "neigh",
+            "add",
+            addr,
+            "lladdr",
+            mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ]);
+        self.ip(&args).map(|_| ())
+    }
+
     /// Adds a route, e.g. `route(&["default", "via", "10.0.0.1"])`.
     pub fn route(&self, spec: &[&str]) -> Result<()> {
         let family = if spec.iter().any(|s| s.contains(':')) {

@@ -20,7 +20,10 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use egress_tests::{
     chart_pods::{image_exists, ChartPods, RuntimeDefault, Seccomp},
-    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Launcher, UPSTREAM_IP},
+    cluster::{
+        kill_owner_and_wait_failover, pod_source_seen, wait_until, Cluster, ClusterSpec, Launcher,
+        UPSTREAM_IP,
+    },
     egress_bin,
     topology::eip,
     Netns,
@@ -54,11 +57,6 @@ fn chart_with(more: &[&str]) -> Result<ChartPods> {
         chart.image
     );
     Ok(chart)
-}
-
-fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> Result<String> {
-    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
-    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
 }
 
 /// Capability numbers (linux/capability.h) of the names the chart uses.
@@ -141,24 +139,19 @@ fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
     let eip = eip(0).to_string();
     let owner = cluster.examples_up()?;
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
-    assert_eq!(source_seen(&cluster, 0, 0)?, eip);
+    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
-    assert_eq!(source_seen(&cluster, 0, 1)?, p12);
+    assert_eq!(pod_source_seen(&cluster, 0, 1)?, p12);
 
     // The owner's agent container is removed (as a node's agent crashing):
     // the controller moves the EIP to the other gateway, whose agent
     // announces it with a gratuitous ARP from its raw socket, and p11
     // leaves with it there.
-    cluster.kill_agent(owner);
-    wait_until(
+    kill_owner_and_wait_failover(
+        &mut cluster,
+        owner,
+        &eip,
         "another gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(matches!(cluster.announcers(&eip).as_slice(), [n] if *n != owner)),
-    )?;
-    wait_until(
-        "p11 leaves with the EIP again",
-        Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 0)? == eip),
     )?;
     let refused: Vec<_> = cluster
         .api_server()
@@ -321,7 +314,7 @@ fn the_charts_reflector_serves_the_agent_containers_and_the_upstream() -> Result
         peers.iter().any(|p| p["client"] == false && established(p)),
         "the upstream is not established: {status}"
     );
-    assert_eq!(source_seen(&cluster, 0, 0)?, eip(0).to_string());
+    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip(0).to_string());
 
     cluster.kill_agent(owner);
     let address = eip(0).to_string();
@@ -343,7 +336,7 @@ fn the_charts_reflector_serves_the_agent_containers_and_the_upstream() -> Result
     wait_until(
         "p11 leaves with the EIP again",
         Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 0)? == eip(0).to_string()),
+        || Ok(pod_source_seen(&cluster, 0, 0)? == eip(0).to_string()),
     )?;
     Ok(())
 }

@@ -9,26 +9,9 @@ use std::time::Duration;
 
 use egress_tests::{
     cluster::{wait_until, Cluster, ClusterSpec, Timers},
-    egress_bin,
+    egress_bin, metric_sample as sample,
     topology::eip,
 };
-
-/// Value of the sample `name{labels...}` (labels in any order), or of
-/// `name` without labels when `labels` is empty.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.starts_with(&format!("{name}{{"))
-                || (labels.is_empty() && l.starts_with(&format!("{name} ")))
-        })
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 /// Sum of every `egress_failovers_total` sample, and the reasons with a count.
 fn failovers(text: &str) -> (f64, Vec<String>) {

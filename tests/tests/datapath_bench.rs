@@ -303,17 +303,7 @@ fn program_costs(runs: u32) -> Result<Costs> {
     ns.ip(&["link", "set", "up1", "up"])?;
     ns.addr("up0", "203.0.113.1/24")?;
     ns.addr("up0", "10.100.0.1/24")?;
-    ns.ip(&[
-        "neigh",
-        "add",
-        SRV,
-        "lladdr",
-        "02:00:00:00:0e:10",
-        "dev",
-        "up0",
-        "nud",
-        "permanent",
-    ])?;
+    ns.permanent_neighbour("up0", SRV, "02:00:00:00:0e:10")?;
     ns.enable_forwarding()?;
     let uplink = link_info(&ns, "up0")?;
     let pins = PinDir::new("bench")?;

@@ -15,15 +15,12 @@ use std::{net::IpAddr, time::Duration};
 
 use anyhow::{ensure, Result};
 use egress_tests::{
-    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec, Timers},
+    cluster::{
+        kill_owner_and_wait_failover, pod_source_seen, wait_until, Cluster, ClusterSpec, Timers,
+    },
     egress_bin,
     topology::{eip, FABRIC_UNDERLAY_IP},
 };
-
-fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> Result<String> {
-    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
-    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
-}
 
 #[test]
 #[ignore = "needs root: namespaces, BPF"]
@@ -44,27 +41,22 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
     let owner = cluster.examples_up()?;
 
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
-    assert_eq!(source_seen(&cluster, 0, 0)?, eip);
+    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
-    assert_eq!(source_seen(&cluster, 0, 1)?, p12);
+    assert_eq!(pod_source_seen(&cluster, 0, 1)?, p12);
     // The kubelet relabels p12 to app=web: it follows.
     cluster.add_pod("p12", "app=web", "w1", &p12)?;
     wait_until("p12 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(source_seen(&cluster, 0, 1)? == eip)
+        Ok(pod_source_seen(&cluster, 0, 1)? == eip)
     })?;
 
     // The owner's agent dies: its heartbeat Lease stops, the controller
     // moves the EIP to the other gateway, and p11 leaves with it there.
-    cluster.kill_agent(owner);
-    wait_until(
+    kill_owner_and_wait_failover(
+        &mut cluster,
+        owner,
+        &eip,
         "another gateway announces the EIP",
-        Duration::from_secs(30),
-        || Ok(matches!(cluster.announcers(&eip).as_slice(), [n] if *n != owner)),
-    )?;
-    wait_until(
-        "p11 leaves with the EIP again",
-        Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 0)? == eip),
     )?;
 
     // What the agents asked of the API server: writes only of their own
@@ -153,7 +145,7 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
     let eip = eip(0).to_string();
     let owner = cluster.example_eip_owner()?;
     wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(source_seen(&cluster, 0, 0)? == eip)
+        Ok(pod_source_seen(&cluster, 0, 0)? == eip)
     })?;
 
     let api = cluster.api_server();
@@ -163,7 +155,7 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
     wait_until(
         "p12 leaves with the EIP after the restart",
         Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 1)? == eip),
+        || Ok(pod_source_seen(&cluster, 0, 1)? == eip),
     )?;
     ensure!(
         cluster.api_server().expired_watches() > 0,
@@ -172,17 +164,7 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
 
     cluster.kill_controller(0);
     cluster.wait_leading(1, Duration::from_secs(30))?;
-    cluster.kill_agent(owner);
-    wait_until(
-        "the new leader moves the EIP",
-        Duration::from_secs(30),
-        || Ok(matches!(cluster.announcers(&eip).as_slice(), [n] if *n != owner)),
-    )?;
-    wait_until(
-        "p11 leaves with the EIP again",
-        Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 0)? == eip),
-    )?;
+    kill_owner_and_wait_failover(&mut cluster, owner, &eip, "the new leader moves the EIP")?;
     Ok(())
 }
 

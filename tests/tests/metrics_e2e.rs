@@ -10,18 +10,10 @@ use egress_tests::{
     traffic_bin,
 };
 
-/// Value of the sample `name{labels...}` (labels in any order), 0 if absent.
+/// Value of the sample `name{labels...}` (labels in any order, never
+/// empty here), 0 if absent.
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    egress_tests::metric_sample(text, name, labels).unwrap_or(0.0)
 }
 
 /// The value of the unlabelled sample `name`, or NaN.

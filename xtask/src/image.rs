@@ -26,19 +26,12 @@ use crate::shell::{exec, step, succeeds};
 /// resolves it.
 const BASE: &str = "docker.io/library/debian:bookworm-slim";
 
-/// podman with the settings this machine kind needs: runc (crun refuses the
-/// hybrid cgroup layout), cgroupfs (no systemd) and the vfs storage driver
-/// (no overlay mounts inside a container host).
+/// podman with the settings this machine kind needs, the same the test
+/// harness runs the chart's pods with ([`egress_tests::chart_pods::podman_base`]).
 pub fn podman() -> Command {
-    let mut cmd = Command::new("podman");
-    cmd.args([
-        "--runtime",
-        "runc",
-        "--cgroup-manager",
-        "cgroupfs",
-        "--storage-driver",
-        "vfs",
-    ]);
+    let argv = egress_tests::chart_pods::podman_base();
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
     cmd
 }
 

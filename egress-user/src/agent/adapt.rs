@@ -55,29 +55,6 @@ fn fail_closed(policy: String, why: String) -> Skipped {
     }
 }
 
-/// The fail-closed form of a policy: it matches as usual and drops.
-fn no_gateway_rule(
-    id: u32,
-    priority: i32,
-    sources: Vec<Cidr>,
-    destinations: Vec<Cidr>,
-    excluded: Vec<Cidr>,
-) -> PolicyRule {
-    PolicyRule {
-        id,
-        priority,
-        sources,
-        destinations,
-        excluded,
-        eip_v4: None,
-        eip_v6: None,
-        gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED,
-        local_gateway: false,
-        use_node_ip: false,
-        no_gateway: true,
-    }
-}
-
 /// The fail-closed rules of the policies not assigned yet
 /// ([`NodeDesired::pending`], where the control plane decides them).
 fn pending_rules(nd: &NodeDesired, policies: &mut Vec<PolicyRule>, skipped: &mut Vec<Skipped>) {
@@ -86,7 +63,7 @@ fn pending_rules(nd: &NodeDesired, policies: &mut Vec<PolicyRule>, skipped: &mut
             format!("{}/{}/{}", p.kind.name(), p.key.namespace, p.key.name),
             p.reason.describe().into(),
         ));
-        policies.push(no_gateway_rule(
+        policies.push(PolicyRule::fail_closed(
             p.id,
             p.rank,
             p.sources.iter().map(|ip| Cidr::host(*ip)).collect(),
@@ -172,7 +149,7 @@ fn policy_rules(
                 target.key.name
             );
             skipped.push(fail_closed(name, why));
-            policies.push(no_gateway_rule(
+            policies.push(PolicyRule::fail_closed(
                 *id,
                 target.rank,
                 sources,

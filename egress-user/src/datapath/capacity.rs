@@ -172,19 +172,7 @@ fn stand_in(
 }
 
 fn fail_closed(id: u32, priority: i32, sources: Vec<Cidr>, destinations: Vec<Cidr>) -> PolicyRule {
-    PolicyRule {
-        id,
-        priority,
-        sources,
-        destinations,
-        excluded: Vec::new(),
-        eip_v4: None,
-        eip_v6: None,
-        gateway_tunnel_ip: std::net::Ipv4Addr::UNSPECIFIED,
-        local_gateway: false,
-        use_node_ip: false,
-        no_gateway: true,
-    }
+    PolicyRule::fail_closed(id, priority, sources, destinations, Vec::new())
 }
 
 /// `prefixes` shortened by as few bits as needed for at most `room` of

@@ -258,6 +258,58 @@ pub struct DesiredMaps {
     pub routes: Vec<EipRoute>,
 }
 
+impl PolicyRule {
+    /// The fail-closed form of a policy: it matches as usual and drops what
+    /// it matches (`no_gateway`), with no EIP and no gateway.
+    pub fn fail_closed(
+        id: u32,
+        priority: i32,
+        sources: Vec<Cidr>,
+        destinations: Vec<Cidr>,
+        excluded: Vec<Cidr>,
+    ) -> Self {
+        PolicyRule {
+            id,
+            priority,
+            sources,
+            destinations,
+            excluded,
+            eip_v4: None,
+            eip_v6: None,
+            gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED,
+            local_gateway: false,
+            use_node_ip: false,
+            no_gateway: true,
+        }
+    }
+}
+
+#[cfg(test)]
+impl PolicyRule {
+    /// A rule for tests: EIP 198.51.100.1 (IPv4 only) on the gateway at
+    /// tunnel 10.0.0.1, nothing excluded, no special path.
+    pub(crate) fn for_test(
+        id: u32,
+        priority: i32,
+        sources: Vec<Cidr>,
+        destinations: Vec<Cidr>,
+    ) -> Self {
+        PolicyRule {
+            id,
+            priority,
+            sources,
+            destinations,
+            excluded: Vec::new(),
+            eip_v4: Some(Ipv4Addr::new(198, 51, 100, 1)),
+            eip_v6: None,
+            gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
+            local_gateway: false,
+            use_node_ip: false,
+            no_gateway: false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,10 @@ use super::{
     ds_watch::record_datastore,
     ms, say,
     stage::stage,
-    tracker::{check_event, check_tcp, check_udp, tunnel_phase, wait_new_owner},
+    tracker::{
+        check_event, check_no_dual_announce_after_eviction, check_one_announcer_at_end,
+        record_dual_announce, stop_and_check_traffic, tunnel_phase, wait_new_owner,
+    },
     Bins, Options, Outcome,
 };
 use crate::{
@@ -153,25 +156,10 @@ pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
         format!("{old_name} went HeartbeatTimeout: its datastore link was cut too"),
     );
     std::thread::sleep(opts.after);
-    let now = Instant::now();
-    out.dual_announce_total_ms = st.tracker.dual_ms(t0, now);
-    out.dual_announce_ms = st.tracker.dual_ms(t0 + opts.eviction(), now);
-    let udp = st.traffic.stop_udp()?;
-    check_udp(&mut out, &udp, &st.eip, bound);
-    let tcp = st.traffic.stop_tcp()?;
-    check_tcp(&mut out, &tcp);
-    let end = st.tracker.announcers_now();
-    out.check(
-        end.len() == 1,
-        format!("{} nodes announce the EIP at the end", end.len()),
-    );
-    out.check(
-        out.dual_announce_ms == 0,
-        format!(
-            "two nodes announced the EIP for {} ms after the eviction timeout",
-            out.dual_announce_ms
-        ),
-    );
+    record_dual_announce(&mut out, &st.tracker, t0, opts.eviction());
+    stop_and_check_traffic(&mut out, &mut st, bound)?;
+    check_one_announcer_at_end(&mut out, &st.tracker);
+    check_no_dual_announce_after_eviction(&mut out);
     record_datastore(&mut out, &st.ds, &st.eip, &old_name, t0);
     st.finish(out)
 }

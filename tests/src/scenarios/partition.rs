@@ -9,7 +9,10 @@ use super::{
     ds_watch::record_datastore,
     ms, say,
     stage::stage,
-    tracker::{check_event, check_tcp, check_udp, wait_new_owner},
+    tracker::{
+        check_event, check_no_dual_announce_after_eviction, record_dual_announce,
+        stop_and_check_traffic, wait_new_owner,
+    },
     Bins, Options, Outcome,
 };
 use crate::cluster::Cluster;
@@ -116,9 +119,7 @@ pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome
     if moved.is_some() {
         check_event(&mut out, &st.cluster, &old_name, "HeartbeatTimeout");
     }
-    let now = Instant::now();
-    out.dual_announce_total_ms = st.tracker.dual_ms(t0, now);
-    out.dual_announce_ms = st.tracker.dual_ms(t0 + eviction, now);
+    record_dual_announce(&mut out, &st.tracker, t0, eviction);
     let end = st.tracker.announcers_now();
     out.check(
         end.len() == 1 && end[0] != old,
@@ -129,17 +130,8 @@ pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome
                 .collect::<Vec<_>>()
         ),
     );
-    let udp = st.traffic.stop_udp()?;
-    check_udp(&mut out, &udp, &st.eip, bound);
-    let tcp = st.traffic.stop_tcp()?;
-    check_tcp(&mut out, &tcp);
-    out.check(
-        out.dual_announce_ms == 0,
-        format!(
-            "two nodes announced the EIP for {} ms after the eviction timeout",
-            out.dual_announce_ms
-        ),
-    );
+    stop_and_check_traffic(&mut out, &mut st, bound)?;
+    check_no_dual_announce_after_eviction(&mut out);
     // The partitioned owner keeps its datapath, so it must be silent before
     // anyone else speaks: no overlap at all, not only after the timeout.
     out.check(

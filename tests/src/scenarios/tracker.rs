@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::{
     ms, say,
-    stage::{TcpReport, UdpReport},
+    stage::{Stage, TcpReport, UdpReport},
     Outcome,
 };
 use crate::cluster::{wait_until, Cluster, AGENT_ADMIN};
@@ -246,6 +246,54 @@ pub(super) fn tunnel_phase(cluster: &Cluster, node: &str) -> Option<String> {
     let out = cluster.egress(&["get", "egt", node, "-o", "json"]).ok()?;
     let v: Value = serde_json::from_str(&out).ok()?;
     v["status"]["phase"].as_str().map(str::to_owned)
+}
+
+/// Records how long two nodes announced the EIP at once, from `t0` to now:
+/// in all, and after the eviction timeout (when it must not happen).
+pub(super) fn record_dual_announce(
+    out: &mut Outcome,
+    tracker: &Tracker,
+    t0: Instant,
+    eviction: Duration,
+) {
+    let now = Instant::now();
+    out.dual_announce_total_ms = tracker.dual_ms(t0, now);
+    out.dual_announce_ms = tracker.dual_ms(t0 + eviction, now);
+}
+
+/// Checks that no two nodes announced the EIP at once after the eviction
+/// timeout (as [`record_dual_announce`] measured).
+pub(super) fn check_no_dual_announce_after_eviction(out: &mut Outcome) {
+    out.check(
+        out.dual_announce_ms == 0,
+        format!(
+            "two nodes announced the EIP for {} ms after the eviction timeout",
+            out.dual_announce_ms
+        ),
+    );
+}
+
+/// Checks that exactly one node announces the EIP when the run ends.
+pub(super) fn check_one_announcer_at_end(out: &mut Outcome, tracker: &Tracker) {
+    let end = tracker.announcers_now();
+    out.check(
+        end.len() == 1,
+        format!("{} nodes announce the EIP at the end", end.len()),
+    );
+}
+
+/// Stops the run's UDP and TCP streams and checks both ([`check_udp`],
+/// [`check_tcp`]).
+pub(super) fn stop_and_check_traffic(
+    out: &mut Outcome,
+    st: &mut Stage,
+    gap_bound: Duration,
+) -> Result<()> {
+    let udp = st.traffic.stop_udp()?;
+    check_udp(out, &udp, &st.eip, gap_bound);
+    let tcp = st.traffic.stop_tcp()?;
+    check_tcp(out, &tcp);
+    Ok(())
 }
 
 /// Checks on the UDP stream of a run whose EIP moved once.

@@ -2,6 +2,20 @@ use serde_json::{json, Value};
 
 use crate::{find, render, render_with, NAMESPACE, VAP_API};
 
+/// The agents' admission policy among the rendered objects.
+fn agent_policy(objs: &[Value]) -> &Value {
+    find(
+        objs,
+        "ValidatingAdmissionPolicy",
+        "egw-egress-gateway-agent-own-node",
+    )
+}
+
+/// A string of the policy (a CEL expression) at this JSON pointer.
+fn expression<'a>(vap: &'a Value, pointer: &str) -> &'a str {
+    vap.pointer(pointer).and_then(Value::as_str).unwrap()
+}
+
 #[test]
 fn agent_admission_policy() {
     // rendered only where the cluster serves the API
@@ -10,23 +24,15 @@ fn agent_admission_policy() {
         .iter()
         .all(|o| o["kind"] != "ValidatingAdmissionPolicy"));
     let objs = render_with(&json!({}), &["--api-versions", VAP_API]);
-    let vap = find(
-        &objs,
-        "ValidatingAdmissionPolicy",
-        "egw-egress-gateway-agent-own-node",
-    );
-    let condition = vap["spec"]["matchConditions"][0]["expression"]
-        .as_str()
-        .unwrap();
+    let vap = agent_policy(&objs);
+    let condition = expression(vap, "/spec/matchConditions/0/expression");
     assert!(
         condition.contains(&format!(
             "system:serviceaccount:{NAMESPACE}:egw-egress-gateway-agent"
         )),
         "{condition}"
     );
-    let rule = vap["spec"]["validations"][0]["expression"]
-        .as_str()
-        .unwrap();
+    let rule = expression(vap, "/spec/validations/0/expression");
     assert!(
         rule.contains("authentication.kubernetes.io/node-name"),
         "{rule}"
@@ -82,20 +88,10 @@ fn cel(expr: &str, request: &Value) -> Result<cel_interpreter::Value, String> {
 #[test]
 fn agent_admission_policy_expressions() {
     let objs = render_with(&json!({}), &["--api-versions", VAP_API]);
-    let vap = find(
-        &objs,
-        "ValidatingAdmissionPolicy",
-        "egw-egress-gateway-agent-own-node",
-    );
-    let condition = vap["spec"]["matchConditions"][0]["expression"]
-        .as_str()
-        .unwrap();
-    let validation = vap["spec"]["validations"][0]["expression"]
-        .as_str()
-        .unwrap();
-    let message = vap["spec"]["validations"][0]["messageExpression"]
-        .as_str()
-        .unwrap();
+    let vap = agent_policy(&objs);
+    let condition = expression(vap, "/spec/matchConditions/0/expression");
+    let validation = expression(vap, "/spec/validations/0/expression");
+    let message = expression(vap, "/spec/validations/0/messageExpression");
     let agent = format!("system:serviceaccount:{NAMESPACE}:egw-egress-gateway-agent");
     let request = |user: &str, name: &str, extra: Value| json!({"name": name, "userInfo": {"username": user, "extra": extra}});
     let on_node = |node: &str| json!({"authentication.kubernetes.io/node-name": [node]});

@@ -77,8 +77,16 @@ fn every_value_is_typed_and_described() {
 /// false` does not reject the defaults), and every leaf default is listed.
 #[test]
 fn values_and_schema_cover_the_same_keys() {
-    fn keys(prefix: &str, v: &Value, out: &mut BTreeSet<String>) {
-        if let Some(map) = v.as_object() {
+    /// The dotted paths of the keys of the map `map_of` finds in `v`, and
+    /// below them; maps of free keys (resources, nodeSelector, labels) and
+    /// Kubernetes objects passed through (seccompProfile) end here.
+    fn key_paths(
+        prefix: &str,
+        v: &Value,
+        map_of: fn(&Value) -> Option<&serde_json::Map<String, Value>>,
+        out: &mut BTreeSet<String>,
+    ) {
+        if let Some(map) = map_of(v) {
             for (k, child) in map {
                 let here = if prefix.is_empty() {
                     k.clone()
@@ -86,39 +94,24 @@ fn values_and_schema_cover_the_same_keys() {
                     format!("{prefix}.{k}")
                 };
                 out.insert(here.clone());
-                // maps of free keys (resources, nodeSelector, labels) and
-                // Kubernetes objects passed through (seccompProfile) end here
                 if !matches!(
                     k.as_str(),
                     "resources" | "nodeSelector" | "labels" | "seccompProfile"
                 ) {
-                    keys(&here, child, out);
-                }
-            }
-        }
-    }
-    fn schema_keys(prefix: &str, v: &Value, out: &mut BTreeSet<String>) {
-        if let Some(props) = v.get("properties").and_then(Value::as_object) {
-            for (k, child) in props {
-                let here = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                out.insert(here.clone());
-                if !matches!(
-                    k.as_str(),
-                    "resources" | "nodeSelector" | "labels" | "seccompProfile"
-                ) {
-                    schema_keys(&here, child, out);
+                    key_paths(&here, child, map_of, out);
                 }
             }
         }
     }
     let mut in_values = BTreeSet::new();
-    keys("", &default_values(), &mut in_values);
+    key_paths("", &default_values(), Value::as_object, &mut in_values);
     let mut in_schema = BTreeSet::new();
-    schema_keys("", &schema(), &mut in_schema);
+    key_paths(
+        "",
+        &schema(),
+        |v| v.get("properties").and_then(Value::as_object),
+        &mut in_schema,
+    );
     in_schema.remove("global"); // set by helm for subcharts only
     let only_values: Vec<_> = in_values.difference(&in_schema).collect();
     let only_schema: Vec<_> = in_schema.difference(&in_values).collect();

@@ -256,40 +256,25 @@ fn gateway_answers_ndp_for_owned_eips() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[test]
-#[ignore = "needs root: creates a namespace and loads BPF programs"]
-fn gateway_forwards_decapsulated_packets_by_the_fib() -> anyhow::Result<()> {
-    // A namespace with an on-link route and a permanent neighbour for the
-    // server, so the FIB lookup succeeds with known MACs.
-    let ns = Netns::new("fib")?;
+/// A namespace with an uplink `up0` (02:00:00:00:0e:01, 203.0.113.1/24): an
+/// on-link route and a permanent neighbour for the server 203.0.113.10, so
+/// the FIB lookup succeeds with known MACs.
+fn uplink_with_server(name: &str) -> anyhow::Result<Netns> {
+    let ns = Netns::new(name)?;
     ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
     ns.ip(&["link", "set", "up1", "up"])?;
     ns.ip(&["link", "set", "up0", "address", "02:00:00:00:0e:01"])?;
     ns.addr("up0", "203.0.113.1/24")?;
+    ns.permanent_neighbour("up0", "203.0.113.10", "02:00:00:00:0e:10")?;
+    Ok(ns)
+}
+
+#[test]
+#[ignore = "needs root: creates a namespace and loads BPF programs"]
+fn gateway_forwards_decapsulated_packets_by_the_fib() -> anyhow::Result<()> {
+    let ns = uplink_with_server("fib")?;
     ns.addr("up0", "2001:db8:e::1/64")?;
-    ns.ip(&[
-        "neigh",
-        "add",
-        "203.0.113.10",
-        "lladdr",
-        "02:00:00:00:0e:10",
-        "dev",
-        "up0",
-        "nud",
-        "permanent",
-    ])?;
-    ns.ip(&[
-        "-6",
-        "neigh",
-        "add",
-        "2001:db8:e::10",
-        "lladdr",
-        "02:00:00:00:0e:10",
-        "dev",
-        "up0",
-        "nud",
-        "permanent",
-    ])?;
+    ns.permanent_neighbour("up0", "2001:db8:e::10", "02:00:00:00:0e:10")?;
     ns.enable_forwarding()?;
     let pins = PinDir::new("trfib")?;
     let pin_path = pins.path().to_owned();
@@ -332,22 +317,7 @@ fn gateway_forwards_decapsulated_packets_by_the_fib() -> anyhow::Result<()> {
 #[test]
 #[ignore = "needs root: creates a namespace and loads BPF programs"]
 fn worker_and_gateway_in_one_node_skip_the_tunnel() -> anyhow::Result<()> {
-    let ns = Netns::new("local")?;
-    ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
-    ns.ip(&["link", "set", "up1", "up"])?;
-    ns.ip(&["link", "set", "up0", "address", "02:00:00:00:0e:01"])?;
-    ns.addr("up0", "203.0.113.1/24")?;
-    ns.ip(&[
-        "neigh",
-        "add",
-        "203.0.113.10",
-        "lladdr",
-        "02:00:00:00:0e:10",
-        "dev",
-        "up0",
-        "nud",
-        "permanent",
-    ])?;
+    let ns = uplink_with_server("local")?;
     ns.enable_forwarding()?;
     let pins = PinDir::new("trlocal")?;
     let pin_path = pins.path().to_owned();

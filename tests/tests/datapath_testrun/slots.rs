@@ -7,20 +7,15 @@ use crate::testrun::*;
 /// everything `desired()` holds.
 fn others(n: u32) -> Vec<PolicyRule> {
     (0..n)
-        .map(|i| PolicyRule {
-            id: 1000 + i,
-            priority: -1_000_000 + i as i32,
-            sources: vec![Cidr::host(
-                Ipv4Addr::new(10, 250, (i / 250) as u8, (i % 250) as u8 + 1).into(),
-            )],
-            destinations: vec![cidr("203.0.113.0/24")],
-            excluded: vec![],
-            eip_v4: Some(EIP_NO_BLOCKS),
-            eip_v6: None,
-            gateway_tunnel_ip: GW_TUNNEL,
-            local_gateway: false,
-            use_node_ip: false,
-            no_gateway: false,
+        .map(|i| {
+            no_blocks_policy(
+                1000 + i,
+                -1_000_000 + i as i32,
+                vec![Cidr::host(
+                    Ipv4Addr::new(10, 250, (i / 250) as u8, (i % 250) as u8 + 1).into(),
+                )],
+                vec![cidr("203.0.113.0/24")],
+            )
         })
         .collect()
 }

@@ -62,19 +62,13 @@ fn no_gateway_policies_fail_closed() -> anyhow::Result<()> {
     // Policy 9 (highest precedence) has no EIP and no gateway yet: what it
     // matches is dropped and counted, never sent out with the pod's address.
     let mut d = desired();
-    d.policies.push(PolicyRule {
-        id: 9,
-        priority: 1,
-        sources: vec![Cidr::host(POD.into()), Cidr::host(POD6.into())],
-        destinations: vec![cidr("198.18.0.0/15"), cidr("2001:db8:f::/48")],
-        excluded: vec![],
-        eip_v4: None,
-        eip_v6: None,
-        gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED,
-        local_gateway: false,
-        use_node_ip: false,
-        no_gateway: true,
-    });
+    d.policies.push(PolicyRule::fail_closed(
+        9,
+        1,
+        vec![Cidr::host(POD.into()), Cidr::host(POD6.into())],
+        vec![cidr("198.18.0.0/15"), cidr("2001:db8:f::/48")],
+        vec![],
+    ));
     let mut fx = fixture_with(&d)?;
     let pending4 = Ipv4Addr::new(198, 18, 0, 1);
     let pending6 = Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 1);

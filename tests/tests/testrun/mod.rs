@@ -52,6 +52,29 @@ pub fn cidr(s: &str) -> Cidr {
     s.parse().unwrap()
 }
 
+/// A policy on [`EIP_NO_BLOCKS`] (IPv4 only, no port block on this node),
+/// through the gateway's tunnel, nothing excluded.
+pub fn no_blocks_policy(
+    id: u32,
+    priority: i32,
+    sources: Vec<Cidr>,
+    destinations: Vec<Cidr>,
+) -> PolicyRule {
+    PolicyRule {
+        id,
+        priority,
+        sources,
+        destinations,
+        excluded: vec![],
+        eip_v4: Some(EIP_NO_BLOCKS),
+        eip_v6: None,
+        gateway_tunnel_ip: GW_TUNNEL,
+        local_gateway: false,
+        use_node_ip: false,
+        no_gateway: false,
+    }
+}
+
 /// A worker and gateway in one map set (the programs pick their part).
 pub fn desired() -> DesiredMaps {
     DesiredMaps {
@@ -85,19 +108,12 @@ pub fn desired() -> DesiredMaps {
                 no_gateway: false,
             },
             // A policy whose EIP has no port block on this node.
-            PolicyRule {
-                id: 8,
-                priority: 5,
-                sources: vec![Cidr::host(POD.into())],
-                destinations: vec![cidr("192.0.2.0/24")],
-                excluded: vec![],
-                eip_v4: Some(EIP_NO_BLOCKS),
-                eip_v6: None,
-                gateway_tunnel_ip: GW_TUNNEL,
-                local_gateway: false,
-                use_node_ip: false,
-                no_gateway: false,
-            },
+            no_blocks_policy(
+                8,
+                5,
+                vec![Cidr::host(POD.into())],
+                vec![cidr("192.0.2.0/24")],
+            ),
         ],
         cluster_cidrs: vec![
             cidr("10.96.0.0/12"),

@@ -78,6 +78,14 @@ fn from_of(rib: &Rib, prefix: &str) -> Option<IpAddr> {
     rib.best(&p(prefix)).and_then(|r| r.source.peer_addr())
 }
 
+/// `peer` announces `prefix` with itself as next hop and the given LOCAL_PREF.
+fn announce_with_pref(rib: &mut Rib, peer: Ipv4Addr, prefix: &str, local_pref: u32) {
+    rib.apply_update(
+        ip(peer),
+        &announce(prefix, peer, |a| a.local_pref = Some(local_pref)),
+    );
+}
+
 /// The incident, first form: a sibling reflector with our cluster id
 /// reflects the client's route back to us. Its copy must be discarded on
 /// receipt, and the client's path must go to the upstream non-client.
@@ -446,14 +454,8 @@ fn attribute_only_change_is_readvertised_but_not_reported_to_agent() {
 fn long_lived_stale_routes_are_least_preferred_and_marked() {
     let mut rib = reflector(LOCAL_ASN);
     rib.peer_up_llgr(ip(UPSTREAM), UPSTREAM, ip(ME), true);
-    rib.apply_update(
-        ip(CLIENT),
-        &announce("192.0.2.10/32", CLIENT, |a| a.local_pref = Some(500)),
-    );
-    rib.apply_update(
-        ip(CLIENT2),
-        &announce("192.0.2.10/32", CLIENT2, |a| a.local_pref = Some(50)),
-    );
+    announce_with_pref(&mut rib, CLIENT, "192.0.2.10/32", 500);
+    announce_with_pref(&mut rib, CLIENT2, "192.0.2.10/32", 50);
     assert_eq!(from_of(&rib, "192.0.2.10/32"), Some(ip(CLIENT)));
     rib.peer_down(ip(CLIENT), true);
     assert_eq!(rib.mark_llgr_stale(ip(CLIENT)), 1);
@@ -505,14 +507,8 @@ fn local_announcement_with_a_chosen_local_pref_is_sent_with_it() {
     let (_, a) = out_attrs(&rib, CLIENT, "192.0.2.10/32").unwrap();
     assert_eq!(a.local_pref, Some(1007));
     // At another reflector, the newer owner (higher LOCAL_PREF) wins.
-    rib.apply_update(
-        ip(CLIENT),
-        &announce("198.51.100.7/32", CLIENT, |a| a.local_pref = Some(1001)),
-    );
-    rib.apply_update(
-        ip(CLIENT2),
-        &announce("198.51.100.7/32", CLIENT2, |a| a.local_pref = Some(1002)),
-    );
+    announce_with_pref(&mut rib, CLIENT, "198.51.100.7/32", 1001);
+    announce_with_pref(&mut rib, CLIENT2, "198.51.100.7/32", 1002);
     assert_eq!(from_of(&rib, "198.51.100.7/32"), Some(ip(CLIENT2)));
 }
 
@@ -535,8 +531,13 @@ fn next_hop_of_the_other_family_is_mapped_or_not_sent() {
 
 /// The peers sent the same UPDATEs, as [`Rib::take_outgoing`] lists them.
 fn outgoing(rib: &mut Rib) -> Vec<(Vec<IpAddr>, Vec<Update>)> {
-    let mut v: Vec<_> = rib
-        .take_outgoing()
+    by_peers(rib.take_outgoing())
+}
+
+/// Each group's peers and UPDATEs, peers sorted and groups in the order of
+/// their peers, so that tests can compare them whatever order they came in.
+fn by_peers(out: Vec<Outgoing>) -> Vec<(Vec<IpAddr>, Vec<Update>)> {
+    let mut v: Vec<_> = out
         .into_iter()
         .map(|mut o| {
             o.peers.sort();
@@ -601,10 +602,7 @@ fn best_moving_between_members_withdraws_from_the_new_source_only() {
     rib.apply_update(ip(CLIENT), &announce("192.0.2.0/24", CLIENT, |_| {}));
     outgoing(&mut rib);
     // CLIENT2's copy is preferred (higher LOCAL_PREF).
-    rib.apply_update(
-        ip(CLIENT2),
-        &announce("192.0.2.0/24", CLIENT2, |a| a.local_pref = Some(200)),
-    );
+    announce_with_pref(&mut rib, CLIENT2, "192.0.2.0/24", 200);
     let v = outgoing(&mut rib);
     assert_eq!(withdrawn_to(&v, CLIENT2), vec![p("192.0.2.0/24")], "{v:?}");
     assert!(announced_to(&v, CLIENT2).is_empty());
@@ -616,10 +614,7 @@ fn best_moving_between_members_withdraws_from_the_new_source_only() {
     // Both changes within one batch: CLIENT2 never had the prefix (it came
     // and went before anything was sent), so it gets nothing at all.
     rib.apply_update(ip(CLIENT), &announce("198.51.100.0/24", CLIENT, |_| {}));
-    rib.apply_update(
-        ip(CLIENT2),
-        &announce("198.51.100.0/24", CLIENT2, |a| a.local_pref = Some(200)),
-    );
+    announce_with_pref(&mut rib, CLIENT2, "198.51.100.0/24", 200);
     let v = outgoing(&mut rib);
     assert!(
         !withdrawn_to(&v, CLIENT2).contains(&p("198.51.100.0/24")),

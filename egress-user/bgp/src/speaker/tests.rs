@@ -38,26 +38,46 @@ fn config(n: u8, restarting: bool) -> SpeakerConfig {
     c
 }
 
+/// `config` with long-lived graceful restart (30 s) after the given
+/// restart time, and no deferral so End-of-RIB is not waited for.
+fn long_lived_gr(mut c: SpeakerConfig, restart_time: u16) -> SpeakerConfig {
+    c.graceful_restart = Some(GrConfig {
+        restart_time,
+        deferral_time: Duration::ZERO,
+        llgr_stale_time: 30,
+        ..GrConfig::default()
+    });
+    c
+}
+
+/// The reflector's side of a client at 127.0.0.<n>: a passive
+/// route-reflector client, waiting for it to connect.
+fn passive_client(n: u8) -> PeerSpec {
+    let mut peer = PeerSpec::new(lo(n), ASN);
+    peer.client = true;
+    peer.passive = true;
+    peer
+}
+
+/// A client's side of its session: connects to the reflector listening at `rr`.
+fn upstream(rr: SocketAddr) -> PeerSpec {
+    let mut peer = PeerSpec::new(rr.ip(), ASN);
+    peer.port = rr.port();
+    peer
+}
+
 /// A reflector at 127.0.0.<n> with passive clients at the given addresses.
 async fn reflector(n: u8, clients: &[u8]) -> Speaker {
     let mut c = config(n, false);
     c.cluster_id = Some(Ipv4Addr::new(1, 1, 1, 1));
-    for &m in clients {
-        let mut peer = PeerSpec::new(lo(m), ASN);
-        peer.client = true;
-        peer.passive = true;
-        c.peers.push(peer);
-    }
+    c.peers.extend(clients.iter().map(|&m| passive_client(m)));
     Speaker::start(c).await.unwrap()
 }
 
 /// A client at 127.0.0.<n> connecting to the reflector.
 async fn client(n: u8, rr: &Speaker, restarting: bool) -> Speaker {
     let mut c = config(n, restarting);
-    let rr_addr = rr.handle().listen_addr().unwrap();
-    let mut peer = PeerSpec::new(rr_addr.ip(), ASN);
-    peer.port = rr_addr.port();
-    c.peers.push(peer);
+    c.peers.push(upstream(rr.handle().listen_addr().unwrap()));
     Speaker::start(c).await.unwrap()
 }
 
@@ -299,10 +319,7 @@ async fn subscribe_starts_with_the_current_table_and_sees_each_change_once() {
 #[tokio::test]
 async fn peer_added_at_run_time_comes_up() {
     let rr = reflector(71, &[]).await;
-    let mut spec = PeerSpec::new(lo(72), ASN);
-    spec.passive = true;
-    spec.client = true;
-    rr.handle().add_peer(spec).await.unwrap();
+    rr.handle().add_peer(passive_client(72)).await.unwrap();
     let c = client(72, &rr, false).await;
     wait_status(&rr.handle(), "session up", |s| {
         peer_state(s, lo(72)).is_some_and(|p| p.state == State::Established)
@@ -452,28 +469,13 @@ async fn garbage_from_a_peer_gets_a_notification_not_a_panic() {
 
 #[tokio::test]
 async fn routes_outlive_the_restart_time_as_long_lived_stale() {
-    let llgr = |mut c: SpeakerConfig| {
-        c.graceful_restart = Some(GrConfig {
-            restart_time: 1,
-            deferral_time: Duration::ZERO,
-            llgr_stale_time: 30,
-            ..GrConfig::default()
-        });
-        c
-    };
-    let mut rc = llgr(config(101, false));
-    let mut peer = PeerSpec::new(lo(102), ASN);
-    peer.client = true;
-    peer.passive = true;
-    rc.peers.push(peer);
+    let mut rc = long_lived_gr(config(101, false), 1);
+    rc.peers.push(passive_client(102));
     let rr = Speaker::start(rc).await.unwrap();
     let h = rr.handle();
     let mut changes = h.subscribe().await.unwrap();
-    let mut cc = llgr(config(102, false));
-    let a = rr.handle().listen_addr().unwrap();
-    let mut up = PeerSpec::new(a.ip(), ASN);
-    up.port = a.port();
-    cc.peers.push(up);
+    let mut cc = long_lived_gr(config(102, false), 1);
+    cc.peers.push(upstream(rr.handle().listen_addr().unwrap()));
     let c = Speaker::start(cc).await.unwrap();
     c.handle()
         .announce(p("192.0.2.10/32"), lo(102))
@@ -498,29 +500,15 @@ async fn routes_outlive_the_restart_time_as_long_lived_stale() {
 /// left the helper's table.
 #[tokio::test]
 async fn restarting_side_with_only_long_lived_gr_keeps_its_route_at_the_helper() {
-    let llgr = |mut c: SpeakerConfig| {
-        c.graceful_restart = Some(GrConfig {
-            restart_time: 0,
-            deferral_time: Duration::ZERO,
-            llgr_stale_time: 30,
-            ..GrConfig::default()
-        });
-        c
-    };
-    let mut rc = llgr(config(131, false));
-    let mut peer = PeerSpec::new(lo(132), ASN);
-    peer.client = true;
-    peer.passive = true;
-    rc.peers.push(peer);
+    let mut rc = long_lived_gr(config(131, false), 0);
+    rc.peers.push(passive_client(132));
     let rr = Speaker::start(rc).await.unwrap();
     let h = rr.handle();
     let mut changes = h.subscribe().await.unwrap();
     let a = h.listen_addr().unwrap();
     let start_client = |restarting: bool| {
-        let mut cc = llgr(config(132, restarting));
-        let mut up = PeerSpec::new(a.ip(), ASN);
-        up.port = a.port();
-        cc.peers.push(up);
+        let mut cc = long_lived_gr(config(132, restarting), 0);
+        cc.peers.push(upstream(a));
         Speaker::start(cc)
     };
     let c = start_client(false).await.unwrap();
@@ -554,9 +542,7 @@ async fn restarting_side_with_only_long_lived_gr_keeps_its_route_at_the_helper()
 async fn tcp_md5_password_must_match() {
     let mut rc = config(111, false);
     for (n, pw) in [(112u8, "right"), (113, "right")] {
-        let mut peer = PeerSpec::new(lo(n), ASN);
-        peer.client = true;
-        peer.passive = true;
+        let mut peer = passive_client(n);
         peer.password = Some(pw.into());
         rc.peers.push(peer);
     }
@@ -564,8 +550,7 @@ async fn tcp_md5_password_must_match() {
     let a = rr.handle().listen_addr().unwrap();
     let start_client = |n: u8, pw: &str| {
         let mut c = config(n, false);
-        let mut up = PeerSpec::new(a.ip(), ASN);
-        up.port = a.port();
+        let mut up = upstream(a);
         up.password = Some(pw.into());
         c.peers.push(up);
         Speaker::start(c)
@@ -598,17 +583,12 @@ async fn default_password_covers_peers_added_at_run_time() {
     let rr = Speaker::start(rc).await.unwrap();
     let a = rr.handle().listen_addr().unwrap();
     for n in [122u8, 123, 124] {
-        let mut spec = PeerSpec::new(lo(n), ASN);
-        spec.client = true;
-        spec.passive = true;
-        rr.handle().add_peer(spec).await.unwrap();
+        rr.handle().add_peer(passive_client(n)).await.unwrap();
     }
     let start_client = |n: u8, pw: Option<&str>| {
         let mut c = config(n, false);
-        let mut up = PeerSpec::new(a.ip(), ASN);
-        up.port = a.port();
         c.default_password = pw.map(Into::into);
-        c.peers.push(up);
+        c.peers.push(upstream(a));
         Speaker::start(c)
     };
     let good = start_client(122, Some("cluster-key")).await.unwrap();
@@ -635,10 +615,7 @@ async fn default_password_covers_peers_added_at_run_time() {
     }
     // Removed and added again without a key of its own: the default applies again.
     rr.handle().remove_peer(lo(124)).await.unwrap();
-    let mut spec = PeerSpec::new(lo(124), ASN);
-    spec.client = true;
-    spec.passive = true;
-    rr.handle().add_peer(spec).await.unwrap();
+    rr.handle().add_peer(passive_client(124)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     let s = rr.handle().status().await.unwrap();
     assert_ne!(peer_state(&s, lo(124)).unwrap().state, State::Established);

@@ -223,6 +223,21 @@ impl KubeDatastore {
             .await?
             .map(|o| serde_json::to_value(o).expect("serialisable")))
     }
+
+    /// Writes back a Lease read with [`Self::lease`] and changed.
+    /// `Ok(false)`: someone changed it between our read and write (409).
+    async fn replace_lease(&self, name: &str, lease: Value) -> Result<bool> {
+        let obj: DynamicObject = serde_json::from_value(lease)?;
+        match self
+            .leases()
+            .replace(name, &PostParams::default(), &obj)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if status_code(&e) == Some(409) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 fn now_micro() -> String {
@@ -564,16 +579,7 @@ impl Datastore for KubeDatastore {
                     spec.insert("acquireTime".into(), json!(now));
                     spec.insert("leaseTransitions".into(), json!(term));
                 }
-                let obj: DynamicObject = serde_json::from_value(l)?;
-                match self
-                    .leases()
-                    .replace(election, &PostParams::default(), &obj)
-                    .await
-                {
-                    Ok(_) => Ok(Some(lead(term))),
-                    Err(e) if status_code(&e) == Some(409) => Ok(None),
-                    Err(e) => Err(e.into()),
-                }
+                Ok(self.replace_lease(election, l).await?.then(|| lead(term)))
             }
         }
     }
@@ -597,17 +603,12 @@ impl Datastore for KubeDatastore {
             return Err(lost());
         }
         l["spec"]["renewTime"] = json!(now_micro());
-        let obj: DynamicObject = serde_json::from_value(l)?;
-        match self
-            .leases()
-            .replace(&lead.election, &PostParams::default(), &obj)
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Someone changed the Lease between our read and write: only a
-            // new holder does that.
-            Err(e) if status_code(&e) == Some(409) => Err(lost()),
-            Err(e) => Err(e.into()),
+        // Someone changed the Lease between our read and write: only a
+        // new holder does that.
+        if self.replace_lease(&lead.election, l).await? {
+            Ok(())
+        } else {
+            Err(lost())
         }
     }
 
@@ -620,16 +621,9 @@ impl Datastore for KubeDatastore {
             return Ok(());
         }
         l["spec"]["holderIdentity"] = Value::Null;
-        let obj: DynamicObject = serde_json::from_value(l)?;
-        match self
-            .leases()
-            .replace(&lead.election, &PostParams::default(), &obj)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if status_code(&e) == Some(409) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        // A conflict: someone else holds it now, so there is nothing to resign.
+        self.replace_lease(&lead.election, l).await?;
+        Ok(())
     }
 
     async fn leader(&self, election: &str) -> Result<Option<LeaderInfo>> {

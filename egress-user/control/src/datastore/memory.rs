@@ -260,10 +260,7 @@ impl Datastore for MemoryDatastore {
         key: &ObjectKey,
         patch: &StatusPatch,
     ) -> Result<Stored> {
-        if !kind.has_status() {
-            return Err(DatastoreError::NoStatus { kind });
-        }
-        self.manager_fields.check(kind, patch)?;
+        self.manager_fields.check_status_write(kind, patch)?;
         let mut st = self.state.lock().unwrap();
         let fence = self.fence.lock().unwrap().clone();
         if let Some((election, term)) = fence {

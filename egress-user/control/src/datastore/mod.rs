@@ -112,6 +112,15 @@ impl WatchEvent {
 pub struct ManagerFields(std::sync::Mutex<std::collections::HashMap<(Kind, String), Vec<String>>>);
 
 impl ManagerFields {
+    /// A backend's checks before a status write: the kind has a status
+    /// subresource, and the manager writes the same fields as before.
+    pub fn check_status_write(&self, kind: Kind, patch: &StatusPatch) -> Result<()> {
+        if !kind.has_status() {
+            return Err(DatastoreError::NoStatus { kind });
+        }
+        self.check(kind, patch)
+    }
+
     pub fn check(&self, kind: Kind, patch: &StatusPatch) -> Result<()> {
         if !cfg!(debug_assertions) {
             return Ok(());

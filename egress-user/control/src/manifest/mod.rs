@@ -250,14 +250,9 @@ fn same_content(stored: &Value, new: &Value) -> bool {
         if let Some(o) = v.as_object_mut() {
             o.remove("status");
             if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-                for f in [
-                    "resourceVersion",
-                    "uid",
-                    "creationTimestamp",
-                    "managedFields",
-                    "generation",
-                ] {
-                    m.remove(f);
+                // The generation too: it counts writes, not content.
+                for f in read::DATASTORE_SET_METADATA.iter().chain(&["generation"]) {
+                    m.remove(*f);
                 }
             }
         }

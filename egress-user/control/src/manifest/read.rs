@@ -119,6 +119,14 @@ fn document(
     }
 }
 
+/// The metadata fields the datastore sets on a write, never a manifest.
+pub(super) const DATASTORE_SET_METADATA: &[&str] = &[
+    "resourceVersion",
+    "uid",
+    "creationTimestamp",
+    "managedFields",
+];
+
 /// The namespace a namespaced kind lacks; no status and none of the
 /// fields the datastore sets (apply writes neither).
 fn fill_in(kind: Kind, value: &mut Value, default_ns: &str) {
@@ -136,13 +144,8 @@ fn fill_in(kind: Kind, value: &mut Value, default_ns: &str) {
         }
     }
     if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-        for f in [
-            "resourceVersion",
-            "uid",
-            "creationTimestamp",
-            "managedFields",
-        ] {
-            m.remove(f);
+        for f in DATASTORE_SET_METADATA {
+            m.remove(*f);
         }
     }
 }

@@ -5,19 +5,12 @@ use std::net::Ipv4Addr;
 use super::*;
 
 fn rule(id: u32, priority: i32, sources: &[&str], dests: &[&str]) -> PolicyRule {
-    PolicyRule {
+    PolicyRule::for_test(
         id,
         priority,
-        sources: sources.iter().map(|s| s.parse().unwrap()).collect(),
-        destinations: dests.iter().map(|s| s.parse().unwrap()).collect(),
-        excluded: Vec::new(),
-        eip_v4: Some(Ipv4Addr::new(198, 51, 100, 1)),
-        eip_v6: None,
-        gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
-        local_gateway: false,
-        use_node_ip: false,
-        no_gateway: false,
-    }
+        sources.iter().map(|s| s.parse().unwrap()).collect(),
+        dests.iter().map(|s| s.parse().unwrap()).collect(),
+    )
 }
 
 /// `n` distinct /24 destinations under 100.64.0.0/10.

@@ -11,19 +11,12 @@ use crate::datapath::{
 
 /// Policy `i`: pod 10.(i/256).(i%256).1 to 192.0.2.0/24, priority `i`.
 fn numbered(i: u32) -> PolicyRule {
-    PolicyRule {
-        id: i + 1,
-        priority: i as i32,
-        sources: vec![format!("10.{}.{}.1/32", i / 256, i % 256).parse().unwrap()],
-        destinations: vec!["192.0.2.0/24".parse().unwrap()],
-        excluded: Vec::new(),
-        eip_v4: Some(Ipv4Addr::new(198, 51, 100, 1)),
-        eip_v6: None,
-        gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
-        local_gateway: false,
-        use_node_ip: false,
-        no_gateway: false,
-    }
+    PolicyRule::for_test(
+        i + 1,
+        i as i32,
+        vec![format!("10.{}.{}.1/32", i / 256, i % 256).parse().unwrap()],
+        vec!["192.0.2.0/24".parse().unwrap()],
+    )
 }
 
 fn pod(i: u32) -> IpAddr {

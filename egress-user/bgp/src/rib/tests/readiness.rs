@@ -12,16 +12,7 @@ fn take(rib: &mut Rib, other_rr: Readiness) -> Vec<(Vec<IpAddr>, Vec<Update>)> {
             Readiness::Ready
         }
     };
-    let mut v: Vec<_> = rib
-        .take_outgoing_where(state)
-        .into_iter()
-        .map(|mut o| {
-            o.peers.sort();
-            (o.peers, o.updates)
-        })
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
+    by_peers(rib.take_outgoing_where(state))
 }
 
 fn sent_to(v: &[(Vec<IpAddr>, Vec<Update>)], peer: Ipv4Addr) -> Vec<(Prefix, Ipv4Addr)> {

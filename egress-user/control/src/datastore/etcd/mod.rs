@@ -509,10 +509,7 @@ impl Datastore for EtcdDatastore {
         key: &ObjectKey,
         patch: &StatusPatch,
     ) -> Result<Stored> {
-        if !kind.has_status() {
-            return Err(DatastoreError::NoStatus { kind });
-        }
-        self.manager_fields.check(kind, patch)?;
+        self.manager_fields.check_status_write(kind, patch)?;
         self.modify(kind, key, |cur| {
             let mut v = cur.value.clone();
             patch.apply_to(&mut v);

@@ -20,6 +20,17 @@ fn mock() -> (KubeDatastore, Handle) {
     )
 }
 
+/// Answers a watch request with these events, one JSON object a line, as
+/// the API server streams them.
+fn send_watch_events(send: tower_test::mock::SendResponse<Response<Body>>, events: &[Value]) {
+    let lines: String = events.iter().map(|e| format!("{e}\n")).collect();
+    send.send_response(
+        Response::builder()
+            .body(Body::from(lines.into_bytes()))
+            .unwrap(),
+    );
+}
+
 struct Seen {
     method: String,
     path_and_query: String,
@@ -118,17 +129,12 @@ async fn list_then_watch_from_the_list_revision_and_resume() {
         q.contains("watch=true") && q.contains("resourceVersion=10"),
         "{q}"
     );
-    let lines = [
-        json!({"type": "MODIFIED", "object": gateway("11")}),
-        json!({"type": "BOOKMARK", "object": {"kind": "EgressGateway", "apiVersion": "egressgateway.egress.dev/v1beta1", "metadata": {"resourceVersion": "13"}}}),
-    ]
-    .iter()
-    .map(|l| format!("{l}\n"))
-    .collect::<String>();
-    send.send_response(
-        Response::builder()
-            .body(Body::from(lines.into_bytes()))
-            .unwrap(),
+    send_watch_events(
+        send,
+        &[
+            json!({"type": "MODIFIED", "object": gateway("11")}),
+            json!({"type": "BOOKMARK", "object": {"kind": "EgressGateway", "apiVersion": "egressgateway.egress.dev/v1beta1", "metadata": {"resourceVersion": "13"}}}),
+        ],
     );
     // The backend resumes from the bookmark's revision.
     let (req, send) = h.next_request().await.unwrap();
@@ -137,17 +143,12 @@ async fn list_then_watch_from_the_list_revision_and_resume() {
         q.contains("resourceVersion=13"),
         "resumes from the last revision: {q}"
     );
-    let lines = [
-        json!({"type": "ADDED", "object": {"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressGateway", "metadata": {"name": "h", "resourceVersion": "14"}, "spec": {}}}),
-        json!({"type": "DELETED", "object": gateway("15")}),
-    ]
-    .iter()
-    .map(|l| format!("{l}\n"))
-    .collect::<String>();
-    send.send_response(
-        Response::builder()
-            .body(Body::from(lines.into_bytes()))
-            .unwrap(),
+    send_watch_events(
+        send,
+        &[
+            json!({"type": "ADDED", "object": {"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressGateway", "metadata": {"name": "h", "resourceVersion": "14"}, "spec": {}}}),
+            json!({"type": "DELETED", "object": gateway("15")}),
+        ],
     );
     let got = reader.await.unwrap();
     assert!(matches!(&got[0], WatchEvent::Put(s) if s.revision == 11 && s.key.name == "g"));
