@@ -150,8 +150,8 @@ async fn measure(
     own_changes(ds.as_ref(), size, &agent, &mut out).await?;
     let agent2 = cpu_ms(agent_pid);
     let seen2 = agent.counters()?;
-    put_wakeups(&mut out, "other", seen0, seen1, elsewhere);
-    put_wakeups(&mut out, "own", seen1, seen2, size.own_changes as f64);
+    put_wakeups(&mut out, "other", &seen0, &seen1, elsewhere);
+    put_wakeups(&mut out, "own", &seen1, &seen2, size.own_changes as f64);
 
     out.insert(
         "controller_cpu_per_change_ms".into(),
@@ -191,8 +191,21 @@ async fn measure(
 
 /// How often the measured agent was woken per change (`passes`: reconcile
 /// passes; `batches`: watch batches, of which `skipped` did not concern it).
-fn put_wakeups(out: &mut Map<String, Value>, what: &str, a: Counters, b: Counters, changes: f64) {
+fn put_wakeups(out: &mut Map<String, Value>, what: &str, a: &Counters, b: &Counters, changes: f64) {
     let per = |x: u64, y: u64| round((y - x) as f64 / changes, 3);
+    // Which kinds' changes made the agent rebuild its prepared parts.
+    let by_kind: Map<String, Value> = b
+        .rebuilt_by
+        .iter()
+        .map(|(k, n)| {
+            let before = a.rebuilt_by.get(k).copied().unwrap_or(0);
+            (k.clone(), per(before, *n).into())
+        })
+        .collect();
+    out.insert(
+        format!("agent_rebuilds_per_{what}_change_by_kind"),
+        by_kind.into(),
+    );
     out.insert(
         format!("agent_passes_per_{what}_change"),
         per(a.passes, b.passes).into(),

@@ -105,17 +105,26 @@ impl RealAgent {
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         let v: serde_json::Value = serde_json::from_str(body).context("/state as JSON")?;
         let n = |k: &str| v[k].as_u64().with_context(|| format!("/state has no {k}"));
+        let rebuilt_by = v["prepared_rebuilt_by"]
+            .as_object()
+            .context("/state has no prepared_rebuilt_by")?
+            .iter()
+            .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+            .collect();
         Ok(Counters {
             passes: n("reconciles")?,
             batches: n("watch_batches")?,
             skipped: n("batches_skipped")?,
+            rebuilt_by,
         })
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Counters {
     pub passes: u64,
     pub batches: u64,
     pub skipped: u64,
+    /// Rebuilds of the agent's prepared parts, by the kind that caused them.
+    pub rebuilt_by: std::collections::BTreeMap<String, u64>,
 }

@@ -52,6 +52,9 @@ pub struct PreparedCache {
     marks: Generations,
     parts: Option<Arc<Parts>>,
     reused: u64,
+    /// Rebuilds after the first, by the kind whose mark moved (several
+    /// kinds count once each): what keeps the parts from serving.
+    rebuilt_by: BTreeMap<&'static str, u64>,
 }
 
 impl PreparedCache {
@@ -71,6 +74,11 @@ impl PreparedCache {
                 parts: parts.clone(),
             };
         }
+        if self.parts.is_some() {
+            for kind in marks.differing(&self.marks) {
+                *self.rebuilt_by.entry(kind).or_default() += 1;
+            }
+        }
         let p = Prepared::new(view);
         self.marks = marks;
         self.parts = Some(p.parts.clone());
@@ -80,6 +88,11 @@ impl PreparedCache {
     /// How many times the kept parts served.
     pub fn reused(&self) -> u64 {
         self.reused
+    }
+
+    /// How many rebuilds each kind's change caused (see `rebuilt_by`).
+    pub fn rebuilt_by(&self) -> &BTreeMap<&'static str, u64> {
+        &self.rebuilt_by
     }
 }
 

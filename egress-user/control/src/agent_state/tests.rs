@@ -346,6 +346,7 @@ async fn kept_parts_give_what_fresh_ones_give() {
     follow_until(&mut c, |v| v.pods.len() == 3).await;
     let kept = cache.prepare(&c.view).node(&cfg("w1"));
     assert_eq!(cache.reused(), 1);
+    assert!(cache.rebuilt_by().is_empty(), "{:?}", cache.rebuilt_by());
     assert_eq!(kept, desired(&c.view, &cfg("w1")));
     assert_eq!(kept.rules.len(), 2, "the new pod's rule: {:?}", kept.rules);
 
@@ -369,6 +370,7 @@ async fn kept_parts_give_what_fresh_ones_give() {
         1,
         "a new policy is not served from kept parts"
     );
+    assert_eq!(cache.rebuilt_by().get("policies"), Some(&1));
     assert_eq!(again, desired(&c.view, &cfg("w1")));
     assert_eq!(again.policies.len(), 2);
 }

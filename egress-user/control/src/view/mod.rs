@@ -69,6 +69,21 @@ impl Generations {
         }
     }
 
+    /// The kinds whose marks differ between `self` and `other`.
+    pub fn differing(&self, other: &Generations) -> Vec<&'static str> {
+        [
+            ("gateways", self.gateways, other.gateways),
+            ("policies", self.policies, other.policies),
+            ("tunnels", self.tunnels, other.tunnels),
+            ("nodes", self.nodes, other.nodes),
+            ("namespaces", self.namespaces, other.namespaces),
+        ]
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(k, _, _)| k)
+        .collect()
+    }
+
     /// Every kind has a mark.
     pub fn known(&self) -> bool {
         [
