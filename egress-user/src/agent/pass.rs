@@ -114,12 +114,7 @@ impl Agent {
         let mut p = self.published.lock().unwrap();
         p.ready = true;
         p.reconciles += 1;
-        p.prepared_rebuilt_by = self
-            .prepared
-            .rebuilt_by()
-            .iter()
-            .map(|(k, n)| ((*k).to_string(), *n))
-            .collect();
+        p.prepared_rebuilt_by.clone_from(self.prepared.rebuilt_by());
         p.last_error = None;
         // Only gateway-eligible nodes heartbeat: a worker that never renews
         // is not fenced, it has nothing to announce (an alert on the metric

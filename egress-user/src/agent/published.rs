@@ -26,7 +26,7 @@ pub(super) struct Published {
     pub(super) batches_skipped: u64,
     /// Rebuilds of the prepared parts by the kind whose change caused them
     /// (`PreparedCache::rebuilt_by`): what a pass recomputes beyond its pods.
-    pub(super) prepared_rebuilt_by: BTreeMap<String, u64>,
+    pub(super) prepared_rebuilt_by: BTreeMap<&'static str, u64>,
     /// Pods the view holds: the node's own where the datastore sends an
     /// agent only those (Kubernetes, etcd with its pod index), every pod
     /// of the cluster otherwise.

@@ -295,17 +295,10 @@ impl PolicyRule {
         destinations: Vec<Cidr>,
     ) -> Self {
         PolicyRule {
-            id,
-            priority,
-            sources,
-            destinations,
-            excluded: Vec::new(),
             eip_v4: Some(Ipv4Addr::new(198, 51, 100, 1)),
-            eip_v6: None,
             gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
-            local_gateway: false,
-            use_node_ip: false,
             no_gateway: false,
+            ..Self::fail_closed(id, priority, sources, destinations, Vec::new())
         }
     }
 }
