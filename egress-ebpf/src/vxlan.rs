@@ -195,12 +195,7 @@ fn encapsulate_in_place(
     entropy: u32,
 ) -> Option<i32> {
     let frame_len = ctx.len();
-    // SAFETY: skb pointer from the context.
-    let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
-    // An IPv4 packet without DF that does not fit the tunnel (the programs
-    // let it through, as a router would): the device fragments the outer
-    // packet, as the kernel's tunnels do; we send with DF.
-    if !gso && cfg.tunnel_mtu != 0 && frame_len > u32::from(cfg.tunnel_mtu) + ETH_LEN as u32 {
+    if !fits_tunnel(ctx, cfg, frame_len) {
         return None;
     }
     let (ifindex, via) = next_hop(ctx, cfg, remote)?;
@@ -219,16 +214,60 @@ fn encapsulate_in_place(
     }
     // For a GSO packet these lengths are placeholders (it may exceed 64 kB):
     // segmentation writes each segment's own.
-    let ip_len = ((OUTER_LEN as u32 + frame_len) as u16).to_be_bytes();
-    let udp_len = (u16::from_be_bytes(ip_len) - 20).to_be_bytes();
-    let sport = (0xc000 | (entropy as u16 & 0x3fff)).to_be_bytes();
-    let dport = cfg.vxlan_port.to_be_bytes();
-    let v = cfg.vni.to_be_bytes();
-    let (s, r) = (cfg.node_tunnel_ip, remote);
-    // The outer IPv4 header checksum, over its 16-bit words.
+    let ip_len = (OUTER_LEN as u32 + frame_len) as u16;
+    let sport = 0xc000 | (entropy as u16 & 0x3fff);
+    // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above; no
+    // helper call until the checksum update.
+    let added = unsafe {
+        move_inner_eth(d);
+        write_outer_ip(d, ip_len, cfg.node_tunnel_ip, remote);
+        write_outer_udp_vxlan(d, ip_len - 20, sport, cfg);
+        sum_of_new_bytes(d)
+    };
+    crate::ctx::csum_carry(ctx, added);
+    Some(redirect_neigh_v4(ifindex, via))
+}
+
+/// Whether the frame may be encapsulated here. An IPv4 packet without DF
+/// that does not fit the tunnel (the programs let it through, as a router
+/// would) goes to the device, which fragments the outer packet as the
+/// kernel's tunnels do; we send with DF.
+#[inline(always)]
+fn fits_tunnel(ctx: &TcContext, cfg: &DatapathConfig, frame_len: u32) -> bool {
+    // SAFETY: skb pointer from the context.
+    let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
+    gso || cfg.tunnel_mtu == 0 || frame_len <= u32::from(cfg.tunnel_mtu) + ETH_LEN as u32
+}
+
+/// The inner Ethernet header is the frame's own, moved behind the outer
+/// headers; the outer one keeps its addresses, which the neighbour
+/// subsystem writes when the packet leaves (`bpf_redirect_neigh`), and
+/// gets the IPv4 type.
+///
+/// # Safety
+/// `d .. d + size_of::<Outer>()` is inside the packet.
+#[inline(always)]
+unsafe fn move_inner_eth(d: usize) {
+    let inner = d + offset_of!(Outer, inner_eth);
+    // SAFETY: see the function's contract.
+    unsafe {
+        pkt::store32(inner, pkt::load32(d));
+        pkt::store32(inner + 4, pkt::load32(d + 4));
+        pkt::store32(inner + 8, pkt::load32(d + 8));
+        pkt::store16(inner + 12, pkt::load16(d + 12));
+        pkt::store16(
+            d + offset_of!(EthHdr, proto),
+            u16::from_ne_bytes(ETH_P_IP.to_be_bytes()),
+        );
+    }
+}
+
+/// The outer IPv4 header checksum, over its 16-bit words.
+#[inline(always)]
+fn outer_ip_checksum(ip_len: u16, s: [u8; 4], r: [u8; 4]) -> u16 {
     let words = [
         0x4500u32,
-        u32::from(u16::from_be_bytes(ip_len)),
+        u32::from(ip_len),
         0x4000,
         0x4000 | u32::from(IPPROTO_UDP),
         u32::from(u16::from_be_bytes([s[0], s[1]])),
@@ -242,55 +281,78 @@ fn encapsulate_in_place(
         sum += words[i];
         i += 1;
     }
-    let check = fold(sum).to_be_bytes();
+    fold(sum)
+}
+
+/// Version/IHL, TOS, length; no id, DF (the inner packets are sized to
+/// fit); TTL, protocol, checksum; addresses.
+///
+/// # Safety
+/// As `move_inner_eth`.
+#[inline(always)]
+unsafe fn write_outer_ip(d: usize, ip_len: u16, s: [u8; 4], r: [u8; 4]) {
     let w = u32::from_ne_bytes;
-    let at = |field: usize| d + field;
-    // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above; no
-    // helper call until the redirect.
-    let added = unsafe {
-        // The inner Ethernet header is the frame's own, moved behind the
-        // outer headers; the outer one keeps its addresses, which the
-        // neighbour subsystem writes when the packet leaves
-        // (bpf_redirect_neigh), and gets the IPv4 type.
-        let inner = offset_of!(Outer, inner_eth);
-        pkt::store32(at(inner), pkt::load32(d));
-        pkt::store32(at(inner + 4), pkt::load32(d + 4));
-        pkt::store32(at(inner + 8), pkt::load32(d + 8));
-        pkt::store16(at(inner + 12), pkt::load16(d + 12));
-        pkt::store16(
-            at(offset_of!(EthHdr, proto)),
-            u16::from_ne_bytes(ETH_P_IP.to_be_bytes()),
-        );
-        let ip = offset_of!(Outer, ip);
-        // Version/IHL, TOS, length; no id, DF (the inner packets are
-        // sized to fit); TTL, protocol, checksum; addresses.
-        pkt::store32(at(ip), w([0x45, 0, ip_len[0], ip_len[1]]));
-        pkt::store32(at(ip + 4), w([0, 0, 0x40, 0]));
-        pkt::store32(at(ip + 8), w([64, IPPROTO_UDP, check[0], check[1]]));
-        pkt::store32(at(ip + 12), w(s));
-        pkt::store32(at(ip + 16), w(r));
-        // UDP: checksum zero, RFC 7348's advice for IPv4, as the kernel
-        // device does. VXLAN: the I flag and the VNI.
-        let udp = offset_of!(Outer, udp);
-        pkt::store32(at(udp), w([sport[0], sport[1], dport[0], dport[1]]));
-        pkt::store32(at(udp + 4), w([udp_len[0], udp_len[1], 0, 0]));
-        pkt::store32(at(offset_of!(Outer, vxlan_flags)), w([0x08, 0, 0, 0]));
-        pkt::store32(at(offset_of!(Outer, vni)), w([v[1], v[2], v[3], 0]));
-        // skb->csum (CHECKSUM_COMPLETE) sums from the outer IPv4 header
-        // on: the new bytes are that header (its sum is zero: it carries
-        // its checksum), the UDP and VXLAN headers and the inner Ethernet
-        // header, summed here from the packet as 32-bit words.
-        let mut added = 0u64;
-        let mut off = udp;
+    let ip = d + offset_of!(Outer, ip);
+    let len = ip_len.to_be_bytes();
+    let check = outer_ip_checksum(ip_len, s, r).to_be_bytes();
+    // SAFETY: see the function's contract.
+    unsafe {
+        pkt::store32(ip, w([0x45, 0, len[0], len[1]]));
+        pkt::store32(ip + 4, w([0, 0, 0x40, 0]));
+        pkt::store32(ip + 8, w([64, IPPROTO_UDP, check[0], check[1]]));
+        pkt::store32(ip + 12, w(s));
+        pkt::store32(ip + 16, w(r));
+    }
+}
+
+/// UDP: checksum zero, RFC 7348's advice for IPv4, as the kernel device
+/// does. VXLAN: the I flag and the VNI.
+///
+/// # Safety
+/// As `move_inner_eth`.
+#[inline(always)]
+unsafe fn write_outer_udp_vxlan(d: usize, udp_len: u16, sport: u16, cfg: &DatapathConfig) {
+    let w = u32::from_ne_bytes;
+    let (len, sport) = (udp_len.to_be_bytes(), sport.to_be_bytes());
+    let dport = cfg.vxlan_port.to_be_bytes();
+    let v = cfg.vni.to_be_bytes();
+    let udp = d + offset_of!(Outer, udp);
+    // SAFETY: see the function's contract.
+    unsafe {
+        pkt::store32(udp, w([sport[0], sport[1], dport[0], dport[1]]));
+        pkt::store32(udp + 4, w([len[0], len[1], 0, 0]));
+        pkt::store32(d + offset_of!(Outer, vxlan_flags), w([0x08, 0, 0, 0]));
+        pkt::store32(d + offset_of!(Outer, vni), w([v[1], v[2], v[3], 0]));
+    }
+}
+
+/// What the new bytes add to skb->csum (CHECKSUM_COMPLETE sums from the
+/// outer IPv4 header on): that header (its sum is zero: it carries its
+/// checksum), the UDP and VXLAN headers and the inner Ethernet header,
+/// summed from the packet as 32-bit words.
+///
+/// # Safety
+/// As `move_inner_eth`.
+#[inline(always)]
+unsafe fn sum_of_new_bytes(d: usize) -> u32 {
+    let mut added = 0u64;
+    let mut off = offset_of!(Outer, udp);
+    // SAFETY: see the function's contract.
+    unsafe {
         while off + 4 <= size_of::<Outer>() {
-            added += u64::from(pkt::load32(at(off)));
+            added += u64::from(pkt::load32(d + off));
             off += 4;
         }
-        added += u64::from(pkt::load16(at(off)));
-        added = (added & 0xffff_ffff) + (added >> 32);
-        (added & 0xffff_ffff) + (added >> 32)
-    };
-    crate::ctx::csum_carry(ctx, added as u32);
+        added += u64::from(pkt::load16(d + off));
+    }
+    added = (added & 0xffff_ffff) + (added >> 32);
+    ((added & 0xffff_ffff) + (added >> 32)) as u32
+}
+
+/// Sends the packet out of `ifindex` toward the IPv4 next hop `via`; the
+/// neighbour subsystem writes the link header.
+#[inline(always)]
+fn redirect_neigh_v4(ifindex: u32, via: u32) -> i32 {
     let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
     // SAFETY: a zeroed block is valid, made of 32-bit words; the IPv4
     // member matches the family.
@@ -298,12 +360,13 @@ fn encapsulate_in_place(
     nh.nh_family = u32::from(AF_INET);
     nh.__bindgen_anon_1.ipv4_nh = via;
     // SAFETY: helper with a valid stack parameter block.
-    Some(unsafe {
+    let rc = unsafe {
         bpf_redirect_neigh(
             ifindex,
             nh,
             core::mem::size_of::<bpf_redir_neigh>() as i32,
             0,
         )
-    } as i32)
+    };
+    rc as i32
 }
