@@ -1,5 +1,6 @@
 //! Parsing a packet (IPv4 or IPv6 over Ethernet) into the fields the NAT
-//! needs, and rewriting one side of it with correct checksums.
+//! needs, and rewriting one side of it with correct checksums (an ICMP
+//! error's quoted packet is rewritten in `icmp_quote`).
 
 use aya_ebpf::programs::TcContext;
 use egress_common::{
@@ -10,10 +11,7 @@ use egress_common::{
 };
 
 use crate::{
-    ctx::{
-        csum_carry, csum_diff16, csum_replace4, csum_update16, l4_flags, ptr_at, raw16, raw32,
-        replace_addr16, word_delta,
-    },
+    ctx::{csum_carry, csum_diff16, csum_replace4, l4_flags, ptr_at, raw16, raw32, word_delta},
     hdr::*,
     mem::{copy_addr, put_v4_mapped, set_addr_words, v4_mapped_words},
     pkt,
@@ -505,129 +503,5 @@ pub fn rewrite(
         .map_err(|_| ())?;
     }
     csum_carry(ctx, uncovered);
-    Ok(())
-}
-
-/// Translates an ICMP error back to the pod: the outer destination (EIP ->
-/// pod) and, inside the quoted packet, its source address and port. The
-/// ICMP checksum covers the quoted bytes and is updated for each change;
-/// the quoted IPv4 header checksum and quoted UDP checksum are updated too.
-#[inline(never)]
-pub fn rewrite_icmp_error(ctx: &mut TcContext, f: &Flow, addr: &Addr, port: u16) -> Result<(), ()> {
-    let q = &f.quoted;
-    // Outer destination (pseudo-header for ICMPv6 only).
-    if f.v6 {
-        replace_addr16(ctx, ETH_LEN + IPV6_DADDR, &f.dst, addr, f.csum_off, true, 0)?;
-    } else {
-        let old4 = [f.dst[12], f.dst[13], f.dst[14], f.dst[15]];
-        let new4 = [addr[12], addr[13], addr[14], addr[15]];
-        ctx.store(ETH_LEN + IPV4_DADDR, &new4, 0).map_err(|_| ())?;
-        ctx.l3_csum_replace(ETH_LEN + IPV4_CHECK, raw32(old4), raw32(new4), 4)
-            .map_err(|_| ())?;
-    }
-    // Quoted source address.
-    let mut udp_check: Option<u16> = None;
-    if q.proto == IPPROTO_UDP {
-        if let Ok(p) = ptr_at::<UdpHdr>(ctx, q.l4_off) {
-            // SAFETY: bounds checked by ptr_at.
-            let c = u16::from_be_bytes(unsafe { (*p).check });
-            if c != 0 || f.v6 {
-                udp_check = Some(c);
-            }
-        }
-    }
-    let mut new_udp_check = udp_check;
-    if f.v6 {
-        replace_addr16(
-            ctx,
-            q.l3_off + IPV6_SADDR,
-            &q.src,
-            addr,
-            f.csum_off,
-            false,
-            0,
-        )?;
-        if let Some(c) = new_udp_check.as_mut() {
-            let mut i = 0;
-            while i < 16 {
-                *c = csum_update16(
-                    *c,
-                    u16::from_be_bytes([q.src[i], q.src[i + 1]]),
-                    u16::from_be_bytes([addr[i], addr[i + 1]]),
-                );
-                i += 2;
-            }
-        }
-    } else {
-        let old4 = [q.src[12], q.src[13], q.src[14], q.src[15]];
-        let new4 = [addr[12], addr[13], addr[14], addr[15]];
-        ctx.store(q.l3_off + IPV4_SADDR, &new4, 0).map_err(|_| ())?;
-        ctx.l4_csum_replace(f.csum_off, raw32(old4), raw32(new4), 4)
-            .map_err(|_| ())?;
-        // The quoted IPv4 header checksum, then the ICMP checksum for that change.
-        let qc: *const [u8; 2] = ptr_at(ctx, q.l3_off + IPV4_CHECK).map_err(|_| ())?;
-        // SAFETY: bounds checked by ptr_at.
-        let old_qc = u16::from_be_bytes(unsafe { *qc });
-        let mut new_qc = csum_update16(
-            old_qc,
-            u16::from_be_bytes([old4[0], old4[1]]),
-            u16::from_be_bytes([new4[0], new4[1]]),
-        );
-        new_qc = csum_update16(
-            new_qc,
-            u16::from_be_bytes([old4[2], old4[3]]),
-            u16::from_be_bytes([new4[2], new4[3]]),
-        );
-        ctx.store(q.l3_off + IPV4_CHECK, &new_qc.to_be_bytes(), 0)
-            .map_err(|_| ())?;
-        ctx.l4_csum_replace(
-            f.csum_off,
-            raw16(old_qc.to_be_bytes()),
-            raw16(new_qc.to_be_bytes()),
-            2,
-        )
-        .map_err(|_| ())?;
-        if let Some(c) = new_udp_check.as_mut() {
-            *c = csum_update16(
-                *c,
-                u16::from_be_bytes([old4[0], old4[1]]),
-                u16::from_be_bytes([new4[0], new4[1]]),
-            );
-            *c = csum_update16(
-                *c,
-                u16::from_be_bytes([old4[2], old4[3]]),
-                u16::from_be_bytes([new4[2], new4[3]]),
-            );
-        }
-    }
-    // Quoted source port / echo identifier.
-    if q.sport != port {
-        let off = if q.proto == IPPROTO_TCP || q.proto == IPPROTO_UDP {
-            q.l4_off
-        } else {
-            q.l4_off + ICMP_ID
-        };
-        let nb = port.to_be_bytes();
-        ctx.store(off, &nb, 0).map_err(|_| ())?;
-        ctx.l4_csum_replace(f.csum_off, raw16(q.sport.to_be_bytes()), raw16(nb), 2)
-            .map_err(|_| ())?;
-        if let Some(c) = new_udp_check.as_mut() {
-            *c = csum_update16(*c, q.sport, port);
-        }
-    }
-    if let (Some(old), Some(mut new)) = (udp_check, new_udp_check) {
-        if new == 0 {
-            new = 0xffff;
-        }
-        ctx.store(q.l4_off + UDP_CHECK, &new.to_be_bytes(), 0)
-            .map_err(|_| ())?;
-        ctx.l4_csum_replace(
-            f.csum_off,
-            raw16(old.to_be_bytes()),
-            raw16(new.to_be_bytes()),
-            2,
-        )
-        .map_err(|_| ())?;
-    }
     Ok(())
 }

@@ -24,6 +24,7 @@ mod frag;
 mod fwd;
 mod hdr;
 mod icmp_err;
+mod icmp_quote;
 mod maps;
 mod mem;
 mod nat;

@@ -15,8 +15,9 @@ use egress_common::{
 };
 
 use crate::{
-    flow::{rewrite, rewrite_icmp_error, Flow, Side, ICMP_KIND_ERROR},
+    flow::{rewrite, Flow, Side, ICMP_KIND_ERROR},
     hdr::*,
+    icmp_quote::rewrite_icmp_error,
     maps::{NAT_FWD, NAT_REV, POLICY_STATS, PORT_BLOCKS},
     mem::{addr_words, set_addr_words},
     verdict::Packed,
