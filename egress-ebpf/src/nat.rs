@@ -199,9 +199,9 @@ fn granted_blocks(eip: &Addr, cfg: &DatapathConfig) -> Result<(&'static PortBloc
     Ok((blocks, if n > max { max } else { n }))
 }
 
-/// Finds or creates the translation of `f` to `eip` and returns the EIP port.
-/// `absent`: the caller just looked the forward key up and found nothing,
-/// so the lookup is not repeated.
+/// Finds or creates the translation of `f` to its EIP and returns the EIP
+/// port. `absent`: the caller just looked the forward key up and found
+/// nothing, so the lookup is not repeated.
 #[inline(always)]
 fn translate_forward(
     ctx: &TcContext,
@@ -210,14 +210,6 @@ fn translate_forward(
     target: &EgressTarget,
     absent: bool,
 ) -> Packed {
-    let eip = if f.v6 { &target.eip_v6 } else { &target.eip_v4 };
-    let policy_id = target.policy_id;
-    let gw = u32::from_ne_bytes(f.gw);
-    let nflags = if target.flags & TARGET_LOCAL_GATEWAY != 0 {
-        NAT_LOCAL_GATEWAY
-    } else {
-        0
-    };
     // The coarse clock (one tick of resolution) is enough for timeouts in
     // seconds and cheaper to read; every NAT timestamp uses it. Idle means
     // `now - seen >= timeout`, so a zero timeout expires within one tick too;
@@ -225,38 +217,55 @@ fn translate_forward(
     // (`clock::coarse_ns`).
     let now = crate::clock::coarse_ns();
     let key = fwd_key(f);
-    let found = if absent {
-        None
-    } else {
-        NAT_FWD.get_ptr_mut(&key)
-    };
-    if let Some(e) = found {
-        let fresh = NatEntry {
-            addr: *eip,
-            port: 0,
-            state: 0,
-            flags: nflags,
-            ifindex: gw,
-            policy_id,
-            epoch: cfg.policy_epoch,
-            last_seen_ns: now,
-        };
-        // SAFETY: valid map value pointer, for this run.
-        if let Some(port) = unsafe { reuse(&mut *e, &fresh, f) } {
-            return Packed::ok(i64::from(port));
+    let mut fresh = forward_template(cfg, f, target, now);
+    if !absent {
+        if let Some(e) = NAT_FWD.get_ptr_mut(&key) {
+            // SAFETY: valid map value pointer, for this run.
+            if let Some(port) = unsafe { reuse(&mut *e, &fresh, f) } {
+                return Packed::ok(i64::from(port));
+            }
+            // The policy now maps this flow to another EIP: allocate anew.
         }
-        // The policy now maps this flow to another EIP: allocate anew.
     }
-    let (blocks, n) = match granted_blocks(eip, cfg) {
-        Ok(b) => b,
-        Err(reason) => return Packed::err(reason),
-    };
-    let bs = u32::from(cfg.port_block_size);
-    let h = port_hash(f);
-    let state = if f.proto == IPPROTO_TCP {
-        next_tcp_state(0, f.tcp_flags)
+    new_translation(ctx, cfg, f, &key, &mut fresh)
+}
+
+/// The forward entry of `f` under the current policy tables, but for its
+/// port and TCP state.
+#[inline(always)]
+fn forward_template(cfg: &DatapathConfig, f: &Flow, target: &EgressTarget, now: u64) -> NatEntry {
+    let flags = if target.flags & TARGET_LOCAL_GATEWAY != 0 {
+        NAT_LOCAL_GATEWAY
     } else {
         0
+    };
+    NatEntry {
+        addr: if f.v6 { target.eip_v6 } else { target.eip_v4 },
+        port: 0,
+        state: 0,
+        flags,
+        ifindex: u32::from_ne_bytes(f.gw),
+        policy_id: target.policy_id,
+        epoch: cfg.policy_epoch,
+        last_seen_ns: now,
+    }
+}
+
+/// A new flow: claims a port of the EIP's blocks, then writes the forward
+/// entry (the reverse one was written by the claim). `fwd` is the forward
+/// entry but for its port and state, which are filled in here (in place:
+/// the program's stack is small).
+#[inline(always)]
+fn new_translation(
+    ctx: &TcContext,
+    cfg: &DatapathConfig,
+    f: &Flow,
+    key: &NatKey,
+    fwd: &mut NatEntry,
+) -> Packed {
+    let (blocks, n) = match granted_blocks(&fwd.addr, cfg) {
+        Ok(b) => b,
+        Err(reason) => return Packed::err(reason),
     };
     let rev_val = NatEntry {
         addr: f.src,
@@ -265,52 +274,66 @@ fn translate_forward(
         flags: 0,
         // SAFETY: skb pointer from the context.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
-        policy_id,
+        policy_id: fwd.policy_id,
         epoch: 0,
-        last_seen_ns: now,
+        last_seen_ns: fwd.last_seen_ns,
     };
+    let Some((port, rev)) = claim_port(cfg, f, &fwd.addr, blocks, n, &rev_val) else {
+        return Packed::err(DROP_PORTS_EXHAUSTED);
+    };
+    fwd.port = port;
+    if f.proto == IPPROTO_TCP {
+        fwd.state = next_tcp_state(0, f.tcp_flags);
+    }
+    if NAT_FWD.insert(key, fwd, u64::from(BPF_ANY)).is_err() {
+        let _ = NAT_REV.remove(&rev);
+        return Packed::err(DROP_NAT_INSERT);
+    }
+    count_event(ctx, NAT_EVENT_NEW);
+    if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0 {
+        count_event(ctx, NAT_EVENT_TCP_MIDSTREAM);
+    }
+    Packed::ok(i64::from(port))
+}
+
+/// Tries up to `PORT_PROBES` ports of the first `n` blocks, from the
+/// flow's hash on, and takes the first free (or idle) one by writing its
+/// reverse entry `rev_val`. The port and that reverse key.
+#[inline(always)]
+fn claim_port(
+    cfg: &DatapathConfig,
+    f: &Flow,
+    eip: &Addr,
+    blocks: &PortBlocks,
+    n: u32,
+    rev_val: &NatEntry,
+) -> Option<(u16, NatKey)> {
+    let bs = u32::from(cfg.port_block_size);
+    let h = port_hash(f);
     let mut i: u32 = 0;
     while i < PORT_PROBES {
         let hh = h.wrapping_add(i.wrapping_mul(0x9e37_79b1));
+        i += 1;
         let idx = block_slot(hh, n) as usize;
         if idx >= MAX_BLOCKS_PER_EIP {
             continue;
         }
-        let block = u32::from(blocks.blocks[idx]);
-        let port = block * bs + (hh & 0xffff) % bs;
-        i += 1;
+        let port = u32::from(blocks.blocks[idx]) * bs + (hh & 0xffff) % bs;
         if port == 0 || port > 65535 {
             continue;
         }
         let port = port as u16;
         let rev = nat_key(&f.dst, eip, f.dport, port, f.proto);
-        let take = NAT_REV
-            .insert(&rev, &rev_val, u64::from(BPF_NOEXIST))
+        let taken = NAT_REV
+            .insert(&rev, rev_val, u64::from(BPF_NOEXIST))
             .is_ok()
-            || reclaim_idle(cfg, f, &rev, &rev_val, now);
-        if take {
-            let fwd_val = NatEntry {
-                addr: *eip,
-                port,
-                state,
-                flags: nflags,
-                ifindex: gw,
-                policy_id,
-                epoch: cfg.policy_epoch,
-                last_seen_ns: now,
-            };
-            if NAT_FWD.insert(&key, &fwd_val, u64::from(BPF_ANY)).is_err() {
-                let _ = NAT_REV.remove(&rev);
-                return Packed::err(DROP_NAT_INSERT);
-            }
-            count_event(ctx, NAT_EVENT_NEW);
-            if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0 {
-                count_event(ctx, NAT_EVENT_TCP_MIDSTREAM);
-            }
-            return Packed::ok(i64::from(port));
+            // The reverse entry carries this packet's time.
+            || reclaim_idle(cfg, f, &rev, rev_val, rev_val.last_seen_ns);
+        if taken {
+            return Some((port, rev));
         }
     }
-    Packed::err(DROP_PORTS_EXHAUSTED)
+    None
 }
 
 /// Counts a NAT event (`egress_common::nat::NAT_EVENT_*`) on this CPU.
