@@ -175,22 +175,11 @@ impl Update {
     }
 
     pub(super) fn decode(body: &[u8], opts: CodecOptions) -> Result<Update, DecodeError> {
-        let mut r = Reader::new(body);
-        let list_err = |why| DecodeError::MalformedAttributeList(why);
-        let wlen = r.u16().ok_or(list_err("truncated"))? as usize;
-        let wbuf = r
-            .take(wlen)
-            .ok_or(list_err("withdrawn length overruns message"))?;
-        let alen = r.u16().ok_or(list_err("truncated"))? as usize;
-        let abuf = r
-            .take(alen)
-            .ok_or(list_err("attribute length overruns message"))?;
-        let nbuf = r.rest();
-
-        let withdrawn =
-            decode_prefixes(wbuf, Family::Ipv4Unicast).ok_or(DecodeError::InvalidNetworkField)?;
-        let nlri =
-            decode_prefixes(nbuf, Family::Ipv4Unicast).ok_or(DecodeError::InvalidNetworkField)?;
+        let parts = split_body(body)?;
+        let withdrawn = decode_prefixes(parts.withdrawn, Family::Ipv4Unicast)
+            .ok_or(DecodeError::InvalidNetworkField)?;
+        let nlri = decode_prefixes(parts.nlri, Family::Ipv4Unicast)
+            .ok_or(DecodeError::InvalidNetworkField)?;
 
         let mut u = Update {
             withdrawn,
@@ -198,81 +187,13 @@ impl Update {
             ..Update::default()
         };
         let mut seen = [false; 256];
-        let mut as4_path: Option<AsPath> = None;
-        let mut as4_aggregator: Option<Aggregator> = None;
-        let mut a = Reader::new(abuf);
-        while !a.is_empty() {
-            let Some((flags, type_code, value)) = next_attribute(&mut a) else {
-                // RFC 7606 4: an attribute overrunning the attribute field.
-                // Treat-as-withdraw needs every NLRI to be known; if none has
-                // been found yet it may hide in the unread part.
-                if u.nlri.is_empty() && u.mp_reach.is_none() && u.mp_unreach.is_none() {
-                    return Err(list_err("attribute overruns the attribute field"));
-                }
-                u.errors.push(AttrOutcome::TreatAsWithdraw {
-                    type_code: 0,
-                    reason: "attribute overruns the attribute field",
-                });
-                break;
-            };
-            if seen[type_code as usize] {
-                if type_code == ATTR_MP_REACH || type_code == ATTR_MP_UNREACH {
-                    return Err(list_err("MP_REACH/MP_UNREACH repeated"));
-                }
-                // RFC 7606 3(g): keep the first, drop the rest.
-                u.errors.push(AttrOutcome::Discarded {
-                    type_code,
-                    reason: "repeated attribute",
-                });
-                continue;
-            }
-            seen[type_code as usize] = true;
-            let res = decode_attribute(
-                flags,
-                type_code,
-                value,
-                opts,
-                &mut u,
-                &mut as4_path,
-                &mut as4_aggregator,
-            );
-            match res {
-                Ok(()) => {}
-                Err(Fault::Withdraw(reason)) => u
-                    .errors
-                    .push(AttrOutcome::TreatAsWithdraw { type_code, reason }),
-                Err(Fault::Discard(reason)) => {
-                    u.errors.push(AttrOutcome::Discarded { type_code, reason })
-                }
-                Err(Fault::Reset(e)) => return Err(e),
-            }
-        }
+        let mut as4 = As4Attributes::default();
+        decode_attribute_list(parts.attributes, opts, &mut u, &mut seen, &mut as4)?;
 
         if !opts.four_octet_as {
-            merge_as4(&mut u, as4_path, as4_aggregator);
+            merge_as4(&mut u, as4);
         }
-
-        // RFC 7606 3(d): a missing well-known mandatory attribute makes the
-        // announcements unusable, but is no reason to reset the session.
-        let has_reach =
-            !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
-        if has_reach {
-            let missing = if !seen[ATTR_ORIGIN as usize] {
-                Some(ATTR_ORIGIN)
-            } else if !seen[ATTR_AS_PATH as usize] {
-                Some(ATTR_AS_PATH)
-            } else if !u.nlri.is_empty() && !seen[ATTR_NEXT_HOP as usize] {
-                Some(ATTR_NEXT_HOP)
-            } else {
-                None
-            };
-            if let Some(type_code) = missing {
-                u.errors.push(AttrOutcome::TreatAsWithdraw {
-                    type_code,
-                    reason: "missing well-known mandatory attribute",
-                });
-            }
-        }
+        check_mandatory_present(&mut u, &seen);
         Ok(u)
     }
 
@@ -292,6 +213,120 @@ impl Update {
         for p in &self.nlri {
             encode_prefix(p, out);
         }
+    }
+}
+
+/// AS4_PATH and AS4_AGGREGATOR from a 2-octet speaker, held until every
+/// attribute is read because merging needs AS_PATH and AGGREGATOR too.
+#[derive(Default)]
+struct As4Attributes {
+    path: Option<AsPath>,
+    aggregator: Option<Aggregator>,
+}
+
+/// The three parts of an UPDATE body (RFC 4271 4.3), not yet decoded.
+struct BodyParts<'a> {
+    withdrawn: &'a [u8],
+    attributes: &'a [u8],
+    nlri: &'a [u8],
+}
+
+/// Cuts an UPDATE body into withdrawn routes, path attributes and NLRI.
+fn split_body(body: &[u8]) -> Result<BodyParts<'_>, DecodeError> {
+    let mut r = Reader::new(body);
+    let list_err = |why| DecodeError::MalformedAttributeList(why);
+    let wlen = r.u16().ok_or(list_err("truncated"))? as usize;
+    let withdrawn = r
+        .take(wlen)
+        .ok_or(list_err("withdrawn length overruns message"))?;
+    let alen = r.u16().ok_or(list_err("truncated"))? as usize;
+    let attributes = r
+        .take(alen)
+        .ok_or(list_err("attribute length overruns message"))?;
+    Ok(BodyParts {
+        withdrawn,
+        attributes,
+        nlri: r.rest(),
+    })
+}
+
+/// Reads every path attribute into `u`, marking its type in `seen` and
+/// recording RFC 7606 outcomes on `u`; an Err resets the session.
+fn decode_attribute_list(
+    abuf: &[u8],
+    opts: CodecOptions,
+    u: &mut Update,
+    seen: &mut [bool; 256],
+    as4: &mut As4Attributes,
+) -> Result<(), DecodeError> {
+    let list_err = |why| DecodeError::MalformedAttributeList(why);
+    let mut a = Reader::new(abuf);
+    while !a.is_empty() {
+        let Some((flags, type_code, value)) = next_attribute(&mut a) else {
+            // RFC 7606 4: an attribute overrunning the attribute field.
+            // Treat-as-withdraw needs every NLRI to be known; if none has
+            // been found yet it may hide in the unread part.
+            if u.nlri.is_empty() && u.mp_reach.is_none() && u.mp_unreach.is_none() {
+                return Err(list_err("attribute overruns the attribute field"));
+            }
+            u.errors.push(AttrOutcome::TreatAsWithdraw {
+                type_code: 0,
+                reason: "attribute overruns the attribute field",
+            });
+            break;
+        };
+        if seen[type_code as usize] {
+            if type_code == ATTR_MP_REACH || type_code == ATTR_MP_UNREACH {
+                return Err(list_err("MP_REACH/MP_UNREACH repeated"));
+            }
+            // RFC 7606 3(g): keep the first, drop the rest.
+            u.errors.push(AttrOutcome::Discarded {
+                type_code,
+                reason: "repeated attribute",
+            });
+            continue;
+        }
+        seen[type_code as usize] = true;
+        let res = decode_attribute(flags, type_code, value, opts, u, as4);
+        record_fault(u, type_code, res)?;
+    }
+    Ok(())
+}
+
+/// Files what RFC 7606 made of one attribute on `u`; a reset is passed up.
+fn record_fault(u: &mut Update, type_code: u8, res: Result<(), Fault>) -> Result<(), DecodeError> {
+    match res {
+        Ok(()) => {}
+        Err(Fault::Withdraw(reason)) => u
+            .errors
+            .push(AttrOutcome::TreatAsWithdraw { type_code, reason }),
+        Err(Fault::Discard(reason)) => u.errors.push(AttrOutcome::Discarded { type_code, reason }),
+        Err(Fault::Reset(e)) => return Err(e),
+    }
+    Ok(())
+}
+
+/// RFC 7606 3(d): a missing well-known mandatory attribute makes the
+/// announcements unusable, but is no reason to reset the session.
+fn check_mandatory_present(u: &mut Update, seen: &[bool; 256]) {
+    let has_reach = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
+    if !has_reach {
+        return;
+    }
+    let missing = if !seen[ATTR_ORIGIN as usize] {
+        Some(ATTR_ORIGIN)
+    } else if !seen[ATTR_AS_PATH as usize] {
+        Some(ATTR_AS_PATH)
+    } else if !u.nlri.is_empty() && !seen[ATTR_NEXT_HOP as usize] {
+        Some(ATTR_NEXT_HOP)
+    } else {
+        None
+    };
+    if let Some(type_code) = missing {
+        u.errors.push(AttrOutcome::TreatAsWithdraw {
+            type_code,
+            reason: "missing well-known mandatory attribute",
+        });
     }
 }
 
@@ -339,15 +374,13 @@ fn malformed(type_code: u8, reason: &'static str, value: &[u8]) -> Fault {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn decode_attribute(
     flags: u8,
     type_code: u8,
     value: &[u8],
     opts: CodecOptions,
     u: &mut Update,
-    as4_path: &mut Option<AsPath>,
-    as4_aggregator: &mut Option<Aggregator>,
+    as4: &mut As4Attributes,
 ) -> Result<(), Fault> {
     let Some(want) = expected_flags(type_code) else {
         if flags & FLAG_OPTIONAL == 0 {
@@ -393,7 +426,7 @@ fn decode_attribute(
             let p = as_path::decode_as4(value).ok_or(Fault::Discard("malformed AS4_PATH"))?;
             // RFC 6793 4.1: between two 4-octet speakers AS4_PATH is ignored.
             if !opts.four_octet_as {
-                *as4_path = Some(p);
+                as4.path = Some(p);
             }
         }
         ATTR_NEXT_HOP => {
@@ -446,7 +479,7 @@ fn decode_attribute(
             if type_code == ATTR_AGGREGATOR {
                 u.attrs.aggregator = Some(agg);
             } else if !opts.four_octet_as {
-                *as4_aggregator = Some(agg);
+                as4.aggregator = Some(agg);
             }
         }
         ATTR_COMMUNITIES => {
@@ -535,8 +568,8 @@ fn decode_mp_unreach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
 
 /// RFC 6793 4.2.3: rebuild the real path from AS_PATH and AS4_PATH sent by
 /// a speaker that only does 2-octet AS numbers (or relayed through one).
-fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Aggregator>) {
-    if let Some(agg4) = as4_aggregator {
+fn merge_as4(u: &mut Update, as4: As4Attributes) {
+    if let Some(agg4) = as4.aggregator {
         match u.attrs.aggregator {
             Some(a) if a.asn == AS_TRANS => u.attrs.aggregator = Some(agg4),
             // AGGREGATOR from a true 2-octet aggregator: AS4_* are stale.
@@ -544,8 +577,8 @@ fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Ag
             None => {}
         }
     }
-    if let Some(as4) = as4_path {
-        u.attrs.as_path = as_path::merge(&u.attrs.as_path, as4);
+    if let Some(as4_path) = as4.path {
+        u.attrs.as_path = as_path::merge(&u.attrs.as_path, as4_path);
     }
 }
 
