@@ -374,6 +374,8 @@ fn malformed(type_code: u8, reason: &'static str, value: &[u8]) -> Fault {
     }
 }
 
+/// Decodes one attribute into `u`, or into `as4` for the AS4_* ones; an Err
+/// is what RFC 7606 makes of it.
 fn decode_attribute(
     flags: u8,
     type_code: u8,
@@ -383,43 +385,15 @@ fn decode_attribute(
     as4: &mut As4Attributes,
 ) -> Result<(), Fault> {
     let Some(want) = expected_flags(type_code) else {
-        if flags & FLAG_OPTIONAL == 0 {
-            return Err(Fault::Reset(DecodeError::UnrecognizedWellKnown {
-                type_code,
-                attr: Bytes::copy_from_slice(value),
-            }));
-        }
-        if flags & FLAG_TRANSITIVE != 0 {
-            u.attrs.unknown.push(RawAttribute {
-                flags: (flags | FLAG_PARTIAL) & !FLAG_EXTENDED,
-                type_code,
-                value: Bytes::copy_from_slice(value),
-            });
-        }
-        // Unknown optional non-transitive attributes are quietly ignored.
-        return Ok(());
+        return keep_unrecognized(flags, type_code, value, &mut u.attrs);
     };
-    let partial_allowed = want == FLAG_OPTIONAL | FLAG_TRANSITIVE;
-    if flags & 0xc0 != want || (!partial_allowed && flags & FLAG_PARTIAL != 0) {
-        return Err(malformed(
-            type_code,
-            "attribute flags conflict with the type",
-            value,
-        ));
-    }
-    let bad_len = |why| malformed(type_code, why, value);
-    let mut r = Reader::new(value);
+    check_flags(flags, want, type_code, value)?;
+    let attrs = &mut u.attrs;
     match type_code {
-        ATTR_ORIGIN => {
-            let o = match value {
-                [v] => Origin::from_u8(*v).ok_or(Fault::Withdraw("undefined ORIGIN value"))?,
-                _ => return Err(bad_len("ORIGIN length is not 1")),
-            };
-            u.attrs.origin = Some(o);
-        }
+        ATTR_ORIGIN => attrs.origin = Some(decode_origin(value)?),
         ATTR_AS_PATH => {
             let width = if opts.four_octet_as { 4 } else { 2 };
-            u.attrs.as_path =
+            attrs.as_path =
                 as_path::decode(value, width).ok_or(Fault::Withdraw("malformed AS_PATH"))?;
         }
         ATTR_AS4_PATH => {
@@ -429,82 +403,26 @@ fn decode_attribute(
                 as4.path = Some(p);
             }
         }
-        ATTR_NEXT_HOP => {
-            let a = match r.u32() {
-                Some(v) if r.is_empty() => Ipv4Addr::from(v),
-                _ => return Err(bad_len("NEXT_HOP length is not 4")),
-            };
-            // RFC 4271 6.3 / RFC 7606 7.3: a semantically wrong next hop
-            // makes the route unusable.
-            if a.is_unspecified() || a.is_broadcast() || a.is_multicast() {
-                return Err(Fault::Withdraw("NEXT_HOP is not a unicast address"));
-            }
-            u.attrs.next_hop = Some(a);
-        }
-        ATTR_MED | ATTR_LOCAL_PREF => {
-            let v = match r.u32() {
-                Some(v) if r.is_empty() => v,
-                _ => return Err(bad_len("length is not 4")),
-            };
-            if type_code == ATTR_MED {
-                u.attrs.med = Some(v);
-            } else {
-                u.attrs.local_pref = Some(v);
-            }
-        }
+        ATTR_NEXT_HOP => attrs.next_hop = Some(decode_next_hop(value)?),
+        ATTR_MED => attrs.med = Some(decode_u32_value(type_code, value)?),
+        ATTR_LOCAL_PREF => attrs.local_pref = Some(decode_u32_value(type_code, value)?),
         ATTR_ATOMIC_AGGREGATE => {
             if !value.is_empty() {
-                return Err(bad_len("ATOMIC_AGGREGATE length is not 0"));
+                let why = "ATOMIC_AGGREGATE length is not 0";
+                return Err(malformed(type_code, why, value));
             }
-            u.attrs.atomic_aggregate = true;
+            attrs.atomic_aggregate = true;
         }
-        ATTR_AGGREGATOR | ATTR_AS4_AGGREGATOR => {
-            let width = if type_code == ATTR_AGGREGATOR && !opts.four_octet_as {
-                2
-            } else {
-                4
-            };
-            if value.len() != width + 4 {
-                return Err(bad_len("AGGREGATOR length"));
-            }
-            let asn = if width == 2 {
-                r.u16().map(u32::from)
-            } else {
-                r.u32()
-            };
-            let agg = Aggregator {
-                asn: asn.unwrap_or_default(),
-                addr: Ipv4Addr::from(r.u32().unwrap_or_default()),
-            };
-            if type_code == ATTR_AGGREGATOR {
-                u.attrs.aggregator = Some(agg);
-            } else if !opts.four_octet_as {
+        ATTR_AGGREGATOR => attrs.aggregator = Some(decode_aggregator(type_code, value, opts)?),
+        ATTR_AS4_AGGREGATOR => {
+            let agg = decode_aggregator(type_code, value, opts)?;
+            if !opts.four_octet_as {
                 as4.aggregator = Some(agg);
             }
         }
-        ATTR_COMMUNITIES => {
-            if value.is_empty() || !value.len().is_multiple_of(4) {
-                return Err(bad_len("COMMUNITIES length is not a multiple of 4"));
-            }
-            while let Some(c) = r.u32() {
-                u.attrs.communities.push(c);
-            }
-        }
-        ATTR_ORIGINATOR_ID => {
-            let a = match r.u32() {
-                Some(v) if r.is_empty() => Ipv4Addr::from(v),
-                _ => return Err(bad_len("ORIGINATOR_ID length is not 4")),
-            };
-            u.attrs.originator_id = Some(a);
-        }
-        ATTR_CLUSTER_LIST => {
-            if value.is_empty() || !value.len().is_multiple_of(4) {
-                return Err(bad_len("CLUSTER_LIST length is not a multiple of 4"));
-            }
-            while let Some(c) = r.u32() {
-                u.attrs.cluster_list.push(Ipv4Addr::from(c));
-            }
-        }
+        ATTR_COMMUNITIES => attrs.communities.extend(decode_communities(value)?),
+        ATTR_ORIGINATOR_ID => attrs.originator_id = Some(decode_originator_id(value)?),
+        ATTR_CLUSTER_LIST => attrs.cluster_list.extend(decode_cluster_list(value)?),
         ATTR_MP_REACH => {
             decode_mp_reach(value, u).map_err(|why| malformed(type_code, why, value))?
         }
@@ -514,6 +432,137 @@ fn decode_attribute(
         _ => unreachable!("expected_flags covers exactly the known types"),
     }
     Ok(())
+}
+
+/// A type we do not know (RFC 4271 5, 6.3): well-known resets the session,
+/// optional transitive is passed on with Partial set, optional
+/// non-transitive is dropped.
+fn keep_unrecognized(
+    flags: u8,
+    type_code: u8,
+    value: &[u8],
+    attrs: &mut PathAttributes,
+) -> Result<(), Fault> {
+    if flags & FLAG_OPTIONAL == 0 {
+        return Err(Fault::Reset(DecodeError::UnrecognizedWellKnown {
+            type_code,
+            attr: Bytes::copy_from_slice(value),
+        }));
+    }
+    if flags & FLAG_TRANSITIVE != 0 {
+        attrs.unknown.push(RawAttribute {
+            flags: (flags | FLAG_PARTIAL) & !FLAG_EXTENDED,
+            type_code,
+            value: Bytes::copy_from_slice(value),
+        });
+    }
+    // Unknown optional non-transitive attributes are quietly ignored.
+    Ok(())
+}
+
+/// Optional and Transitive must be what the type says (RFC 7606 3(c));
+/// Partial may only be set on optional transitive types (RFC 4271 4.3).
+fn check_flags(flags: u8, want: u8, type_code: u8, value: &[u8]) -> Result<(), Fault> {
+    let partial_allowed = want == FLAG_OPTIONAL | FLAG_TRANSITIVE;
+    if flags & 0xc0 != want || (!partial_allowed && flags & FLAG_PARTIAL != 0) {
+        return Err(malformed(
+            type_code,
+            "attribute flags conflict with the type",
+            value,
+        ));
+    }
+    Ok(())
+}
+
+/// The value as one 4-octet number; None unless it is exactly 4 octets.
+fn exactly_u32(value: &[u8]) -> Option<u32> {
+    let mut r = Reader::new(value);
+    match r.u32() {
+        Some(v) if r.is_empty() => Some(v),
+        _ => None,
+    }
+}
+
+/// The value as a list of 4-octet numbers; None when it is empty or not a
+/// whole number of them.
+fn u32_list(value: &[u8]) -> Option<Vec<u32>> {
+    if value.is_empty() || !value.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut r = Reader::new(value);
+    let mut list = Vec::with_capacity(value.len() / 4);
+    while let Some(c) = r.u32() {
+        list.push(c);
+    }
+    Some(list)
+}
+
+fn decode_origin(value: &[u8]) -> Result<Origin, Fault> {
+    match value {
+        [v] => Origin::from_u8(*v).ok_or(Fault::Withdraw("undefined ORIGIN value")),
+        _ => Err(malformed(ATTR_ORIGIN, "ORIGIN length is not 1", value)),
+    }
+}
+
+fn decode_next_hop(value: &[u8]) -> Result<Ipv4Addr, Fault> {
+    let a = exactly_u32(value)
+        .map(Ipv4Addr::from)
+        .ok_or_else(|| malformed(ATTR_NEXT_HOP, "NEXT_HOP length is not 4", value))?;
+    // RFC 4271 6.3 / RFC 7606 7.3: a semantically wrong next hop
+    // makes the route unusable.
+    if a.is_unspecified() || a.is_broadcast() || a.is_multicast() {
+        return Err(Fault::Withdraw("NEXT_HOP is not a unicast address"));
+    }
+    Ok(a)
+}
+
+/// MED or LOCAL_PREF: a single 4-octet number.
+fn decode_u32_value(type_code: u8, value: &[u8]) -> Result<u32, Fault> {
+    exactly_u32(value).ok_or_else(|| malformed(type_code, "length is not 4", value))
+}
+
+/// AGGREGATOR (AS number as wide as the session's) or AS4_AGGREGATOR
+/// (always 4 octets), followed by the aggregator's IPv4 address.
+fn decode_aggregator(type_code: u8, value: &[u8], opts: CodecOptions) -> Result<Aggregator, Fault> {
+    let width = if type_code == ATTR_AGGREGATOR && !opts.four_octet_as {
+        2
+    } else {
+        4
+    };
+    if value.len() != width + 4 {
+        return Err(malformed(type_code, "AGGREGATOR length", value));
+    }
+    let mut r = Reader::new(value);
+    let asn = if width == 2 {
+        r.u16().map(u32::from)
+    } else {
+        r.u32()
+    };
+    Ok(Aggregator {
+        asn: asn.unwrap_or_default(),
+        addr: Ipv4Addr::from(r.u32().unwrap_or_default()),
+    })
+}
+
+fn decode_communities(value: &[u8]) -> Result<Vec<u32>, Fault> {
+    u32_list(value).ok_or_else(|| {
+        let why = "COMMUNITIES length is not a multiple of 4";
+        malformed(ATTR_COMMUNITIES, why, value)
+    })
+}
+
+fn decode_originator_id(value: &[u8]) -> Result<Ipv4Addr, Fault> {
+    exactly_u32(value)
+        .map(Ipv4Addr::from)
+        .ok_or_else(|| malformed(ATTR_ORIGINATOR_ID, "ORIGINATOR_ID length is not 4", value))
+}
+
+fn decode_cluster_list(value: &[u8]) -> Result<Vec<Ipv4Addr>, Fault> {
+    let ids = u32_list(value).ok_or_else(|| {
+        let why = "CLUSTER_LIST length is not a multiple of 4";
+        malformed(ATTR_CLUSTER_LIST, why, value)
+    })?;
+    Ok(ids.into_iter().map(Ipv4Addr::from).collect())
 }
 
 fn decode_mp_reach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
