@@ -682,24 +682,13 @@ fn put_attr(out: &mut BytesMut, flags: u8, type_code: u8, value: &[u8]) {
     out.put_slice(value);
 }
 
+/// Path attributes in type-code order, the passed-on unknown ones last.
 fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
     let a = &u.attrs;
     if let Some(o) = a.origin {
         put_attr(out, FLAG_TRANSITIVE, ATTR_ORIGIN, &[o as u8]);
     }
-    // AS_PATH is mandatory with any announcement; an empty one is valid.
-    // An MP_REACH without NLRI announces nothing: as on decode, it does not
-    // call for one (the RIB never sends such a thing; it only comes back).
-    let announcing = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
-    if announcing || !a.as_path.segments.is_empty() {
-        let width = if opts.four_octet_as { 4 } else { 2 };
-        put_attr(
-            out,
-            FLAG_TRANSITIVE,
-            ATTR_AS_PATH,
-            &as_path::encode(&a.as_path.segments, width),
-        );
-    }
+    encode_as_path(u, opts, out);
     if let Some(nh) = a.next_hop {
         put_attr(out, FLAG_TRANSITIVE, ATTR_NEXT_HOP, &nh.octets());
     }
@@ -713,13 +702,7 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
         put_attr(out, FLAG_TRANSITIVE, ATTR_ATOMIC_AGGREGATE, &[]);
     }
     if let Some(agg) = a.aggregator {
-        let mut v = BytesMut::new();
-        if opts.four_octet_as {
-            v.put_u32(agg.asn);
-        } else {
-            v.put_u16(u16::try_from(agg.asn).unwrap_or(AS_TRANS as u16));
-        }
-        v.put_u32(u32::from(agg.addr));
+        let v = aggregator_value(agg, opts);
         put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AGGREGATOR, &v);
     }
     if !a.communities.is_empty() {
@@ -740,57 +723,99 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
         put_attr(out, FLAG_OPTIONAL, ATTR_CLUSTER_LIST, &v);
     }
     if let Some(r) = &u.mp_reach {
-        let mut v = BytesMut::new();
-        v.put_u16(r.family.afi());
-        v.put_u8(r.family.safi());
-        match (r.next_hop, r.link_local) {
-            (IpAddr::V4(a), _) => {
-                v.put_u8(4);
-                v.put_slice(&a.octets());
-            }
-            (IpAddr::V6(g), None) => {
-                v.put_u8(16);
-                v.put_slice(&g.octets());
-            }
-            (IpAddr::V6(g), Some(l)) => {
-                v.put_u8(32);
-                v.put_slice(&g.octets());
-                v.put_slice(&l.octets());
-            }
-        }
-        v.put_u8(0);
-        for p in &r.nlri {
-            encode_prefix(p, &mut v);
-        }
-        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &v);
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &mp_reach_value(r));
     }
     if let Some(w) = &u.mp_unreach {
-        let mut v = BytesMut::new();
-        v.put_u16(w.family.afi());
-        v.put_u8(w.family.safi());
-        for p in &w.withdrawn {
-            encode_prefix(p, &mut v);
-        }
-        put_attr(out, FLAG_OPTIONAL, ATTR_MP_UNREACH, &v);
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_UNREACH, &mp_unreach_value(w));
     }
     if !opts.four_octet_as {
-        // RFC 6793 4.2.2: carry the real numbers past a 2-octet speaker.
-        if let Some(v) = as_path::as4_path(&a.as_path) {
-            put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AS4_PATH, &v);
-        }
-        if let Some(agg) = a.aggregator.filter(|g| g.asn > u16::MAX as u32) {
-            let mut v = BytesMut::new();
-            v.put_u32(agg.asn);
-            v.put_u32(u32::from(agg.addr));
-            put_attr(
-                out,
-                FLAG_OPTIONAL | FLAG_TRANSITIVE,
-                ATTR_AS4_AGGREGATOR,
-                &v,
-            );
-        }
+        encode_as4_attributes(a, out);
     }
     for raw in &a.unknown {
         put_attr(out, raw.flags, raw.type_code, &raw.value);
+    }
+}
+
+fn encode_as_path(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
+    let a = &u.attrs;
+    // AS_PATH is mandatory with any announcement; an empty one is valid.
+    // An MP_REACH without NLRI announces nothing: as on decode, it does not
+    // call for one (the RIB never sends such a thing; it only comes back).
+    let announcing = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
+    if announcing || !a.as_path.segments.is_empty() {
+        let width = if opts.four_octet_as { 4 } else { 2 };
+        put_attr(
+            out,
+            FLAG_TRANSITIVE,
+            ATTR_AS_PATH,
+            &as_path::encode(&a.as_path.segments, width),
+        );
+    }
+}
+
+/// AGGREGATOR with the AS number as wide as the session's; one that does
+/// not fit in 2 octets goes as AS_TRANS.
+fn aggregator_value(agg: Aggregator, opts: CodecOptions) -> BytesMut {
+    let mut v = BytesMut::new();
+    if opts.four_octet_as {
+        v.put_u32(agg.asn);
+    } else {
+        v.put_u16(u16::try_from(agg.asn).unwrap_or(AS_TRANS as u16));
+    }
+    v.put_u32(u32::from(agg.addr));
+    v
+}
+
+fn mp_reach_value(r: &MpReach) -> BytesMut {
+    let mut v = BytesMut::new();
+    v.put_u16(r.family.afi());
+    v.put_u8(r.family.safi());
+    match (r.next_hop, r.link_local) {
+        (IpAddr::V4(a), _) => {
+            v.put_u8(4);
+            v.put_slice(&a.octets());
+        }
+        (IpAddr::V6(g), None) => {
+            v.put_u8(16);
+            v.put_slice(&g.octets());
+        }
+        (IpAddr::V6(g), Some(l)) => {
+            v.put_u8(32);
+            v.put_slice(&g.octets());
+            v.put_slice(&l.octets());
+        }
+    }
+    v.put_u8(0);
+    for p in &r.nlri {
+        encode_prefix(p, &mut v);
+    }
+    v
+}
+
+fn mp_unreach_value(w: &MpUnreach) -> BytesMut {
+    let mut v = BytesMut::new();
+    v.put_u16(w.family.afi());
+    v.put_u8(w.family.safi());
+    for p in &w.withdrawn {
+        encode_prefix(p, &mut v);
+    }
+    v
+}
+
+/// RFC 6793 4.2.2: carry the real numbers past a 2-octet speaker.
+fn encode_as4_attributes(a: &PathAttributes, out: &mut BytesMut) {
+    if let Some(v) = as_path::as4_path(&a.as_path) {
+        put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AS4_PATH, &v);
+    }
+    if let Some(agg) = a.aggregator.filter(|g| g.asn > u16::MAX as u32) {
+        let mut v = BytesMut::new();
+        v.put_u32(agg.asn);
+        v.put_u32(u32::from(agg.addr));
+        put_attr(
+            out,
+            FLAG_OPTIONAL | FLAG_TRANSITIVE,
+            ATTR_AS4_AGGREGATOR,
+            &v,
+        );
     }
 }
