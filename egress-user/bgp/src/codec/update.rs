@@ -10,6 +10,15 @@ use super::reader::Reader;
 use super::{CodecOptions, DecodeError};
 use crate::types::{AsPath, Family, Origin, Prefix, AS_TRANS};
 
+mod attrs;
+mod mp;
+
+use attrs::{
+    decode_aggregator, decode_cluster_list, decode_communities, decode_next_hop, decode_origin,
+    decode_originator_id, decode_u32_value,
+};
+use mp::{decode_mp_reach, decode_mp_unreach, mp_reach_value, mp_unreach_value};
+
 pub const ATTR_ORIGIN: u8 = 1;
 pub const ATTR_AS_PATH: u8 = 2;
 pub const ATTR_NEXT_HOP: u8 = 3;
@@ -474,147 +483,6 @@ fn check_flags(flags: u8, want: u8, type_code: u8, value: &[u8]) -> Result<(), F
     Ok(())
 }
 
-/// The value as one 4-octet number; None unless it is exactly 4 octets.
-fn exactly_u32(value: &[u8]) -> Option<u32> {
-    let mut r = Reader::new(value);
-    match r.u32() {
-        Some(v) if r.is_empty() => Some(v),
-        _ => None,
-    }
-}
-
-/// The value as a list of 4-octet numbers; None when it is empty or not a
-/// whole number of them.
-fn u32_list(value: &[u8]) -> Option<Vec<u32>> {
-    if value.is_empty() || !value.len().is_multiple_of(4) {
-        return None;
-    }
-    let mut r = Reader::new(value);
-    let mut list = Vec::with_capacity(value.len() / 4);
-    while let Some(c) = r.u32() {
-        list.push(c);
-    }
-    Some(list)
-}
-
-fn decode_origin(value: &[u8]) -> Result<Origin, Fault> {
-    match value {
-        [v] => Origin::from_u8(*v).ok_or(Fault::Withdraw("undefined ORIGIN value")),
-        _ => Err(malformed(ATTR_ORIGIN, "ORIGIN length is not 1", value)),
-    }
-}
-
-fn decode_next_hop(value: &[u8]) -> Result<Ipv4Addr, Fault> {
-    let a = exactly_u32(value)
-        .map(Ipv4Addr::from)
-        .ok_or_else(|| malformed(ATTR_NEXT_HOP, "NEXT_HOP length is not 4", value))?;
-    // RFC 4271 6.3 / RFC 7606 7.3: a semantically wrong next hop
-    // makes the route unusable.
-    if a.is_unspecified() || a.is_broadcast() || a.is_multicast() {
-        return Err(Fault::Withdraw("NEXT_HOP is not a unicast address"));
-    }
-    Ok(a)
-}
-
-/// MED or LOCAL_PREF: a single 4-octet number.
-fn decode_u32_value(type_code: u8, value: &[u8]) -> Result<u32, Fault> {
-    exactly_u32(value).ok_or_else(|| malformed(type_code, "length is not 4", value))
-}
-
-/// AGGREGATOR (AS number as wide as the session's) or AS4_AGGREGATOR
-/// (always 4 octets), followed by the aggregator's IPv4 address.
-fn decode_aggregator(type_code: u8, value: &[u8], opts: CodecOptions) -> Result<Aggregator, Fault> {
-    let width = if type_code == ATTR_AGGREGATOR && !opts.four_octet_as {
-        2
-    } else {
-        4
-    };
-    if value.len() != width + 4 {
-        return Err(malformed(type_code, "AGGREGATOR length", value));
-    }
-    let mut r = Reader::new(value);
-    let asn = if width == 2 {
-        r.u16().map(u32::from)
-    } else {
-        r.u32()
-    };
-    Ok(Aggregator {
-        asn: asn.unwrap_or_default(),
-        addr: Ipv4Addr::from(r.u32().unwrap_or_default()),
-    })
-}
-
-fn decode_communities(value: &[u8]) -> Result<Vec<u32>, Fault> {
-    u32_list(value).ok_or_else(|| {
-        let why = "COMMUNITIES length is not a multiple of 4";
-        malformed(ATTR_COMMUNITIES, why, value)
-    })
-}
-
-fn decode_originator_id(value: &[u8]) -> Result<Ipv4Addr, Fault> {
-    exactly_u32(value)
-        .map(Ipv4Addr::from)
-        .ok_or_else(|| malformed(ATTR_ORIGINATOR_ID, "ORIGINATOR_ID length is not 4", value))
-}
-
-fn decode_cluster_list(value: &[u8]) -> Result<Vec<Ipv4Addr>, Fault> {
-    let ids = u32_list(value).ok_or_else(|| {
-        let why = "CLUSTER_LIST length is not a multiple of 4";
-        malformed(ATTR_CLUSTER_LIST, why, value)
-    })?;
-    Ok(ids.into_iter().map(Ipv4Addr::from).collect())
-}
-
-fn decode_mp_reach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
-    let mut r = Reader::new(value);
-    let afi = r.u16().ok_or("truncated")?;
-    let safi = r.u8().ok_or("truncated")?;
-    let nh_len = r.u8().ok_or("truncated")? as usize;
-    let nh = r.take(nh_len).ok_or("next hop overruns")?;
-    let _reserved = r.u8().ok_or("truncated")?;
-    let Some(family) = Family::from_afi_safi(afi, safi) else {
-        // A family we never offered: nothing here can be used, nothing
-        // depends on it; drop it rather than tear the session down.
-        return Ok(());
-    };
-    let (next_hop, link_local) = match (family, nh.len()) {
-        (Family::Ipv4Unicast, 4) => (
-            IpAddr::from(<[u8; 4]>::try_from(nh).map_err(|_| "next hop")?),
-            None,
-        ),
-        (Family::Ipv6Unicast, 16) => (
-            IpAddr::from(<[u8; 16]>::try_from(nh).map_err(|_| "next hop")?),
-            None,
-        ),
-        (Family::Ipv6Unicast, 32) => {
-            let g = <[u8; 16]>::try_from(&nh[..16]).map_err(|_| "next hop")?;
-            let l = <[u8; 16]>::try_from(&nh[16..]).map_err(|_| "next hop")?;
-            (IpAddr::from(g), Some(Ipv6Addr::from(l)))
-        }
-        _ => return Err("next hop length does not fit the family"),
-    };
-    let nlri = decode_prefixes(r.rest(), family).ok_or("malformed NLRI")?;
-    u.mp_reach = Some(MpReach {
-        family,
-        next_hop,
-        link_local,
-        nlri,
-    });
-    Ok(())
-}
-
-fn decode_mp_unreach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
-    let mut r = Reader::new(value);
-    let afi = r.u16().ok_or("truncated")?;
-    let safi = r.u8().ok_or("truncated")?;
-    let Some(family) = Family::from_afi_safi(afi, safi) else {
-        return Ok(());
-    };
-    let withdrawn = decode_prefixes(r.rest(), family).ok_or("malformed withdrawn routes")?;
-    u.mp_unreach = Some(MpUnreach { family, withdrawn });
-    Ok(())
-}
-
 /// RFC 6793 4.2.3: rebuild the real path from AS_PATH and AS4_PATH sent by
 /// a speaker that only does 2-octet AS numbers (or relayed through one).
 fn merge_as4(u: &mut Update, as4: As4Attributes) {
@@ -763,42 +631,6 @@ fn aggregator_value(agg: Aggregator, opts: CodecOptions) -> BytesMut {
         v.put_u16(u16::try_from(agg.asn).unwrap_or(AS_TRANS as u16));
     }
     v.put_u32(u32::from(agg.addr));
-    v
-}
-
-fn mp_reach_value(r: &MpReach) -> BytesMut {
-    let mut v = BytesMut::new();
-    v.put_u16(r.family.afi());
-    v.put_u8(r.family.safi());
-    match (r.next_hop, r.link_local) {
-        (IpAddr::V4(a), _) => {
-            v.put_u8(4);
-            v.put_slice(&a.octets());
-        }
-        (IpAddr::V6(g), None) => {
-            v.put_u8(16);
-            v.put_slice(&g.octets());
-        }
-        (IpAddr::V6(g), Some(l)) => {
-            v.put_u8(32);
-            v.put_slice(&g.octets());
-            v.put_slice(&l.octets());
-        }
-    }
-    v.put_u8(0);
-    for p in &r.nlri {
-        encode_prefix(p, &mut v);
-    }
-    v
-}
-
-fn mp_unreach_value(w: &MpUnreach) -> BytesMut {
-    let mut v = BytesMut::new();
-    v.put_u16(w.family.afi());
-    v.put_u8(w.family.safi());
-    for p in &w.withdrawn {
-        encode_prefix(p, &mut v);
-    }
     v
 }
 
