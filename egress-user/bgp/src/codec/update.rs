@@ -262,14 +262,14 @@ fn split_body(body: &[u8]) -> Result<BodyParts<'_>, DecodeError> {
 /// Reads every path attribute into `u`, marking its type in `seen` and
 /// recording RFC 7606 outcomes on `u`; an Err resets the session.
 fn decode_attribute_list(
-    abuf: &[u8],
+    attributes: &[u8],
     opts: CodecOptions,
     u: &mut Update,
     seen: &mut [bool; 256],
     as4: &mut As4Attributes,
 ) -> Result<(), DecodeError> {
     let list_err = |why| DecodeError::MalformedAttributeList(why);
-    let mut a = Reader::new(abuf);
+    let mut a = Reader::new(attributes);
     while !a.is_empty() {
         let Some((flags, type_code, value)) = next_attribute(&mut a) else {
             // RFC 7606 4: an attribute overrunning the attribute field.
@@ -394,7 +394,7 @@ fn decode_attribute(
     as4: &mut As4Attributes,
 ) -> Result<(), Fault> {
     let Some(want) = expected_flags(type_code) else {
-        return keep_unrecognized(flags, type_code, value, &mut u.attrs);
+        return decode_unrecognized(flags, type_code, value, &mut u.attrs);
     };
     check_flags(flags, want, type_code, value)?;
     let attrs = &mut u.attrs;
@@ -446,7 +446,7 @@ fn decode_attribute(
 /// A type we do not know (RFC 4271 5, 6.3): well-known resets the session,
 /// optional transitive is passed on with Partial set, optional
 /// non-transitive is dropped.
-fn keep_unrecognized(
+fn decode_unrecognized(
     flags: u8,
     type_code: u8,
     value: &[u8],
