@@ -10,6 +10,15 @@ use super::reader::Reader;
 use super::{CodecOptions, DecodeError};
 use crate::types::{AsPath, Family, Origin, Prefix, AS_TRANS};
 
+mod attrs;
+mod mp;
+
+use attrs::{
+    decode_aggregator, decode_cluster_list, decode_communities, decode_next_hop, decode_origin,
+    decode_originator_id, decode_u32_value,
+};
+use mp::{decode_mp_reach, decode_mp_unreach, mp_reach_value, mp_unreach_value};
+
 pub const ATTR_ORIGIN: u8 = 1;
 pub const ATTR_AS_PATH: u8 = 2;
 pub const ATTR_NEXT_HOP: u8 = 3;
@@ -175,22 +184,11 @@ impl Update {
     }
 
     pub(super) fn decode(body: &[u8], opts: CodecOptions) -> Result<Update, DecodeError> {
-        let mut r = Reader::new(body);
-        let list_err = |why| DecodeError::MalformedAttributeList(why);
-        let wlen = r.u16().ok_or(list_err("truncated"))? as usize;
-        let wbuf = r
-            .take(wlen)
-            .ok_or(list_err("withdrawn length overruns message"))?;
-        let alen = r.u16().ok_or(list_err("truncated"))? as usize;
-        let abuf = r
-            .take(alen)
-            .ok_or(list_err("attribute length overruns message"))?;
-        let nbuf = r.rest();
-
-        let withdrawn =
-            decode_prefixes(wbuf, Family::Ipv4Unicast).ok_or(DecodeError::InvalidNetworkField)?;
-        let nlri =
-            decode_prefixes(nbuf, Family::Ipv4Unicast).ok_or(DecodeError::InvalidNetworkField)?;
+        let parts = split_body(body)?;
+        let withdrawn = decode_prefixes(parts.withdrawn, Family::Ipv4Unicast)
+            .ok_or(DecodeError::InvalidNetworkField)?;
+        let nlri = decode_prefixes(parts.nlri, Family::Ipv4Unicast)
+            .ok_or(DecodeError::InvalidNetworkField)?;
 
         let mut u = Update {
             withdrawn,
@@ -198,81 +196,13 @@ impl Update {
             ..Update::default()
         };
         let mut seen = [false; 256];
-        let mut as4_path: Option<AsPath> = None;
-        let mut as4_aggregator: Option<Aggregator> = None;
-        let mut a = Reader::new(abuf);
-        while !a.is_empty() {
-            let Some((flags, type_code, value)) = next_attribute(&mut a) else {
-                // RFC 7606 4: an attribute overrunning the attribute field.
-                // Treat-as-withdraw needs every NLRI to be known; if none has
-                // been found yet it may hide in the unread part.
-                if u.nlri.is_empty() && u.mp_reach.is_none() && u.mp_unreach.is_none() {
-                    return Err(list_err("attribute overruns the attribute field"));
-                }
-                u.errors.push(AttrOutcome::TreatAsWithdraw {
-                    type_code: 0,
-                    reason: "attribute overruns the attribute field",
-                });
-                break;
-            };
-            if seen[type_code as usize] {
-                if type_code == ATTR_MP_REACH || type_code == ATTR_MP_UNREACH {
-                    return Err(list_err("MP_REACH/MP_UNREACH repeated"));
-                }
-                // RFC 7606 3(g): keep the first, drop the rest.
-                u.errors.push(AttrOutcome::Discarded {
-                    type_code,
-                    reason: "repeated attribute",
-                });
-                continue;
-            }
-            seen[type_code as usize] = true;
-            let res = decode_attribute(
-                flags,
-                type_code,
-                value,
-                opts,
-                &mut u,
-                &mut as4_path,
-                &mut as4_aggregator,
-            );
-            match res {
-                Ok(()) => {}
-                Err(Fault::Withdraw(reason)) => u
-                    .errors
-                    .push(AttrOutcome::TreatAsWithdraw { type_code, reason }),
-                Err(Fault::Discard(reason)) => {
-                    u.errors.push(AttrOutcome::Discarded { type_code, reason })
-                }
-                Err(Fault::Reset(e)) => return Err(e),
-            }
-        }
+        let mut as4 = As4Attributes::default();
+        decode_attribute_list(parts.attributes, opts, &mut u, &mut seen, &mut as4)?;
 
         if !opts.four_octet_as {
-            merge_as4(&mut u, as4_path, as4_aggregator);
+            merge_as4(&mut u, as4);
         }
-
-        // RFC 7606 3(d): a missing well-known mandatory attribute makes the
-        // announcements unusable, but is no reason to reset the session.
-        let has_reach =
-            !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
-        if has_reach {
-            let missing = if !seen[ATTR_ORIGIN as usize] {
-                Some(ATTR_ORIGIN)
-            } else if !seen[ATTR_AS_PATH as usize] {
-                Some(ATTR_AS_PATH)
-            } else if !u.nlri.is_empty() && !seen[ATTR_NEXT_HOP as usize] {
-                Some(ATTR_NEXT_HOP)
-            } else {
-                None
-            };
-            if let Some(type_code) = missing {
-                u.errors.push(AttrOutcome::TreatAsWithdraw {
-                    type_code,
-                    reason: "missing well-known mandatory attribute",
-                });
-            }
-        }
+        check_mandatory_present(&mut u, &seen);
         Ok(u)
     }
 
@@ -292,6 +222,120 @@ impl Update {
         for p in &self.nlri {
             encode_prefix(p, out);
         }
+    }
+}
+
+/// AS4_PATH and AS4_AGGREGATOR from a 2-octet speaker, held until every
+/// attribute is read because merging needs AS_PATH and AGGREGATOR too.
+#[derive(Default)]
+struct As4Attributes {
+    path: Option<AsPath>,
+    aggregator: Option<Aggregator>,
+}
+
+/// The three parts of an UPDATE body (RFC 4271 4.3), not yet decoded.
+struct BodyParts<'a> {
+    withdrawn: &'a [u8],
+    attributes: &'a [u8],
+    nlri: &'a [u8],
+}
+
+/// Cuts an UPDATE body into withdrawn routes, path attributes and NLRI.
+fn split_body(body: &[u8]) -> Result<BodyParts<'_>, DecodeError> {
+    let mut r = Reader::new(body);
+    let list_err = |why| DecodeError::MalformedAttributeList(why);
+    let wlen = r.u16().ok_or(list_err("truncated"))? as usize;
+    let withdrawn = r
+        .take(wlen)
+        .ok_or(list_err("withdrawn length overruns message"))?;
+    let alen = r.u16().ok_or(list_err("truncated"))? as usize;
+    let attributes = r
+        .take(alen)
+        .ok_or(list_err("attribute length overruns message"))?;
+    Ok(BodyParts {
+        withdrawn,
+        attributes,
+        nlri: r.rest(),
+    })
+}
+
+/// Reads every path attribute into `u`, marking its type in `seen` and
+/// recording RFC 7606 outcomes on `u`; an Err resets the session.
+fn decode_attribute_list(
+    attributes: &[u8],
+    opts: CodecOptions,
+    u: &mut Update,
+    seen: &mut [bool; 256],
+    as4: &mut As4Attributes,
+) -> Result<(), DecodeError> {
+    let list_err = |why| DecodeError::MalformedAttributeList(why);
+    let mut a = Reader::new(attributes);
+    while !a.is_empty() {
+        let Some((flags, type_code, value)) = next_attribute(&mut a) else {
+            // RFC 7606 4: an attribute overrunning the attribute field.
+            // Treat-as-withdraw needs every NLRI to be known; if none has
+            // been found yet it may hide in the unread part.
+            if u.nlri.is_empty() && u.mp_reach.is_none() && u.mp_unreach.is_none() {
+                return Err(list_err("attribute overruns the attribute field"));
+            }
+            u.errors.push(AttrOutcome::TreatAsWithdraw {
+                type_code: 0,
+                reason: "attribute overruns the attribute field",
+            });
+            break;
+        };
+        if seen[type_code as usize] {
+            if type_code == ATTR_MP_REACH || type_code == ATTR_MP_UNREACH {
+                return Err(list_err("MP_REACH/MP_UNREACH repeated"));
+            }
+            // RFC 7606 3(g): keep the first, drop the rest.
+            u.errors.push(AttrOutcome::Discarded {
+                type_code,
+                reason: "repeated attribute",
+            });
+            continue;
+        }
+        seen[type_code as usize] = true;
+        let res = decode_attribute(flags, type_code, value, opts, u, as4);
+        record_fault(u, type_code, res)?;
+    }
+    Ok(())
+}
+
+/// Files what RFC 7606 made of one attribute on `u`; a reset is passed up.
+fn record_fault(u: &mut Update, type_code: u8, res: Result<(), Fault>) -> Result<(), DecodeError> {
+    match res {
+        Ok(()) => {}
+        Err(Fault::Withdraw(reason)) => u
+            .errors
+            .push(AttrOutcome::TreatAsWithdraw { type_code, reason }),
+        Err(Fault::Discard(reason)) => u.errors.push(AttrOutcome::Discarded { type_code, reason }),
+        Err(Fault::Reset(e)) => return Err(e),
+    }
+    Ok(())
+}
+
+/// RFC 7606 3(d): a missing well-known mandatory attribute makes the
+/// announcements unusable, but is no reason to reset the session.
+fn check_mandatory_present(u: &mut Update, seen: &[bool; 256]) {
+    let has_reach = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
+    if !has_reach {
+        return;
+    }
+    let missing = if !seen[ATTR_ORIGIN as usize] {
+        Some(ATTR_ORIGIN)
+    } else if !seen[ATTR_AS_PATH as usize] {
+        Some(ATTR_AS_PATH)
+    } else if !u.nlri.is_empty() && !seen[ATTR_NEXT_HOP as usize] {
+        Some(ATTR_NEXT_HOP)
+    } else {
+        None
+    };
+    if let Some(type_code) = missing {
+        u.errors.push(AttrOutcome::TreatAsWithdraw {
+            type_code,
+            reason: "missing well-known mandatory attribute",
+        });
     }
 }
 
@@ -339,139 +383,55 @@ fn malformed(type_code: u8, reason: &'static str, value: &[u8]) -> Fault {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Decodes one attribute into `u`, or into `as4` for the AS4_* ones; an Err
+/// is what RFC 7606 makes of it.
 fn decode_attribute(
     flags: u8,
     type_code: u8,
     value: &[u8],
     opts: CodecOptions,
     u: &mut Update,
-    as4_path: &mut Option<AsPath>,
-    as4_aggregator: &mut Option<Aggregator>,
+    as4: &mut As4Attributes,
 ) -> Result<(), Fault> {
     let Some(want) = expected_flags(type_code) else {
-        if flags & FLAG_OPTIONAL == 0 {
-            return Err(Fault::Reset(DecodeError::UnrecognizedWellKnown {
-                type_code,
-                attr: Bytes::copy_from_slice(value),
-            }));
-        }
-        if flags & FLAG_TRANSITIVE != 0 {
-            u.attrs.unknown.push(RawAttribute {
-                flags: (flags | FLAG_PARTIAL) & !FLAG_EXTENDED,
-                type_code,
-                value: Bytes::copy_from_slice(value),
-            });
-        }
-        // Unknown optional non-transitive attributes are quietly ignored.
-        return Ok(());
+        return decode_unrecognized(flags, type_code, value, &mut u.attrs);
     };
-    let partial_allowed = want == FLAG_OPTIONAL | FLAG_TRANSITIVE;
-    if flags & 0xc0 != want || (!partial_allowed && flags & FLAG_PARTIAL != 0) {
-        return Err(malformed(
-            type_code,
-            "attribute flags conflict with the type",
-            value,
-        ));
-    }
-    let bad_len = |why| malformed(type_code, why, value);
-    let mut r = Reader::new(value);
+    check_flags(flags, want, type_code, value)?;
+    let attrs = &mut u.attrs;
     match type_code {
-        ATTR_ORIGIN => {
-            let o = match value {
-                [v] => Origin::from_u8(*v).ok_or(Fault::Withdraw("undefined ORIGIN value"))?,
-                _ => return Err(bad_len("ORIGIN length is not 1")),
-            };
-            u.attrs.origin = Some(o);
-        }
+        ATTR_ORIGIN => attrs.origin = Some(decode_origin(value)?),
         ATTR_AS_PATH => {
             let width = if opts.four_octet_as { 4 } else { 2 };
-            u.attrs.as_path =
+            attrs.as_path =
                 as_path::decode(value, width).ok_or(Fault::Withdraw("malformed AS_PATH"))?;
         }
         ATTR_AS4_PATH => {
             let p = as_path::decode_as4(value).ok_or(Fault::Discard("malformed AS4_PATH"))?;
             // RFC 6793 4.1: between two 4-octet speakers AS4_PATH is ignored.
             if !opts.four_octet_as {
-                *as4_path = Some(p);
+                as4.path = Some(p);
             }
         }
-        ATTR_NEXT_HOP => {
-            let a = match r.u32() {
-                Some(v) if r.is_empty() => Ipv4Addr::from(v),
-                _ => return Err(bad_len("NEXT_HOP length is not 4")),
-            };
-            // RFC 4271 6.3 / RFC 7606 7.3: a semantically wrong next hop
-            // makes the route unusable.
-            if a.is_unspecified() || a.is_broadcast() || a.is_multicast() {
-                return Err(Fault::Withdraw("NEXT_HOP is not a unicast address"));
-            }
-            u.attrs.next_hop = Some(a);
-        }
-        ATTR_MED | ATTR_LOCAL_PREF => {
-            let v = match r.u32() {
-                Some(v) if r.is_empty() => v,
-                _ => return Err(bad_len("length is not 4")),
-            };
-            if type_code == ATTR_MED {
-                u.attrs.med = Some(v);
-            } else {
-                u.attrs.local_pref = Some(v);
-            }
-        }
+        ATTR_NEXT_HOP => attrs.next_hop = Some(decode_next_hop(value)?),
+        ATTR_MED => attrs.med = Some(decode_u32_value(type_code, value)?),
+        ATTR_LOCAL_PREF => attrs.local_pref = Some(decode_u32_value(type_code, value)?),
         ATTR_ATOMIC_AGGREGATE => {
             if !value.is_empty() {
-                return Err(bad_len("ATOMIC_AGGREGATE length is not 0"));
+                let why = "ATOMIC_AGGREGATE length is not 0";
+                return Err(malformed(type_code, why, value));
             }
-            u.attrs.atomic_aggregate = true;
+            attrs.atomic_aggregate = true;
         }
-        ATTR_AGGREGATOR | ATTR_AS4_AGGREGATOR => {
-            let width = if type_code == ATTR_AGGREGATOR && !opts.four_octet_as {
-                2
-            } else {
-                4
-            };
-            if value.len() != width + 4 {
-                return Err(bad_len("AGGREGATOR length"));
-            }
-            let asn = if width == 2 {
-                r.u16().map(u32::from)
-            } else {
-                r.u32()
-            };
-            let agg = Aggregator {
-                asn: asn.unwrap_or_default(),
-                addr: Ipv4Addr::from(r.u32().unwrap_or_default()),
-            };
-            if type_code == ATTR_AGGREGATOR {
-                u.attrs.aggregator = Some(agg);
-            } else if !opts.four_octet_as {
-                *as4_aggregator = Some(agg);
+        ATTR_AGGREGATOR => attrs.aggregator = Some(decode_aggregator(type_code, value, opts)?),
+        ATTR_AS4_AGGREGATOR => {
+            let agg = decode_aggregator(type_code, value, opts)?;
+            if !opts.four_octet_as {
+                as4.aggregator = Some(agg);
             }
         }
-        ATTR_COMMUNITIES => {
-            if value.is_empty() || !value.len().is_multiple_of(4) {
-                return Err(bad_len("COMMUNITIES length is not a multiple of 4"));
-            }
-            while let Some(c) = r.u32() {
-                u.attrs.communities.push(c);
-            }
-        }
-        ATTR_ORIGINATOR_ID => {
-            let a = match r.u32() {
-                Some(v) if r.is_empty() => Ipv4Addr::from(v),
-                _ => return Err(bad_len("ORIGINATOR_ID length is not 4")),
-            };
-            u.attrs.originator_id = Some(a);
-        }
-        ATTR_CLUSTER_LIST => {
-            if value.is_empty() || !value.len().is_multiple_of(4) {
-                return Err(bad_len("CLUSTER_LIST length is not a multiple of 4"));
-            }
-            while let Some(c) = r.u32() {
-                u.attrs.cluster_list.push(Ipv4Addr::from(c));
-            }
-        }
+        ATTR_COMMUNITIES => attrs.communities.extend(decode_communities(value)?),
+        ATTR_ORIGINATOR_ID => attrs.originator_id = Some(decode_originator_id(value)?),
+        ATTR_CLUSTER_LIST => attrs.cluster_list.extend(decode_cluster_list(value)?),
         ATTR_MP_REACH => {
             decode_mp_reach(value, u).map_err(|why| malformed(type_code, why, value))?
         }
@@ -483,60 +443,50 @@ fn decode_attribute(
     Ok(())
 }
 
-fn decode_mp_reach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
-    let mut r = Reader::new(value);
-    let afi = r.u16().ok_or("truncated")?;
-    let safi = r.u8().ok_or("truncated")?;
-    let nh_len = r.u8().ok_or("truncated")? as usize;
-    let nh = r.take(nh_len).ok_or("next hop overruns")?;
-    let _reserved = r.u8().ok_or("truncated")?;
-    let Some(family) = Family::from_afi_safi(afi, safi) else {
-        // A family we never offered: nothing here can be used, nothing
-        // depends on it; drop it rather than tear the session down.
-        return Ok(());
-    };
-    let (next_hop, link_local) = match (family, nh.len()) {
-        (Family::Ipv4Unicast, 4) => (
-            IpAddr::from(<[u8; 4]>::try_from(nh).map_err(|_| "next hop")?),
-            None,
-        ),
-        (Family::Ipv6Unicast, 16) => (
-            IpAddr::from(<[u8; 16]>::try_from(nh).map_err(|_| "next hop")?),
-            None,
-        ),
-        (Family::Ipv6Unicast, 32) => {
-            let g = <[u8; 16]>::try_from(&nh[..16]).map_err(|_| "next hop")?;
-            let l = <[u8; 16]>::try_from(&nh[16..]).map_err(|_| "next hop")?;
-            (IpAddr::from(g), Some(Ipv6Addr::from(l)))
-        }
-        _ => return Err("next hop length does not fit the family"),
-    };
-    let nlri = decode_prefixes(r.rest(), family).ok_or("malformed NLRI")?;
-    u.mp_reach = Some(MpReach {
-        family,
-        next_hop,
-        link_local,
-        nlri,
-    });
+/// A type we do not know (RFC 4271 5, 6.3): well-known resets the session,
+/// optional transitive is passed on with Partial set, optional
+/// non-transitive is dropped.
+fn decode_unrecognized(
+    flags: u8,
+    type_code: u8,
+    value: &[u8],
+    attrs: &mut PathAttributes,
+) -> Result<(), Fault> {
+    if flags & FLAG_OPTIONAL == 0 {
+        return Err(Fault::Reset(DecodeError::UnrecognizedWellKnown {
+            type_code,
+            attr: Bytes::copy_from_slice(value),
+        }));
+    }
+    if flags & FLAG_TRANSITIVE != 0 {
+        attrs.unknown.push(RawAttribute {
+            flags: (flags | FLAG_PARTIAL) & !FLAG_EXTENDED,
+            type_code,
+            value: Bytes::copy_from_slice(value),
+        });
+    }
+    // Unknown optional non-transitive attributes are quietly ignored.
     Ok(())
 }
 
-fn decode_mp_unreach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
-    let mut r = Reader::new(value);
-    let afi = r.u16().ok_or("truncated")?;
-    let safi = r.u8().ok_or("truncated")?;
-    let Some(family) = Family::from_afi_safi(afi, safi) else {
-        return Ok(());
-    };
-    let withdrawn = decode_prefixes(r.rest(), family).ok_or("malformed withdrawn routes")?;
-    u.mp_unreach = Some(MpUnreach { family, withdrawn });
+/// Optional and Transitive must be what the type says (RFC 7606 3(c));
+/// Partial may only be set on optional transitive types (RFC 4271 4.3).
+fn check_flags(flags: u8, want: u8, type_code: u8, value: &[u8]) -> Result<(), Fault> {
+    let partial_allowed = want == FLAG_OPTIONAL | FLAG_TRANSITIVE;
+    if flags & 0xc0 != want || (!partial_allowed && flags & FLAG_PARTIAL != 0) {
+        return Err(malformed(
+            type_code,
+            "attribute flags conflict with the type",
+            value,
+        ));
+    }
     Ok(())
 }
 
 /// RFC 6793 4.2.3: rebuild the real path from AS_PATH and AS4_PATH sent by
 /// a speaker that only does 2-octet AS numbers (or relayed through one).
-fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Aggregator>) {
-    if let Some(agg4) = as4_aggregator {
+fn merge_as4(u: &mut Update, as4: As4Attributes) {
+    if let Some(agg4) = as4.aggregator {
         match u.attrs.aggregator {
             Some(a) if a.asn == AS_TRANS => u.attrs.aggregator = Some(agg4),
             // AGGREGATOR from a true 2-octet aggregator: AS4_* are stale.
@@ -544,8 +494,8 @@ fn merge_as4(u: &mut Update, as4_path: Option<AsPath>, as4_aggregator: Option<Ag
             None => {}
         }
     }
-    if let Some(as4) = as4_path {
-        u.attrs.as_path = as_path::merge(&u.attrs.as_path, as4);
+    if let Some(as4_path) = as4.path {
+        u.attrs.as_path = as_path::merge(&u.attrs.as_path, as4_path);
     }
 }
 
@@ -600,24 +550,13 @@ fn put_attr(out: &mut BytesMut, flags: u8, type_code: u8, value: &[u8]) {
     out.put_slice(value);
 }
 
+/// Path attributes in type-code order, the passed-on unknown ones last.
 fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
     let a = &u.attrs;
     if let Some(o) = a.origin {
         put_attr(out, FLAG_TRANSITIVE, ATTR_ORIGIN, &[o as u8]);
     }
-    // AS_PATH is mandatory with any announcement; an empty one is valid.
-    // An MP_REACH without NLRI announces nothing: as on decode, it does not
-    // call for one (the RIB never sends such a thing; it only comes back).
-    let announcing = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
-    if announcing || !a.as_path.segments.is_empty() {
-        let width = if opts.four_octet_as { 4 } else { 2 };
-        put_attr(
-            out,
-            FLAG_TRANSITIVE,
-            ATTR_AS_PATH,
-            &as_path::encode(&a.as_path.segments, width),
-        );
-    }
+    encode_as_path(u, opts, out);
     if let Some(nh) = a.next_hop {
         put_attr(out, FLAG_TRANSITIVE, ATTR_NEXT_HOP, &nh.octets());
     }
@@ -631,13 +570,7 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
         put_attr(out, FLAG_TRANSITIVE, ATTR_ATOMIC_AGGREGATE, &[]);
     }
     if let Some(agg) = a.aggregator {
-        let mut v = BytesMut::new();
-        if opts.four_octet_as {
-            v.put_u32(agg.asn);
-        } else {
-            v.put_u16(u16::try_from(agg.asn).unwrap_or(AS_TRANS as u16));
-        }
-        v.put_u32(u32::from(agg.addr));
+        let v = aggregator_value(agg, opts);
         put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AGGREGATOR, &v);
     }
     if !a.communities.is_empty() {
@@ -658,57 +591,63 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
         put_attr(out, FLAG_OPTIONAL, ATTR_CLUSTER_LIST, &v);
     }
     if let Some(r) = &u.mp_reach {
-        let mut v = BytesMut::new();
-        v.put_u16(r.family.afi());
-        v.put_u8(r.family.safi());
-        match (r.next_hop, r.link_local) {
-            (IpAddr::V4(a), _) => {
-                v.put_u8(4);
-                v.put_slice(&a.octets());
-            }
-            (IpAddr::V6(g), None) => {
-                v.put_u8(16);
-                v.put_slice(&g.octets());
-            }
-            (IpAddr::V6(g), Some(l)) => {
-                v.put_u8(32);
-                v.put_slice(&g.octets());
-                v.put_slice(&l.octets());
-            }
-        }
-        v.put_u8(0);
-        for p in &r.nlri {
-            encode_prefix(p, &mut v);
-        }
-        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &v);
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &mp_reach_value(r));
     }
     if let Some(w) = &u.mp_unreach {
-        let mut v = BytesMut::new();
-        v.put_u16(w.family.afi());
-        v.put_u8(w.family.safi());
-        for p in &w.withdrawn {
-            encode_prefix(p, &mut v);
-        }
-        put_attr(out, FLAG_OPTIONAL, ATTR_MP_UNREACH, &v);
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_UNREACH, &mp_unreach_value(w));
     }
     if !opts.four_octet_as {
-        // RFC 6793 4.2.2: carry the real numbers past a 2-octet speaker.
-        if let Some(v) = as_path::as4_path(&a.as_path) {
-            put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AS4_PATH, &v);
-        }
-        if let Some(agg) = a.aggregator.filter(|g| g.asn > u16::MAX as u32) {
-            let mut v = BytesMut::new();
-            v.put_u32(agg.asn);
-            v.put_u32(u32::from(agg.addr));
-            put_attr(
-                out,
-                FLAG_OPTIONAL | FLAG_TRANSITIVE,
-                ATTR_AS4_AGGREGATOR,
-                &v,
-            );
-        }
+        encode_as4_attributes(a, out);
     }
     for raw in &a.unknown {
         put_attr(out, raw.flags, raw.type_code, &raw.value);
+    }
+}
+
+fn encode_as_path(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
+    let a = &u.attrs;
+    // AS_PATH is mandatory with any announcement; an empty one is valid.
+    // An MP_REACH without NLRI announces nothing: as on decode, it does not
+    // call for one (the RIB never sends such a thing; it only comes back).
+    let announcing = !u.nlri.is_empty() || u.mp_reach.as_ref().is_some_and(|m| !m.nlri.is_empty());
+    if announcing || !a.as_path.segments.is_empty() {
+        let width = if opts.four_octet_as { 4 } else { 2 };
+        put_attr(
+            out,
+            FLAG_TRANSITIVE,
+            ATTR_AS_PATH,
+            &as_path::encode(&a.as_path.segments, width),
+        );
+    }
+}
+
+/// AGGREGATOR with the AS number as wide as the session's; one that does
+/// not fit in 2 octets goes as AS_TRANS.
+fn aggregator_value(agg: Aggregator, opts: CodecOptions) -> BytesMut {
+    let mut v = BytesMut::new();
+    if opts.four_octet_as {
+        v.put_u32(agg.asn);
+    } else {
+        v.put_u16(u16::try_from(agg.asn).unwrap_or(AS_TRANS as u16));
+    }
+    v.put_u32(u32::from(agg.addr));
+    v
+}
+
+/// RFC 6793 4.2.2: carry the real numbers past a 2-octet speaker.
+fn encode_as4_attributes(a: &PathAttributes, out: &mut BytesMut) {
+    if let Some(v) = as_path::as4_path(&a.as_path) {
+        put_attr(out, FLAG_OPTIONAL | FLAG_TRANSITIVE, ATTR_AS4_PATH, &v);
+    }
+    if let Some(agg) = a.aggregator.filter(|g| g.asn > u16::MAX as u32) {
+        let mut v = BytesMut::new();
+        v.put_u32(agg.asn);
+        v.put_u32(u32::from(agg.addr));
+        put_attr(
+            out,
+            FLAG_OPTIONAL | FLAG_TRANSITIVE,
+            ATTR_AS4_AGGREGATOR,
+            &v,
+        );
     }
 }
