@@ -151,44 +151,7 @@ fn forward_by_fib(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32
     let mut p = core::mem::MaybeUninit::<FibParams>::uninit();
     // SAFETY: a zeroed parameter block is valid; it is made of 32-bit words.
     let p = unsafe { crate::mem::zeroed_in(&mut p) };
-    // SAFETY: skb pointer from the context.
-    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    p.l4_protocol = f.proto;
-    p.sport = f.sport.to_be();
-    p.dport = f.dport.to_be();
-    // tot_len 0: the kernel checks the skb itself against the egress MTU,
-    // which is right for GRO/GSO packets (larger than the MTU, segmented
-    // later), and reports that MTU back in `mtu_result`.
-    p.__bindgen_anon_1.tot_len = 0;
-    if f.v6 {
-        p.family = AF_INET6;
-        let mut s = [0u32; 4];
-        let mut d = [0u32; 4];
-        let mut i = 0;
-        while i < 4 {
-            s[i] = u32::from_ne_bytes([
-                f.src[4 * i],
-                f.src[4 * i + 1],
-                f.src[4 * i + 2],
-                f.src[4 * i + 3],
-            ]);
-            d[i] = u32::from_ne_bytes([
-                f.dst[4 * i],
-                f.dst[4 * i + 1],
-                f.dst[4 * i + 2],
-                f.dst[4 * i + 3],
-            ]);
-            i += 1;
-        }
-        p.__bindgen_anon_3.ipv6_src = s;
-        p.__bindgen_anon_4.ipv6_dst = d;
-    } else {
-        p.family = AF_INET;
-        p.__bindgen_anon_3.ipv4_src =
-            u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]);
-        p.__bindgen_anon_4.ipv4_dst =
-            u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]);
-    }
+    fill_fib_params(ctx, f, p);
     // SAFETY: helper with a valid stack parameter block.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -206,51 +169,109 @@ fn forward_by_fib(ctx: &mut TcContext, f: &Flow, cache_epoch: u32) -> Result<i32
         return Ok(to_stack(ctx));
     }
     if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
-        // The lookup left the next hop in the destination field: hand it to
-        // the kernel so that it resolves the neighbour without routing again.
-        let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
-        // SAFETY: a zeroed block is valid, made of 32-bit words; the union
-        // member matches the family.
-        let nh = unsafe { crate::mem::zeroed_in(&mut nh) };
-        if p.family == AF_INET6 {
-            nh.nh_family = u32::from(AF_INET6);
-            // SAFETY: the lookup wrote an IPv6 next hop when it set AF_INET6.
-            nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
-        } else {
-            nh.nh_family = u32::from(AF_INET);
-            // SAFETY: IPv4 family: the IPv4 member is the one written.
-            nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
-        }
-        // SAFETY: helper with a valid stack parameter block.
-        return Ok(unsafe {
-            bpf_redirect_neigh(
-                p.ifindex,
-                nh,
-                core::mem::size_of::<bpf_redir_neigh>() as i32,
-                0,
-            )
-        } as i32);
+        return Ok(redirect_to_next_hop(p));
     }
     if cache_epoch != 0 {
-        // The slow path: the config is read again rather than passed down.
-        if let (Some(s), Some(cfg)) = (
-            crate::cache::fwd_slot(&f.src, &f.dst),
-            crate::maps::CONFIG.get(0),
-        ) {
-            // SAFETY: this CPU's slot; programs do not nest on one CPU.
-            unsafe {
-                (*s).src = f.src;
-                (*s).dst = f.dst;
-                (*s).expires_tick = crate::cache::expiry(cfg);
-                (*s).epoch = cache_epoch;
-                (*s).ifindex = p.ifindex;
-                (*s).mtu = u32::from(p.__bindgen_anon_1.mtu_result);
-                crate::mem::copy_bytes(&mut (*s).smac, &p.smac);
-                crate::mem::copy_bytes(&mut (*s).dmac, &p.dmac);
-            }
-        }
+        remember_fib_result(f, p, cache_epoch);
     }
     out_by_mac(ctx, p.ifindex, p.smac, p.dmac)
+}
+
+/// The lookup's question: the packet's addresses, protocol and ports, as
+/// it arrived on its interface.
+#[inline(always)]
+fn fill_fib_params(ctx: &TcContext, f: &Flow, p: &mut FibParams) {
+    // SAFETY: skb pointer from the context.
+    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    p.l4_protocol = f.proto;
+    p.sport = f.sport.to_be();
+    p.dport = f.dport.to_be();
+    // tot_len 0: the kernel checks the skb itself against the egress MTU,
+    // which is right for GRO/GSO packets (larger than the MTU, segmented
+    // later), and reports that MTU back in `mtu_result`.
+    p.__bindgen_anon_1.tot_len = 0;
+    if !f.v6 {
+        p.family = AF_INET;
+        p.__bindgen_anon_3.ipv4_src =
+            u32::from_ne_bytes([f.src[12], f.src[13], f.src[14], f.src[15]]);
+        p.__bindgen_anon_4.ipv4_dst =
+            u32::from_ne_bytes([f.dst[12], f.dst[13], f.dst[14], f.dst[15]]);
+        return;
+    }
+    p.family = AF_INET6;
+    let mut s = [0u32; 4];
+    let mut d = [0u32; 4];
+    let mut i = 0;
+    while i < 4 {
+        s[i] = u32::from_ne_bytes([
+            f.src[4 * i],
+            f.src[4 * i + 1],
+            f.src[4 * i + 2],
+            f.src[4 * i + 3],
+        ]);
+        d[i] = u32::from_ne_bytes([
+            f.dst[4 * i],
+            f.dst[4 * i + 1],
+            f.dst[4 * i + 2],
+            f.dst[4 * i + 3],
+        ]);
+        i += 1;
+    }
+    p.__bindgen_anon_3.ipv6_src = s;
+    p.__bindgen_anon_4.ipv6_dst = d;
+}
+
+/// A route without a neighbour entry: the lookup left the next hop in the
+/// destination field; the kernel resolves the neighbour without routing
+/// again.
+#[inline(always)]
+fn redirect_to_next_hop(p: &FibParams) -> i32 {
+    let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
+    // SAFETY: a zeroed block is valid, made of 32-bit words; the union
+    // member matches the family.
+    let nh = unsafe { crate::mem::zeroed_in(&mut nh) };
+    if p.family == AF_INET6 {
+        nh.nh_family = u32::from(AF_INET6);
+        // SAFETY: the lookup wrote an IPv6 next hop when it set AF_INET6.
+        nh.__bindgen_anon_1.ipv6_nh = unsafe { p.__bindgen_anon_4.ipv6_dst };
+    } else {
+        nh.nh_family = u32::from(AF_INET);
+        // SAFETY: IPv4 family: the IPv4 member is the one written.
+        nh.__bindgen_anon_1.ipv4_nh = unsafe { p.__bindgen_anon_4.ipv4_dst };
+    }
+    // SAFETY: helper with a valid stack parameter block.
+    let rc = unsafe {
+        bpf_redirect_neigh(
+            p.ifindex,
+            nh,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
+    };
+    rc as i32
+}
+
+/// Keeps a successful lookup in this CPU's forward cache under `epoch`.
+/// The slow path: the config is read again rather than passed down.
+#[inline(always)]
+fn remember_fib_result(f: &Flow, p: &FibParams, epoch: u32) {
+    let (Some(s), Some(cfg)) = (
+        crate::cache::fwd_slot(&f.src, &f.dst),
+        crate::maps::CONFIG.get(0),
+    ) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; programs do not nest on one CPU.
+    unsafe {
+        (*s).src = f.src;
+        (*s).dst = f.dst;
+        (*s).expires_tick = crate::cache::expiry(cfg);
+        (*s).epoch = epoch;
+        (*s).ifindex = p.ifindex;
+        (*s).mtu = u32::from(p.__bindgen_anon_1.mtu_result);
+        crate::mem::copy_bytes(&mut (*s).smac, &p.smac);
+        crate::mem::copy_bytes(&mut (*s).dmac, &p.dmac);
+    }
 }
 
 /// Forwards by this CPU's cached FIB result for (source, destination), if

@@ -73,24 +73,11 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     if target.flags & TARGET_NO_GATEWAY != 0 {
         return Err(DROP_NO_GATEWAY);
     }
-    let eip = if f.v6 {
-        if target.flags & TARGET_HAS_V6 == 0 {
-            return Ok(TC_ACT_OK as i32);
-        }
-        &target.eip_v6
-    } else {
-        if target.flags & TARGET_HAS_V4 == 0 {
-            return Ok(TC_ACT_OK as i32);
-        }
-        &target.eip_v4
+    let Some(eip) = eip_for_family(target, f.v6) else {
+        return Ok(TC_ACT_OK as i32);
     };
     let local = target.flags & TARGET_LOCAL_GATEWAY != 0;
-    if !local
-        && f.proto != IPPROTO_TCP
-        && (f.v6 || f.df)
-        && cfg.tunnel_mtu != 0
-        && f.l3_len > u32::from(cfg.tunnel_mtu)
-    {
+    if !local && too_big_for_tunnel(cfg, f) {
         // Counted under too_big; the pod gets the ICMP error instead of the packet.
         crate::verdict::count(ctx, DROP_TOO_BIG);
         let v = crate::icmp_err::too_big(ctx, f.v6, cfg.tunnel_mtu);
@@ -116,6 +103,45 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     if f.frag == FRAG_FIRST {
         remember_egress(f, eip, gw, target.policy_id, local);
     }
+    send_translated(ctx, cfg, f, target, eip, port)
+}
+
+/// The policy's EIP for the packet's family; `None` when the policy has
+/// none of that family (the packet is not its business).
+#[inline(always)]
+fn eip_for_family(target: &EgressTarget, v6: bool) -> Option<&Addr> {
+    let (flag, eip) = if v6 {
+        (TARGET_HAS_V6, &target.eip_v6)
+    } else {
+        (TARGET_HAS_V4, &target.eip_v4)
+    };
+    (target.flags & flag != 0).then_some(eip)
+}
+
+/// A packet that may not be fragmented (IPv6, or IPv4 with DF) and does
+/// not fit the tunnel. TCP is left out: its segments are sized by the MSS
+/// clamp.
+#[inline(always)]
+fn too_big_for_tunnel(cfg: &DatapathConfig, f: &Flow) -> bool {
+    f.proto != IPPROTO_TCP
+        && (f.v6 || f.df)
+        && cfg.tunnel_mtu != 0
+        && f.l3_len > u32::from(cfg.tunnel_mtu)
+}
+
+/// Rewrites the source to (`eip`, `port`), clamps a SYN's MSS to the
+/// tunnel, counts the packet for its policy and sends it: to the local
+/// gateway path by the FIB, or through the tunnel to `f.gw`.
+#[inline(always)]
+fn send_translated(
+    ctx: &mut TcContext,
+    cfg: &DatapathConfig,
+    f: &mut Flow,
+    target: &EgressTarget,
+    eip: &Addr,
+    port: u16,
+) -> Result<i32, u32> {
+    let local = target.flags & TARGET_LOCAL_GATEWAY != 0;
     rewrite(ctx, f, Side::Src, eip, port).map_err(|_| DROP_HELPER)?;
     if f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN != 0 && !local && cfg.tunnel_mtu != 0 {
         let hdrs = if f.v6 { 60 } else { 40 };
@@ -133,7 +159,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         f.sport = port;
         return fib_forward(ctx, f, 0);
     }
-    encap(ctx, cfg, gw, crate::vxlan::flow_entropy(f))
+    encap(ctx, cfg, f.gw, crate::vxlan::flow_entropy(f))
 }
 
 /// A packet `parse` could not take: when it is a selected pod's, to a
