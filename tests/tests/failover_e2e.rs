@@ -83,3 +83,11 @@ fn gateway_recover() -> anyhow::Result<()> {
 fn gateway_agent_crash() -> anyhow::Result<()> {
     scenario("gateway-agent-crash")
 }
+
+/// With the product's default timers and probes, a busy gateway (every CPU
+/// taken, then a saturating flow through it) is never declared down.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn gateway_under_load_with_default_timers() -> anyhow::Result<()> {
+    run("gateway-under-load", &Options::defaults())
+}

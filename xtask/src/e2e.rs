@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use egress_tests::scenarios::{run_and_report, Bins, Options, SCENARIOS};
+use egress_tests::scenarios::{run_and_report, Bins, Options, LOAD_SCENARIOS, SCENARIOS};
 
 use crate::shell::step;
 
@@ -45,10 +45,11 @@ pub fn run(
 ) -> Result<()> {
     let names: Vec<&str> = match name {
         "all" => SCENARIOS.to_vec(),
-        n if SCENARIOS.contains(&n) => vec![n],
+        n if SCENARIOS.contains(&n) || LOAD_SCENARIOS.contains(&n) => vec![n],
         other => bail!(
-            "unknown scenario {other:?}; one of: {}, all",
-            SCENARIOS.join(", ")
+            "unknown scenario {other:?}; one of: {}, {}, all",
+            SCENARIOS.join(", "),
+            LOAD_SCENARIOS.join(", ")
         ),
     };
     require_root()?;

@@ -103,10 +103,10 @@ pub struct AgentArgs {
     #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
     pub gateway_failover: bool,
     /// Probe interval in milliseconds (what this node asks its prober peers for).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = egress_failover::probe::DEFAULT_PROBE_INTERVAL_MS)]
     pub probe_interval_ms: u32,
     /// Probes missed before a peer is declared down.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = egress_failover::probe::DEFAULT_DETECT_MULTIPLIER)]
     pub probe_detect_multiplier: u8,
     /// UDP port of the probes.
     #[arg(long, default_value_t = egress_failover::prober::DEFAULT_PROBE_PORT)]

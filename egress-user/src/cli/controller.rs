@@ -81,9 +81,11 @@ pub struct ControllerArgs {
     /// probe moves its EIPs like a heartbeat timeout.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub gateway_failover: bool,
-    #[arg(long, default_value_t = 200)]
+    /// Probe interval in milliseconds.
+    #[arg(long, default_value_t = u64::from(egress_failover::probe::DEFAULT_PROBE_INTERVAL_MS))]
     pub probe_interval_ms: u64,
-    #[arg(long, default_value_t = 3)]
+    /// Probes missed before a gateway candidate is declared down.
+    #[arg(long, default_value_t = u32::from(egress_failover::probe::DEFAULT_DETECT_MULTIPLIER))]
     pub probe_detect_multiplier: u32,
     /// UDP port the agents answer probes on.
     #[arg(long, default_value_t = egress_failover::prober::DEFAULT_PROBE_PORT)]

@@ -236,6 +236,29 @@ impl DsWatch {
             .map(|s| s.0)
     }
 
+    /// Every time a tunnel left `Ready` within [from, to): (when, node,
+    /// the phase it went to).
+    pub(super) fn left_ready_between(
+        &self,
+        from: Instant,
+        to: Instant,
+    ) -> Vec<(Instant, String, String)> {
+        let t = self.track.lock().unwrap();
+        let mut before: Option<&DsState> = t.iter().rev().find(|s| s.0 <= from).map(|s| &s.1);
+        let mut found = Vec::new();
+        for (at, st) in t.iter().filter(|s| s.0 > from && s.0 < to) {
+            for (node, phase) in &st.phases {
+                let was_ready =
+                    before.is_some_and(|b| b.phases.iter().any(|(n, p)| n == node && p == "Ready"));
+                if was_ready && phase != "Ready" {
+                    found.push((*at, node.clone(), phase.clone()));
+                }
+            }
+            before = Some(st);
+        }
+        found
+    }
+
     /// EIPs ever seen assigned to two nodes at once.
     pub(super) fn duplicates(&self) -> Vec<String> {
         let t = self.track.lock().unwrap();

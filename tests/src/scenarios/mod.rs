@@ -1,7 +1,9 @@
 //! The failover scenarios of issue 5, over the [`Cluster`] harness:
 //! `gateway-kill`, `gateway-link-down`, `datastore-partition`,
 //! `controller-kill` and `gateway-recover`; and, in [`agent`], the ones where
-//! only an agent process fails: `agent-restart` and `gateway-agent-crash`.
+//! only an agent process fails: `agent-restart` and `gateway-agent-crash`;
+//! and, in [`under_load`], `gateway-under-load`, where nothing fails and
+//! nothing may move (the failover benchmark's false-failover count).
 //!
 //! Each builds a cluster (two workers, three gateway-eligible nodes, a real
 //! etcd), applies the example gateway and policy, and lets pod `p11` (on
@@ -57,6 +59,7 @@ mod links;
 mod partition;
 mod stage;
 mod tracker;
+mod under_load;
 
 pub use links::add_management_link;
 pub use partition::block_datastore;
@@ -76,6 +79,10 @@ pub const SCENARIOS: &[&str] = &[
     "agent-restart",
     "gateway-agent-crash",
 ];
+
+/// Scenarios run by name only (`cargo xtask e2e NAME`, the failover
+/// benchmark), not by `all`: nothing fails in them.
+pub const LOAD_SCENARIOS: &[&str] = &["gateway-under-load"];
 
 /// The two binaries a scenario starts.
 #[derive(Clone, Debug)]
@@ -204,11 +211,20 @@ impl Options {
     }
 
     /// Latest move through the probe path: detection time + one monitor
-    /// period + slack (default probes 200 ms x 3 when none are set).
+    /// period + slack (the binaries' default probes when none are set).
     fn probe_bound(&self) -> Duration {
-        let (ms, mult) = self.timers.probe.unwrap_or((200, 3));
+        let (ms, mult) = self.timers.probe.unwrap_or_else(default_probe);
         Duration::from_millis(ms * u64::from(mult)) + self.monitor() + self.slack
     }
+}
+
+/// The binaries' default probes: (interval ms, detect multiplier).
+pub fn default_probe() -> (u64, u32) {
+    use egress_failover::probe::{DEFAULT_DETECT_MULTIPLIER, DEFAULT_PROBE_INTERVAL_MS};
+    (
+        u64::from(DEFAULT_PROBE_INTERVAL_MS),
+        u32::from(DEFAULT_DETECT_MULTIPLIER),
+    )
 }
 
 /// Parses the harness' duration strings (`200ms`, `1s`, `1.5`).
@@ -299,6 +315,7 @@ pub fn run(bins: &Bins, name: &str, opts: &Options) -> Result<Outcome> {
         "datastore-partition" => datastore_partition(bins, opts),
         "agent-restart" => agent::agent_restart(bins, &opts.with_eviction_at_least(4)),
         "gateway-agent-crash" => agent::gateway_agent_crash(bins, opts),
+        "gateway-under-load" => under_load::gateway_under_load(bins, opts),
         other => bail!(
             "unknown scenario {other:?}; one of: {}",
             SCENARIOS.join(", ")

@@ -141,7 +141,8 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(v["feature"]["vxlan"]["port"], 7789);
     assert_eq!(v["feature"]["portBlockSize"], 64);
     assert_eq!(v["feature"]["maxPortsPerNode"], 65536);
-    assert_eq!(v["feature"]["gatewayFailover"]["probeDetectMultiplier"], 3);
+    assert_eq!(v["feature"]["gatewayFailover"]["probeIntervalMs"], 50);
+    assert_eq!(v["feature"]["gatewayFailover"]["probeDetectMultiplier"], 4);
     assert_eq!(v["controller"]["replicas"], 2);
     assert_eq!(v["agent"]["privileged"], false);
     assert_eq!(v["agent"]["tolerations"], json!([{"operator": "Exists"}]));

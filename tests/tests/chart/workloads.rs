@@ -102,8 +102,8 @@ fn agent_daemonset_by_default() {
     assert_eq!(flag(&f, "tunnel-monitor-period"), "5s");
     assert_eq!(flag(&f, "eip-eviction-timeout"), "15s");
     assert_eq!(flag(&f, "gateway-failover"), "true");
-    assert_eq!(flag(&f, "probe-interval-ms"), "200");
-    assert_eq!(flag(&f, "probe-detect-multiplier"), "3");
+    assert_eq!(flag(&f, "probe-interval-ms"), "50");
+    assert_eq!(flag(&f, "probe-detect-multiplier"), "4");
     assert_eq!(flag(&f, "vxlan-id"), "100");
     assert_eq!(flag(&f, "vxlan-port"), "7789");
     assert_eq!(flag(&f, "mtu"), "0");
