@@ -91,47 +91,72 @@ const HEALTHS: [ProbeHealth; 4] = [
 /// Renders the metrics in the OpenMetrics text format.
 pub fn render(f: &ControllerFacts) -> String {
     let mut reg = Registry::with_prefix("egress");
-    let gauge = |reg: &mut Registry, name: &str, help: &str, v: i64| {
-        let g = Gauge::<i64>::default();
-        g.set(v);
-        reg.register(name, help, g);
-    };
-    let counter = |reg: &mut Registry, name: &str, help: &str, v: u64| {
-        let c = Counter::<u64>::default();
-        c.inc_by(v);
-        reg.register(name, help, c);
-    };
-    gauge(
-        &mut reg,
+    register_leadership_and_passes(&mut reg, f);
+    register_failovers(&mut reg, f);
+    register_heartbeat_ages(&mut reg, f);
+    if let Some(probes) = &f.probes {
+        register_probes(&mut reg, probes);
+    }
+    crate::controller_port_metrics::register(&mut reg, &f.ports);
+    if let Some(status) = &f.bgp {
+        crate::bgp_metrics::register(&mut reg, status);
+    }
+    let mut out = String::new();
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+/// A gauge holding `v`, registered as `name`.
+fn register_gauge(reg: &mut Registry, name: &str, help: &str, v: i64) {
+    let g = Gauge::<i64>::default();
+    g.set(v);
+    reg.register(name, help, g);
+}
+
+/// A counter at `v`, registered as `name`.
+fn register_counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(v);
+    reg.register(name, help, c);
+}
+
+/// `controller_*`: whether this replica leads, its term, and its passes'
+/// counters.
+fn register_leadership_and_passes(reg: &mut Registry, f: &ControllerFacts) {
+    register_gauge(
+        reg,
         "controller_leader",
         "1 while this replica leads (only the leader writes and moves EIPs)",
         i64::from(f.leader),
     );
-    gauge(
-        &mut reg,
+    register_gauge(
+        reg,
         "controller_term",
         "Leadership term this replica last held",
         f.term as i64,
     );
-    counter(
-        &mut reg,
+    register_counter(
+        reg,
         "controller_passes",
         "Reconcile passes as leader",
         f.passes,
     );
-    counter(
-        &mut reg,
+    register_counter(
+        reg,
         "controller_writes",
         "Objects written by reconcile passes",
         f.writes,
     );
-    counter(
-        &mut reg,
+    register_counter(
+        reg,
         "controller_errors",
         "Reconcile passes that failed",
         f.errors,
     );
+}
 
+/// `failovers`: the EIP moves this replica wrote, by reason.
+fn register_failovers(reg: &mut Registry, f: &ControllerFacts) {
     let failovers = Family::<Labels, Counter>::default();
     reg.register(
         "failovers",
@@ -152,7 +177,10 @@ pub fn render(f: &ControllerFacts) -> String {
             .get_or_create(&vec![("reason".to_string(), r.as_str().to_string())])
             .inc_by(*n);
     }
+}
 
+/// `heartbeat_age_seconds` per gateway-eligible node.
+fn register_heartbeat_ages(reg: &mut Registry, f: &ControllerFacts) {
     let age = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     reg.register(
         "heartbeat_age_seconds",
@@ -163,41 +191,34 @@ pub fn render(f: &ControllerFacts) -> String {
         age.get_or_create(&vec![("node".to_string(), node.clone())])
             .set(d.as_secs_f64());
     }
+}
 
-    if let Some(probes) = &f.probes {
-        let up = Family::<Labels, Gauge>::default();
-        let state = Family::<Labels, Gauge>::default();
-        reg.register(
-            "probe_up",
-            "1 while the controller's datapath probe of the node is up",
-            up.clone(),
-        );
-        reg.register(
-            "probe_state",
-            "The datapath probe's state per node: 1 for the current state (unknown, up, down, admin_down)",
-            state.clone(),
-        );
-        for (node, h) in probes {
-            up.get_or_create(&vec![("node".to_string(), node.clone())])
-                .set(i64::from(*h == ProbeHealth::Up));
-            for s in HEALTHS {
-                state
-                    .get_or_create(&vec![
-                        ("node".to_string(), node.clone()),
-                        ("state".to_string(), health_name(s).to_string()),
-                    ])
-                    .set(i64::from(s == *h));
-            }
+/// `probe_up` and `probe_state`: the datapath probe's view of each node.
+fn register_probes(reg: &mut Registry, probes: &BTreeMap<String, ProbeHealth>) {
+    let up = Family::<Labels, Gauge>::default();
+    let state = Family::<Labels, Gauge>::default();
+    reg.register(
+        "probe_up",
+        "1 while the controller's datapath probe of the node is up",
+        up.clone(),
+    );
+    reg.register(
+        "probe_state",
+        "The datapath probe's state per node: 1 for the current state (unknown, up, down, admin_down)",
+        state.clone(),
+    );
+    for (node, h) in probes {
+        up.get_or_create(&vec![("node".to_string(), node.clone())])
+            .set(i64::from(*h == ProbeHealth::Up));
+        for s in HEALTHS {
+            state
+                .get_or_create(&vec![
+                    ("node".to_string(), node.clone()),
+                    ("state".to_string(), health_name(s).to_string()),
+                ])
+                .set(i64::from(s == *h));
         }
     }
-
-    crate::controller_port_metrics::register(&mut reg, &f.ports);
-    if let Some(status) = &f.bgp {
-        crate::bgp_metrics::register(&mut reg, status);
-    }
-    let mut out = String::new();
-    let _ = encode(&mut out, &reg);
-    out
 }
 
 /// Content type of [`render`]'s text.

@@ -38,6 +38,30 @@ pub struct AgentFacts {
 /// Renders the metrics in Prometheus' text format.
 pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     let mut reg = Registry::with_prefix("egress");
+    register_policy_traffic(&mut reg, pin_dir, facts);
+    register_over_capacity(&mut reg, facts);
+    register_drops(&mut reg, pin_dir);
+    register_nat(&mut reg, pin_dir);
+    register_node_state(&mut reg, facts);
+    if let Some(status) = &facts.bgp {
+        crate::bgp_metrics::register(&mut reg, status);
+    }
+    register_loop_counters(&mut reg, facts);
+    let mut out = String::new();
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+/// A gauge holding `v`, registered as `name`.
+fn register_gauge(reg: &mut Registry, name: &str, help: &str, v: i64) {
+    let g = Gauge::<i64>::default();
+    g.set(v);
+    reg.register(name, help, g);
+}
+
+/// `policy_packets` and `policy_bytes`: the policy counters, by policy name
+/// and direction.
+fn register_policy_traffic(reg: &mut Registry, pin_dir: &Path, facts: &AgentFacts) {
     let packets = Family::<Labels, Counter>::default();
     let bytes = Family::<Labels, Counter>::default();
     reg.register(
@@ -50,26 +74,31 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         "Bytes matched by a policy, by direction",
         bytes.clone(),
     );
-    if let Ok(stats) = read_policy_stats(pin_dir) {
-        for (id, s) in stats {
-            let name = facts
-                .policy_names
-                .get(&id)
-                .cloned()
-                .unwrap_or_else(|| format!("id:{id}"));
-            for (dir, p, b) in [
-                ("egress", s.egress_packets, s.egress_bytes),
-                ("reply", s.reply_packets, s.reply_bytes),
-            ] {
-                let l = vec![
-                    ("policy".to_string(), name.clone()),
-                    ("direction".to_string(), dir.to_string()),
-                ];
-                packets.get_or_create(&l).inc_by(p);
-                bytes.get_or_create(&l).inc_by(b);
-            }
+    let Ok(stats) = read_policy_stats(pin_dir) else {
+        return;
+    };
+    for (id, s) in stats {
+        let name = facts
+            .policy_names
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| format!("id:{id}"));
+        for (dir, p, b) in [
+            ("egress", s.egress_packets, s.egress_bytes),
+            ("reply", s.reply_packets, s.reply_bytes),
+        ] {
+            let l = vec![
+                ("policy".to_string(), name.clone()),
+                ("direction".to_string(), dir.to_string()),
+            ];
+            packets.get_or_create(&l).inc_by(p);
+            bytes.get_or_create(&l).inc_by(b);
         }
     }
+}
+
+/// `policy_over_capacity` per policy and `policies_over_capacity`, their count.
+fn register_over_capacity(reg: &mut Registry, facts: &AgentFacts) {
     let over = Family::<Labels, Gauge>::default();
     reg.register(
         "policy_over_capacity",
@@ -78,12 +107,11 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     );
     // The count is always there (an empty family prints nothing): an
     // alert on `egress_policies_over_capacity > 0` needs no per-policy series.
-    let count = Gauge::<i64>::default();
-    count.set(facts.over_capacity.len() as i64);
-    reg.register(
+    register_gauge(
+        reg,
         "policies_over_capacity",
         "How many policies this node's datapath cannot hold (0 when all fit)",
-        count,
+        facts.over_capacity.len() as i64,
     );
     for r in &facts.over_capacity {
         let l = vec![
@@ -96,6 +124,10 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         ];
         over.get_or_create(&l).set(r.count as i64);
     }
+}
+
+/// `drops`: the datapath's drop counters, by reason.
+fn register_drops(reg: &mut Registry, pin_dir: &Path) {
     let drops = Family::<Labels, Counter>::default();
     reg.register(
         "drops",
@@ -109,6 +141,10 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
                 .inc_by(c.packets);
         }
     }
+}
+
+/// The NAT table's use per EIP, its events and how full it is.
+fn register_nat(reg: &mut Registry, pin_dir: &Path) {
     let nat_entries = Family::<Labels, Gauge>::default();
     let ports = Family::<Labels, Gauge>::default();
     reg.register(
@@ -145,26 +181,26 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
             nat_total += u.entries;
         }
     }
-    register_nat_fill(&mut reg, pin_dir, nat_total);
-    let gauge = |reg: &mut Registry, name: &str, help: &str, v: i64| {
-        let g = Gauge::<i64>::default();
-        g.set(v);
-        reg.register(name, help, g);
-    };
-    gauge(
-        &mut reg,
+    register_nat_fill(reg, pin_dir, nat_total);
+}
+
+/// The node's own state: EIPs announced, fencing, routes learned and the
+/// heartbeat's age.
+fn register_node_state(reg: &mut Registry, facts: &AgentFacts) {
+    register_gauge(
+        reg,
         "announced_eips",
         "EIPs this node announces now",
         facts.announced_eips as i64,
     );
-    gauge(
-        &mut reg,
+    register_gauge(
+        reg,
         "fenced",
         "1 while this gateway-eligible node has fenced itself (datastore lost too long) and announces no EIP; always 0 on other nodes",
         i64::from(facts.fenced),
     );
-    gauge(
-        &mut reg,
+    register_gauge(
+        reg,
         "bgp_learned_routes",
         "Routes learned from the reflectors",
         facts.bgp_learned_routes as i64,
@@ -178,9 +214,10 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
             g,
         );
     }
-    if let Some(status) = &facts.bgp {
-        crate::bgp_metrics::register(&mut reg, status);
-    }
+}
+
+/// The agent loop's counters: reconciles, datastore lists and watch batches.
+fn register_loop_counters(reg: &mut Registry, facts: &AgentFacts) {
     for (name, help, n) in [
         (
             "reconciles",
@@ -202,9 +239,6 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
         c.inc_by(n);
         reg.register(name, help, c);
     }
-    let mut out = String::new();
-    let _ = encode(&mut out, &reg);
-    out
 }
 
 /// How full the NAT table is. An LRU table that is full makes room for a

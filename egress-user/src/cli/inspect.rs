@@ -92,48 +92,9 @@ fn name_policies(
 
 /// The datapath maps as readable tables.
 fn print_datapath(dp: &serde_json::Value) {
-    let s = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    if let Some(c) = dp.get("config") {
-        println!("\nCONFIG");
-        if let Some(o) = c.as_object() {
-            for (k, v) in o {
-                println!("  {k:<16} {}", s(v));
-            }
-        }
-    }
-    let table = |title: &str, key: &str, cols: &[&str]| {
-        let Some(rows) = dp.get(key).and_then(|v| v.as_array()) else {
-            return;
-        };
-        println!("\n{title} ({})", rows.len());
-        // Each column as wide as its widest cell, two spaces between.
-        let widths: Vec<usize> = cols
-            .iter()
-            .map(|c| {
-                rows.iter()
-                    .map(|r| s(&r[*c]).len())
-                    .chain([c.len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: Vec<String>| {
-            let padded: Vec<String> = cells
-                .iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            println!("  {}", padded.join("  ").trim_end());
-        };
-        line(cols.iter().map(|c| c.to_uppercase()).collect());
-        for r in rows {
-            line(cols.iter().map(|c| s(&r[*c])).collect());
-        }
-    };
-    table(
+    print_config(dp);
+    print_table(
+        dp,
         "POLICY TARGETS",
         "policy_targets",
         &[
@@ -145,63 +106,146 @@ fn print_datapath(dp: &serde_json::Value) {
             "gateway_tunnel_ip",
         ],
     );
-    table("POLICY SOURCES", "policy_sources", &["source", "slots"]);
-    table(
+    print_table(dp, "POLICY SOURCES", "policy_sources", &["source", "slots"]);
+    print_table(
+        dp,
         "POLICY DESTINATIONS",
         "policy_destinations",
         &["destination", "slots", "excluded", "cluster"],
     );
-    table("PORT BLOCKS", "port_blocks", &["eip", "blocks"]);
-    table(
+    print_table(dp, "PORT BLOCKS", "port_blocks", &["eip", "blocks"]);
+    print_table(
+        dp,
         "REPLY STEERING",
         "reply_steering",
         &["eip", "block", "worker_tunnel_ip", "flags"],
     );
-    table("OWNED EIPS", "owned_eips", &["eip", "flags", "epoch"]);
+    print_table(dp, "OWNED EIPS", "owned_eips", &["eip", "flags", "epoch"]);
+    print_announce_lease(dp);
+    print_table(dp, "ROUTES (BGP)", "routes", &["eip", "tunnel_ip", "epoch"]);
+    print_table(
+        dp,
+        "NAT USE",
+        "nat_use",
+        &["eip", "entries", "ports_in_use"],
+    );
+    print_policy_counters(dp);
+    print_nat_events(dp);
+    print_drops(dp);
+}
+
+/// A JSON value as a table cell: strings without their quotes.
+fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The datapath configuration, one `key value` line each.
+fn print_config(dp: &serde_json::Value) {
+    let Some(c) = dp.get("config") else {
+        return;
+    };
+    println!("\nCONFIG");
+    if let Some(o) = c.as_object() {
+        for (k, v) in o {
+            println!("  {k:<16} {}", cell(v));
+        }
+    }
+}
+
+/// The rows of `dp[key]` under `title`, one column per field in `cols`
+/// (nothing when the map was not pinned).
+fn print_table(dp: &serde_json::Value, title: &str, key: &str, cols: &[&str]) {
+    let Some(rows) = dp.get(key).and_then(|v| v.as_array()) else {
+        return;
+    };
+    println!("\n{title} ({})", rows.len());
+    // Each column as wide as its widest cell, two spaces between.
+    let widths: Vec<usize> = cols
+        .iter()
+        .map(|c| {
+            rows.iter()
+                .map(|r| cell(&r[*c]).len())
+                .chain([c.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("  {}", padded.join("  ").trim_end());
+    };
+    line(cols.iter().map(|c| c.to_uppercase()).collect());
+    for r in rows {
+        line(cols.iter().map(|c| cell(&r[*c])).collect());
+    }
+}
+
+/// How long this node still answers ARP/NDP for its EIPs.
+fn print_announce_lease(dp: &serde_json::Value) {
     match dp.get("announce_lease_ms") {
         Some(serde_json::Value::Null) => println!("  announce lease: no limit"),
         Some(v) if v.as_i64().is_some_and(|ms| ms < 0) => println!(
             "  announce lease: EXPIRED {} ms ago (ARP/NDP for owned EIPs not answered; agent down or fenced?)",
             -v.as_i64().unwrap_or(0)
         ),
-        Some(v) => println!("  announce lease: {} ms left", s(v)),
+        Some(v) => println!("  announce lease: {} ms left", cell(v)),
         None => {}
     }
-    table("ROUTES (BGP)", "routes", &["eip", "tunnel_ip", "epoch"]);
-    table("NAT USE", "nat_use", &["eip", "entries", "ports_in_use"]);
-    if let Some(p) = dp.get("policy_stats").and_then(|v| v.as_object()) {
-        println!("\nPOLICY COUNTERS");
+}
+
+/// Packets and bytes per policy and direction.
+fn print_policy_counters(dp: &serde_json::Value) {
+    let Some(p) = dp.get("policy_stats").and_then(|v| v.as_object()) else {
+        return;
+    };
+    println!("\nPOLICY COUNTERS");
+    println!(
+        "  {:<40} {:<10} {:>12} {:>14} {:>12} {:>14}",
+        "POLICY", "ID", "EGRESS_PKTS", "EGRESS_BYTES", "REPLY_PKTS", "REPLY_BYTES"
+    );
+    for (id, c) in p {
         println!(
             "  {:<40} {:<10} {:>12} {:>14} {:>12} {:>14}",
-            "POLICY", "ID", "EGRESS_PKTS", "EGRESS_BYTES", "REPLY_PKTS", "REPLY_BYTES"
+            cell(&c["policy"]),
+            id,
+            cell(&c["egress_packets"]),
+            cell(&c["egress_bytes"]),
+            cell(&c["reply_packets"]),
+            cell(&c["reply_bytes"])
         );
-        for (id, c) in p {
-            println!(
-                "  {:<40} {:<10} {:>12} {:>14} {:>12} {:>14}",
-                s(&c["policy"]),
-                id,
-                s(&c["egress_packets"]),
-                s(&c["egress_bytes"]),
-                s(&c["reply_packets"]),
-                s(&c["reply_bytes"])
-            );
-        }
     }
-    if let Some(e) = dp.get("nat_events").and_then(|v| v.as_object()) {
-        println!("\nNAT EVENTS");
-        for (event, n) in e {
-            println!("  {event:<20} {:>12}", s(n));
-        }
+}
+
+/// The NAT event counters.
+fn print_nat_events(dp: &serde_json::Value) {
+    let Some(e) = dp.get("nat_events").and_then(|v| v.as_object()) else {
+        return;
+    };
+    println!("\nNAT EVENTS");
+    for (event, n) in e {
+        println!("  {event:<20} {:>12}", cell(n));
     }
-    if let Some(d) = dp.get("drops").and_then(|v| v.as_object()) {
-        println!("\nDROPS");
-        for (reason, c) in d {
-            println!(
-                "  {:<20} {:>12} {:>14}",
-                reason,
-                s(&c["packets"]),
-                s(&c["bytes"])
-            );
-        }
+}
+
+/// Packets and bytes dropped, by reason.
+fn print_drops(dp: &serde_json::Value) {
+    let Some(d) = dp.get("drops").and_then(|v| v.as_object()) else {
+        return;
+    };
+    println!("\nDROPS");
+    for (reason, c) in d {
+        println!(
+            "  {:<20} {:>12} {:>14}",
+            reason,
+            cell(&c["packets"]),
+            cell(&c["bytes"])
+        );
     }
 }

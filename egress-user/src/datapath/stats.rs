@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use aya::maps::{MapData, PerCpuArray};
-use egress_common::{maps::IFACE_STATS, TrafficCounter};
+use egress_common::{addr::Addr, maps::IFACE_STATS, TrafficCounter};
+use serde_json::json;
 
 /// Sums the per-CPU slots of the `tc_count` program's counter, read from its pin.
 pub fn read_iface_stats(pin_dir: &Path) -> anyhow::Result<TrafficCounter> {
@@ -145,183 +146,227 @@ fn slot_list(set: &egress_common::policy::SlotSet) -> Vec<usize> {
 /// Everything the datapath maps of a node hold, decoded, as JSON (maps that
 /// are not pinned are left out). `egress inspect` prints this.
 pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
-    use aya::maps::{Array, HashMap, Map};
-    use egress_common::{
-        addr::Addr,
-        config::DatapathConfig,
-        maps::*,
-        policy::EgressTarget,
-        ports::PortBlocks,
-        steering::{OwnedEip, SteerKey, SteerTarget},
-    };
-    use serde_json::json;
-    let open = |name: &str| -> Option<Map> {
-        let p = pin_dir.join(name);
-        let data = MapData::from_pin(&p).ok()?;
-        Map::from_map_data(data).ok()
-    };
+    use egress_common::maps::*;
+    type MapSection = fn(aya::maps::Map) -> anyhow::Result<serde_json::Value>;
+    type PinSection = fn(&Path) -> anyhow::Result<serde_json::Value>;
+    // Decoded from the opened map; a map that does not open is left out.
+    let maps: [(&str, &str, MapSection); 8] = [
+        (CONFIG, "config", config_json),
+        (POLICY_TARGETS, "policy_targets", policy_targets_json),
+        (POLICY_SRC, "policy_sources", policy_sources_json),
+        (POLICY_DST, "policy_destinations", policy_destinations_json),
+        (PORT_BLOCKS, "port_blocks", port_blocks_json),
+        (REPLY_STEERING, "reply_steering", reply_steering_json),
+        (OWNED_EIPS, "owned_eips", owned_eips_json),
+        (ROUTES, "routes", routes_json),
+    ];
+    // Their readers open the pin themselves (and fail if it does not
+    // open): only whether the pin exists is asked here.
+    let pins: [(&str, &str, PinSection); 5] = [
+        (DROPS, "drops", drops_json),
+        (NAT_EVENTS, "nat_events", nat_events_json),
+        (POLICY_STATS, "policy_stats", policy_stats_json),
+        (ANNOUNCE_UNTIL, "announce_lease_ms", announce_lease_json),
+        (NAT_REV, "nat_use", nat_use_json),
+    ];
     let mut out = serde_json::Map::new();
-    if let Some(m) = open(CONFIG) {
-        let a: Array<_, DatapathConfig> = Array::try_from(m)?;
-        let c = a.get(&0, 0)?;
-        out.insert(
-            "config".into(),
-            json!({
-                "vxlan_ifindex": c.vxlan_ifindex, "vni": c.vni, "uplink_ifindex": c.uplink_ifindex,
-                "flags": c.flags, "tunnel_mtu": c.tunnel_mtu, "port_block_size": c.port_block_size,
-                "node_tunnel_ip": std::net::Ipv4Addr::from(c.node_tunnel_ip).to_string(),
-                "vxlan_port": c.vxlan_port, "policy_epoch": c.policy_epoch,
-                "gateway_epoch": c.gateway_epoch, "cache_ticks": c.cache_ticks,
-            }),
-        );
-    }
-    if let Some(m) = open(POLICY_TARGETS) {
-        let a: Array<_, EgressTarget> = Array::try_from(m)?;
-        let mut v = Vec::new();
-        for (slot, t) in a.iter().enumerate() {
-            let t = t?;
-            if t.flags == 0 {
-                continue;
-            }
-            v.push(json!({
-                "slot": slot, "policy_id": t.policy_id, "flags": t.flags,
-                "eip_v4": addr_from_key(&t.eip_v4).to_string(),
-                "eip_v6": addr_from_key(&t.eip_v6).to_string(),
-                "gateway_tunnel_ip": std::net::Ipv4Addr::from(t.gateway_tunnel_ip).to_string(),
-            }));
+    for (map, key, section) in maps {
+        if let Some(m) = open_pinned(pin_dir, map) {
+            out.insert(key.into(), section(m)?);
         }
-        out.insert("policy_targets".into(), v.into());
     }
-    if let Some(m) = open(POLICY_SRC) {
-        // Which pods this node translates, and for which policy slots.
-        let t: aya::maps::LpmTrie<_, Addr, egress_common::policy::SrcMatch> =
-            aya::maps::LpmTrie::try_from(m)?;
-        let mut v = Vec::new();
-        for r in t.iter() {
-            let (k, m) = r?;
-            v.push(json!({ "source": prefix_text(&k), "slots": slot_list(&m.slots) }));
+    for (pin, key, section) in pins {
+        if pin_dir.join(pin).exists() {
+            out.insert(key.into(), section(pin_dir)?);
         }
-        out.insert("policy_sources".into(), v.into());
-    }
-    if let Some(m) = open(POLICY_DST) {
-        // Which destinations each slot covers or excludes; cluster CIDRs.
-        let t: aya::maps::LpmTrie<_, Addr, egress_common::policy::DstMatch> =
-            aya::maps::LpmTrie::try_from(m)?;
-        let mut v = Vec::new();
-        for r in t.iter() {
-            let (k, m) = r?;
-            v.push(json!({
-                "destination": prefix_text(&k),
-                "slots": slot_list(&m.slots),
-                "excluded": slot_list(&m.excluded),
-                "cluster": m.flags & egress_common::policy::DST_CLUSTER != 0,
-            }));
-        }
-        out.insert("policy_destinations".into(), v.into());
-    }
-    if let Some(m) = open(PORT_BLOCKS) {
-        let h: HashMap<_, Addr, PortBlocks> = HashMap::try_from(m)?;
-        let mut v = Vec::new();
-        for r in h.iter() {
-            let (k, b) = r?;
-            let n = (b.count as usize).min(b.blocks.len());
-            v.push(json!({ "eip": addr_from_key(&k).to_string(), "blocks": &b.blocks[..n] }));
-        }
-        out.insert("port_blocks".into(), v.into());
-    }
-    if let Some(m) = open(REPLY_STEERING) {
-        let h: HashMap<_, SteerKey, SteerTarget> = HashMap::try_from(m)?;
-        let mut v = Vec::new();
-        for r in h.iter() {
-            let (k, t) = r?;
-            v.push(json!({
-                "eip": addr_from_key(&k.eip).to_string(), "block": k.block,
-                "worker_tunnel_ip": std::net::Ipv4Addr::from(t.worker_tunnel_ip).to_string(),
-                "flags": t.flags,
-            }));
-        }
-        out.insert("reply_steering".into(), v.into());
-    }
-    if let Some(m) = open(OWNED_EIPS) {
-        let h: HashMap<_, Addr, OwnedEip> = HashMap::try_from(m)?;
-        let mut v = Vec::new();
-        for r in h.iter() {
-            let (k, o) = r?;
-            v.push(
-                json!({ "eip": addr_from_key(&k).to_string(), "flags": o.flags, "epoch": o.epoch }),
-            );
-        }
-        out.insert("owned_eips".into(), v.into());
-    }
-    if let Some(m) = open(ROUTES) {
-        let t: aya::maps::LpmTrie<_, Addr, egress_common::route::RouteNextHop> =
-            aya::maps::LpmTrie::try_from(m)?;
-        let mut v = Vec::new();
-        for r in t.iter() {
-            let (k, n) = r?;
-            v.push(json!({
-                "eip": addr_from_key(&k.data()).to_string(),
-                "tunnel_ip": std::net::Ipv4Addr::from(n.tunnel_ip).to_string(),
-                "epoch": n.epoch,
-            }));
-        }
-        out.insert("routes".into(), v.into());
-    }
-    if pin_dir.join(DROPS).exists() {
-        let d: serde_json::Map<String, serde_json::Value> = read_drops(pin_dir)?
-            .into_iter()
-            .map(|(n, c)| {
-                (
-                    n.to_string(),
-                    json!({ "packets": c.packets, "bytes": c.bytes }),
-                )
-            })
-            .collect();
-        out.insert("drops".into(), d.into());
-    }
-    if pin_dir.join(NAT_EVENTS).exists() {
-        let e: serde_json::Map<String, serde_json::Value> = read_nat_events(pin_dir)?
-            .into_iter()
-            .map(|(n, c)| (n.to_string(), json!(c.packets)))
-            .collect();
-        out.insert("nat_events".into(), e.into());
-    }
-    if pin_dir.join(POLICY_STATS).exists() {
-        let p: serde_json::Map<String, serde_json::Value> = read_policy_stats(pin_dir)?
-            .into_iter()
-            .map(|(id, s)| {
-                (
-                    id.to_string(),
-                    json!({
-                        "egress_packets": s.egress_packets, "egress_bytes": s.egress_bytes,
-                        "reply_packets": s.reply_packets, "reply_bytes": s.reply_bytes,
-                    }),
-                )
-            })
-            .collect();
-        out.insert("policy_stats".into(), p.into());
-    }
-    if pin_dir.join(ANNOUNCE_UNTIL).exists() {
-        // Milliseconds left (negative: expired, the node answers for no EIP);
-        // null: no limit.
-        let left = match super::lease::read(pin_dir)? {
-            super::lease::Lease::Unlimited => serde_json::Value::Null,
-            super::lease::Lease::Until(t) => {
-                let now = std::time::Instant::now();
-                json!(if t >= now {
-                    (t - now).as_millis() as i64
-                } else {
-                    -((now - t).as_millis() as i64)
-                })
-            }
-        };
-        out.insert("announce_lease_ms".into(), left);
-    }
-    if pin_dir.join(NAT_REV).exists() {
-        out.insert(
-            "nat_use".into(),
-            serde_json::to_value(read_nat_use(pin_dir)?)?,
-        );
     }
     Ok(out.into())
+}
+
+/// The map pinned as `name`, None when it is not pinned.
+fn open_pinned(pin_dir: &Path, name: &str) -> Option<aya::maps::Map> {
+    let p = pin_dir.join(name);
+    let data = MapData::from_pin(&p).ok()?;
+    aya::maps::Map::from_map_data(data).ok()
+}
+
+/// The datapath configuration (slot 0 of `CONFIG`).
+fn config_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let a: aya::maps::Array<_, egress_common::config::DatapathConfig> =
+        aya::maps::Array::try_from(m)?;
+    let c = a.get(&0, 0)?;
+    Ok(json!({
+        "vxlan_ifindex": c.vxlan_ifindex, "vni": c.vni, "uplink_ifindex": c.uplink_ifindex,
+        "flags": c.flags, "tunnel_mtu": c.tunnel_mtu, "port_block_size": c.port_block_size,
+        "node_tunnel_ip": std::net::Ipv4Addr::from(c.node_tunnel_ip).to_string(),
+        "vxlan_port": c.vxlan_port, "policy_epoch": c.policy_epoch,
+        "gateway_epoch": c.gateway_epoch, "cache_ticks": c.cache_ticks,
+    }))
+}
+
+/// The policy slots in use (flags set) and their targets.
+fn policy_targets_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let a: aya::maps::Array<_, egress_common::policy::EgressTarget> =
+        aya::maps::Array::try_from(m)?;
+    let mut v = Vec::new();
+    for (slot, t) in a.iter().enumerate() {
+        let t = t?;
+        if t.flags == 0 {
+            continue;
+        }
+        v.push(json!({
+            "slot": slot, "policy_id": t.policy_id, "flags": t.flags,
+            "eip_v4": addr_from_key(&t.eip_v4).to_string(),
+            "eip_v6": addr_from_key(&t.eip_v6).to_string(),
+            "gateway_tunnel_ip": std::net::Ipv4Addr::from(t.gateway_tunnel_ip).to_string(),
+        }));
+    }
+    Ok(v.into())
+}
+
+/// Which pods this node translates, and for which policy slots.
+fn policy_sources_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let t: aya::maps::LpmTrie<_, Addr, egress_common::policy::SrcMatch> =
+        aya::maps::LpmTrie::try_from(m)?;
+    let mut v = Vec::new();
+    for r in t.iter() {
+        let (k, m) = r?;
+        v.push(json!({ "source": prefix_text(&k), "slots": slot_list(&m.slots) }));
+    }
+    Ok(v.into())
+}
+
+/// Which destinations each slot covers or excludes; cluster CIDRs.
+fn policy_destinations_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let t: aya::maps::LpmTrie<_, Addr, egress_common::policy::DstMatch> =
+        aya::maps::LpmTrie::try_from(m)?;
+    let mut v = Vec::new();
+    for r in t.iter() {
+        let (k, m) = r?;
+        v.push(json!({
+            "destination": prefix_text(&k),
+            "slots": slot_list(&m.slots),
+            "excluded": slot_list(&m.excluded),
+            "cluster": m.flags & egress_common::policy::DST_CLUSTER != 0,
+        }));
+    }
+    Ok(v.into())
+}
+
+/// The port blocks granted to this node, per EIP.
+fn port_blocks_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let h: aya::maps::HashMap<_, Addr, egress_common::ports::PortBlocks> =
+        aya::maps::HashMap::try_from(m)?;
+    let mut v = Vec::new();
+    for r in h.iter() {
+        let (k, b) = r?;
+        let n = (b.count as usize).min(b.blocks.len());
+        v.push(json!({ "eip": addr_from_key(&k).to_string(), "blocks": &b.blocks[..n] }));
+    }
+    Ok(v.into())
+}
+
+/// Which worker each (EIP, port block) of replies goes to.
+fn reply_steering_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    use egress_common::steering::{SteerKey, SteerTarget};
+    let h: aya::maps::HashMap<_, SteerKey, SteerTarget> = aya::maps::HashMap::try_from(m)?;
+    let mut v = Vec::new();
+    for r in h.iter() {
+        let (k, t) = r?;
+        v.push(json!({
+            "eip": addr_from_key(&k.eip).to_string(), "block": k.block,
+            "worker_tunnel_ip": std::net::Ipv4Addr::from(t.worker_tunnel_ip).to_string(),
+            "flags": t.flags,
+        }));
+    }
+    Ok(v.into())
+}
+
+/// The EIPs this node owns as a gateway.
+fn owned_eips_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let h: aya::maps::HashMap<_, Addr, egress_common::steering::OwnedEip> =
+        aya::maps::HashMap::try_from(m)?;
+    let mut v = Vec::new();
+    for r in h.iter() {
+        let (k, o) = r?;
+        v.push(json!({ "eip": addr_from_key(&k).to_string(), "flags": o.flags, "epoch": o.epoch }));
+    }
+    Ok(v.into())
+}
+
+/// The EIP routes learned over BGP: each EIP's gateway tunnel address.
+fn routes_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
+    let t: aya::maps::LpmTrie<_, Addr, egress_common::route::RouteNextHop> =
+        aya::maps::LpmTrie::try_from(m)?;
+    let mut v = Vec::new();
+    for r in t.iter() {
+        let (k, n) = r?;
+        v.push(json!({
+            "eip": addr_from_key(&k.data()).to_string(),
+            "tunnel_ip": std::net::Ipv4Addr::from(n.tunnel_ip).to_string(),
+            "epoch": n.epoch,
+        }));
+    }
+    Ok(v.into())
+}
+
+/// Packets and bytes dropped, by reason.
+fn drops_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let d: serde_json::Map<String, serde_json::Value> = read_drops(pin_dir)?
+        .into_iter()
+        .map(|(n, c)| {
+            (
+                n.to_string(),
+                json!({ "packets": c.packets, "bytes": c.bytes }),
+            )
+        })
+        .collect();
+    Ok(d.into())
+}
+
+/// Packets per NAT event.
+fn nat_events_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let e: serde_json::Map<String, serde_json::Value> = read_nat_events(pin_dir)?
+        .into_iter()
+        .map(|(n, c)| (n.to_string(), json!(c.packets)))
+        .collect();
+    Ok(e.into())
+}
+
+/// Packets and bytes per policy id and direction.
+fn policy_stats_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let p: serde_json::Map<String, serde_json::Value> = read_policy_stats(pin_dir)?
+        .into_iter()
+        .map(|(id, s)| {
+            (
+                id.to_string(),
+                json!({
+                    "egress_packets": s.egress_packets, "egress_bytes": s.egress_bytes,
+                    "reply_packets": s.reply_packets, "reply_bytes": s.reply_bytes,
+                }),
+            )
+        })
+        .collect();
+    Ok(p.into())
+}
+
+/// Milliseconds left of the announce lease (negative: expired, the node
+/// answers for no EIP); null: no limit.
+fn announce_lease_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    Ok(match super::lease::read(pin_dir)? {
+        super::lease::Lease::Unlimited => serde_json::Value::Null,
+        super::lease::Lease::Until(t) => {
+            let now = std::time::Instant::now();
+            json!(if t >= now {
+                (t - now).as_millis() as i64
+            } else {
+                -((now - t).as_millis() as i64)
+            })
+        }
+    })
+}
+
+/// NAT entries and ports in use per EIP.
+fn nat_use_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    Ok(serde_json::to_value(read_nat_use(pin_dir)?)?)
 }
