@@ -81,6 +81,10 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 {{- if le $evict (addf $monitor $update) -}}
 {{- fail (printf "feature.eipEvictionTimeout (%s) must be longer than feature.tunnelMonitorPeriod (%s) + feature.tunnelUpdatePeriod (%s): otherwise a healthy gateway whose heartbeat lands just after a check loses its EIPs" $f.eipEvictionTimeout $f.tunnelMonitorPeriod $f.tunnelUpdatePeriod) -}}
 {{- end -}}
+{{- $quarantine := include "egress-gateway.durationMs" $f.portReleaseQuarantine | float64 -}}
+{{- if or (lt $quarantine 2000.0) (gt $quarantine 3600000.0) -}}
+{{- fail (printf "feature.portReleaseQuarantine (%s) must be from 2s (the period of the agents' port reports) to 1h" $f.portReleaseQuarantine) -}}
+{{- end -}}
 {{- $range := splitList "-" $f.nodeIpPortRange -}}
 {{- $first := index $range 0 | int -}}
 {{- $last := index $range 1 | int -}}

@@ -1,7 +1,8 @@
 //! What the agent tells the controller about its port blocks: per EIP, the
 //! ports in use (the live NAT flows to the busiest remote address and
 //! port: that is what competes for ports), and the draining blocks that no
-//! live NAT entry uses and have not for [`QUARANTINE`]. The decisions are
+//! live NAT entry uses and have not for the quarantine
+//! (`--port-release-quarantine`, 30 s by default). The decisions are
 //! pure functions over plain data ([`summarize`], [`Drains::released`],
 //! [`must_publish`]); [`read_flows`] and [`run`] are the thin I/O around
 //! them.
@@ -20,11 +21,6 @@ use egress_control::controller::grants::wanted_blocks;
 use egress_control::datastore::Datastore;
 
 use crate::datapath::stats::addr_from_key;
-
-/// How long a draining block must stay free of live NAT entries before the
-/// agent reports it released: packets in flight, and late segments of
-/// closed flows from remote peers, must not reach the next holder.
-pub const QUARANTINE: Duration = Duration::from_secs(30);
 
 /// How often the agent reads its NAT tables and reports.
 pub const PERIOD: Duration = Duration::from_secs(2);
@@ -230,6 +226,7 @@ pub async fn run(
     ds: Arc<dyn Datastore>,
     node: String,
     pin_dir: PathBuf,
+    quarantine: Duration,
     grants: tokio::sync::watch::Receiver<Option<EgressTunnelStatus>>,
 ) {
     let mut drains = Drains::default();
@@ -238,7 +235,7 @@ pub async fn run(
         tick.tick().await;
         let st = grants.borrow().clone();
         let Some(st) = st else { continue };
-        if let Err(e) = once(ds.as_ref(), &node, &pin_dir, &st, &mut drains).await {
+        if let Err(e) = once(ds.as_ref(), &node, &pin_dir, quarantine, &st, &mut drains).await {
             tracing::debug!(error = %format!("{e:#}"), "port use not reported this time");
         }
     }
@@ -248,6 +245,7 @@ async fn once(
     ds: &dyn Datastore,
     node: &str,
     pin_dir: &Path,
+    quarantine: Duration,
     st: &EgressTunnelStatus,
     drains: &mut Drains,
 ) -> Result<()> {
@@ -256,7 +254,7 @@ async fn once(
     }
     let flows = read_flows(pin_dir)?;
     let use_ = summarize(&flows, st.port_block_size);
-    let released = drains.released(Instant::now(), &draining(st), &use_, QUARANTINE);
+    let released = drains.released(Instant::now(), &draining(st), &use_, quarantine);
     let new = report(st, &use_, &released);
     if must_publish(&new, &st.port_use, st.port_block_size) {
         egress_control::registration::publish_port_use(ds, node, &new).await?;

@@ -78,6 +78,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         ds.clone(),
         s.node.clone(),
         s.pin_dir.clone(),
+        s.port_release_quarantine,
         grants_rx,
     )));
     // The longest the agent trusts its watches before it lists every kind again.

@@ -37,6 +37,9 @@ pub struct AgentSettings {
     pub admin_addr: SocketAddr,
     /// A full reconcile at least this often, whatever the watches say.
     pub resync: Duration,
+    /// How long a draining port block stays free of NAT entries before it
+    /// is reported released (`port_use`).
+    pub port_release_quarantine: Duration,
     /// Answer datapath probes on (tunnel address, port) with these settings.
     pub probe: Option<(egress_failover::probe::SessionConfig, u16)>,
     /// Peer with these reflectors and announce pod CIDRs and owned EIPs.

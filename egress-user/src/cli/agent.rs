@@ -85,6 +85,12 @@ pub struct AgentArgs {
     /// Time without heartbeat after which EIPs move (spidernet's eipEvictionTimeout).
     #[arg(long, default_value = "15s")]
     pub eip_eviction_timeout: String,
+    /// How long a draining port block must stay free of NAT entries before
+    /// the agent reports it released (the controller may then grant it to
+    /// another node): late packets of closed flows must not reach the next
+    /// holder. At least 2s (the report period), at most 1h.
+    #[arg(long, default_value = "30s", value_parser = parse_quarantine)]
+    pub port_release_quarantine: Duration,
     /// Do not answer ARP/NDP for owned EIPs (BGP mode only).
     #[arg(long)]
     pub no_l2_announce: bool,
@@ -272,9 +278,22 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             args.probe_port,
         )),
         resync: Duration::from_secs(30),
+        port_release_quarantine: args.port_release_quarantine,
         bgp: args.bgp.config().await?,
     };
     crate::agent::run(settings, ds).await
+}
+
+/// `--port-release-quarantine`: a duration from the report period to an hour.
+fn parse_quarantine(s: &str) -> Result<Duration, String> {
+    let d = egress_failover::timers::parse_duration(s).map_err(|e| e.to_string())?;
+    let least = crate::agent::port_use::PERIOD;
+    if d < least || d > Duration::from_secs(3600) {
+        return Err(format!(
+            "{s}: must be from {least:?} (the period of the agent's port reports: a shorter quarantine would not be checked) to 1h"
+        ));
+    }
+    Ok(d)
 }
 
 async fn run_count_probe(args: AgentArgs) -> anyhow::Result<()> {
@@ -319,5 +338,22 @@ mod tests {
         assert!(small.contains("from 1024"), "{small}");
         assert!(super::parse_nat_table_size("lots").is_err());
         assert!(super::parse_nat_table_size("16777217").is_err());
+    }
+
+    #[test]
+    fn the_port_release_quarantine_is_bounded() {
+        use std::time::Duration;
+        assert_eq!(super::parse_quarantine("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(
+            super::parse_quarantine("1m30s"),
+            Ok(Duration::from_secs(90))
+        );
+        let short = super::parse_quarantine("500ms").unwrap_err();
+        assert!(
+            short.contains("500ms") && short.contains("port reports"),
+            "{short}"
+        );
+        assert!(super::parse_quarantine("2h").is_err());
+        assert!(super::parse_quarantine("soon").is_err());
     }
 }

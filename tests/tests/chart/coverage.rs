@@ -148,6 +148,7 @@ fn every_value_changes_the_output() {
         ("feature.nodeIpPortRange", json!("49152-65535"), json!({})),
         ("feature.portBlockSize", json!(256), json!({})),
         ("feature.maxPortsPerNode", json!(4096), json!({})),
+        ("feature.portReleaseQuarantine", json!("45s"), json!({})),
         (
             "feature.clusterCIDR.extraCidr",
             json!(["10.96.0.0/12"]),
@@ -261,6 +262,7 @@ const AGENT_FLAGS: &[&str] = &[
     "nat-table-size",
     "node-name",
     "pin-dir",
+    "port-release-quarantine",
     "probe-detect-multiplier",
     "probe-interval-ms",
     "tunnel-monitor-period",

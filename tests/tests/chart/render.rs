@@ -149,6 +149,18 @@ fn helm_rejects_bad_values() {
             "every reflector needs its own",
         ),
         (json!({"bgp": {"listenAddress": "any"}}), "listenAddress"),
+        (
+            json!({"feature": {"portReleaseQuarantine": "1s"}}),
+            "feature.portReleaseQuarantine (1s) must be from 2s",
+        ),
+        (
+            json!({"feature": {"portReleaseQuarantine": "2h"}}),
+            "to 1h",
+        ),
+        (
+            json!({"feature": {"portReleaseQuarantine": "soon"}}),
+            "portReleaseQuarantine",
+        ),
     ];
     for (overrides, expected) in cases {
         match helm(&["template", RELEASE], &overrides, &[]) {

@@ -32,4 +32,6 @@ pub use run::{
 pub use stale::StaleTunnels;
 
 #[cfg(test)]
+mod takeover_tests;
+#[cfg(test)]
 pub(crate) mod tests;

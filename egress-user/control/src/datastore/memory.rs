@@ -25,6 +25,9 @@ struct State {
     uid: u64,
     /// Test hook: the next N updates/status writes fail with a conflict.
     inject_conflicts: u32,
+    /// Test hook: how many more updates/status writes succeed before every
+    /// one fails, as if the writer had died (`None`: no limit).
+    writes_left: Option<u32>,
 }
 
 /// A fence per handle: [`MemoryDatastore::handle`] gives another handle on
@@ -97,12 +100,28 @@ impl MemoryDatastore {
         self.state.lock().unwrap().inject_conflicts = n;
     }
 
+    /// Lets `n` more updates or status writes through, then fails every
+    /// one as a writer that died part-way would leave them (test hook);
+    /// `None` lifts the limit.
+    pub fn stop_writes_after(&self, n: Option<u32>) {
+        self.state.lock().unwrap().writes_left = n;
+    }
+
     fn commit(&self, st: &mut State, ev: WatchEvent) {
         st.history.push(ev.clone());
         let _ = self.tx.send(ev);
     }
 
     fn conflict_injected(st: &mut State, kind: Kind, key: &ObjectKey, rev: u64) -> Result<()> {
+        match &mut st.writes_left {
+            Some(0) => {
+                return Err(DatastoreError::Other(format!(
+                    "{kind} {key}: the writer stopped (test hook)"
+                )))
+            }
+            Some(n) => *n -= 1,
+            None => {}
+        }
         if st.inject_conflicts > 0 {
             st.inject_conflicts -= 1;
             return Err(DatastoreError::Conflict {
