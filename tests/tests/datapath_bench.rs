@@ -28,8 +28,10 @@
 //!    datapath, (b) the same topology built the way spidernet egressgateway
 //!    does it (mangle MARK from an ipset, `ip rule fwmark` into a kernel
 //!    VXLAN device, iptables SNAT on the gateway), (c) plain routing through
-//!    the gateway with SNAT: iperf3 TCP, and 64-byte UDP packets that
-//!    arrive; five rounds in which the modes take turns, medians.
+//!    the gateway with SNAT: iperf3 TCP, 64-byte UDP packets that
+//!    arrive, and short TCP connections per second (`egress-traffic
+//!    crr-client`: connect, 64-byte request and reply, close, four at a
+//!    time); five rounds in which the modes take turns, medians.
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
@@ -675,8 +677,42 @@ fn udp64_mpps(bed: &Bed) -> Result<f64> {
     Ok((packets - lost) / secs / 1e6)
 }
 
-/// Median (TCP Gbit/s, 64-byte UDP Mpps) of each mode, in `MODES` order.
-fn throughputs() -> Result<Vec<(f64, f64)>> {
+/// Short connections (connect, 64-byte request and reply, close) from the
+/// pod to the server for `SECONDS`, `CRR_CLIENTS` at a time: (completed
+/// per second, failed).
+fn crr_per_s(bed: &Bed) -> Result<(f64, u64)> {
+    let traffic = egress_tests::traffic_bin()?;
+    let out = bed.pod.exec(&[
+        "timeout",
+        "30",
+        &traffic.to_string_lossy(),
+        "crr-client",
+        &format!("{SRV}:{CRR_PORT}"),
+        SECONDS,
+        &CRR_CLIENTS.to_string(),
+    ])?;
+    let v: serde_json::Value = serde_json::from_str(out.trim())?;
+    Ok((
+        v["per_second"].as_f64().context("crr per_second")?,
+        v["failed"].as_u64().unwrap_or(0),
+    ))
+}
+
+const CRR_PORT: u16 = 5202;
+const CRR_CLIENTS: usize = 4;
+
+/// The medians of each mode, in `MODES` order.
+struct Throughput {
+    tcp_gbps: f64,
+    udp64_mpps: f64,
+    crr_per_s: f64,
+    /// Short connections that failed, over every round.
+    crr_failed: u64,
+}
+
+/// Each mode's throughput figures, in `MODES` order.
+fn throughputs() -> Result<Vec<Throughput>> {
+    let traffic = egress_tests::traffic_bin()?;
     let mut beds = Vec::new();
     for mode in MODES {
         let bed = testbed(mode)?;
@@ -684,21 +720,35 @@ fn throughputs() -> Result<Vec<(f64, f64)>> {
             .srv
             .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
         server.wait_for_line("Server listening", Duration::from_secs(10))?;
-        beds.push((bed, server));
+        let mut crr = bed.srv.spawn(&[
+            &traffic.to_string_lossy(),
+            "crr-server",
+            &format!("0.0.0.0:{CRR_PORT}"),
+        ])?;
+        crr.wait_for_line("ready", Duration::from_secs(10))?;
+        beds.push((bed, server, crr));
     }
     let mut tcp = vec![Vec::new(); MODES.len()];
     let mut udp = vec![Vec::new(); MODES.len()];
+    let mut crr = vec![Vec::new(); MODES.len()];
+    let mut crr_failed = vec![0u64; MODES.len()];
     for round in 0..ROUNDS {
-        for (m, (bed, _)) in beds.iter().enumerate() {
+        for (m, (bed, _, _)) in beds.iter().enumerate() {
             tcp[m].push(tcp_gbps(bed)?);
         }
-        for (m, (bed, _)) in beds.iter().enumerate() {
+        for (m, (bed, _, _)) in beds.iter().enumerate() {
             udp[m].push(udp64_mpps(bed)?);
+        }
+        for (m, (bed, _, _)) in beds.iter().enumerate() {
+            let (rate, failed) = crr_per_s(bed)?;
+            crr[m].push(rate);
+            crr_failed[m] += failed;
         }
         for (m, mode) in MODES.iter().enumerate() {
             eprintln!(
-                "round {round} {mode:?}: tcp {:.2} Gbit/s, udp64 {:.3} Mpps arriving",
-                tcp[m][round], udp[m][round]
+                "round {round} {mode:?}: tcp {:.2} Gbit/s, udp64 {:.3} Mpps arriving, \
+                 {:.0} short connections/s ({} failed so far)",
+                tcp[m][round], udp[m][round], crr[m][round], crr_failed[m]
             );
         }
     }
@@ -707,7 +757,12 @@ fn throughputs() -> Result<Vec<(f64, f64)>> {
         v[v.len() / 2]
     };
     Ok((0..MODES.len())
-        .map(|m| (med(&mut tcp[m]), med(&mut udp[m])))
+        .map(|m| Throughput {
+            tcp_gbps: med(&mut tcp[m]),
+            udp64_mpps: med(&mut udp[m]),
+            crr_per_s: med(&mut crr[m]),
+            crr_failed: crr_failed[m],
+        })
         .collect())
 }
 
@@ -736,7 +791,9 @@ fn bench_datapath() -> Result<()> {
         least.reply
     );
     let t = throughputs()?;
-    let [(tcp_e, udp_e), (tcp_i, udp_i), (tcp_d, udp_d)] = [t[0], t[1], t[2]];
+    let [(tcp_e, udp_e), (tcp_i, udp_i), (tcp_d, udp_d)] =
+        [0, 1, 2].map(|m| (t[m].tcp_gbps, t[m].udp64_mpps));
+    let [crr_e, crr_i, crr_d] = [0, 1, 2].map(|m| t[m].crr_per_s);
     let r2 = |x: f64| (x * 1000.0).round() / 1000.0;
     let json = serde_json::json!({
         "worker_first_packet_ns": r2(c.first),
@@ -751,6 +808,18 @@ fn bench_datapath() -> Result<()> {
         "udp64_iptables_mpps": r2(udp_i),
         "udp64_direct_mpps": r2(udp_d),
         "ratio_udp64_ebpf_vs_iptables": r2(udp_e / udp_i),
+        // Short TCP connections per second (connect, request, reply, close).
+        "crr_ebpf_per_s": crr_e.round(),
+        "crr_iptables_per_s": crr_i.round(),
+        "crr_direct_per_s": crr_d.round(),
+        "ratio_crr_ebpf_vs_iptables": r2(crr_e / crr_i),
+        "ratio_crr_ebpf_vs_direct": r2(crr_e / crr_d),
+        "crr_failed": {
+            "ebpf": t[0].crr_failed,
+            "iptables": t[1].crr_failed,
+            "direct": t[2].crr_failed,
+        },
+        "crr_clients": CRR_CLIENTS,
         "testrun_runs": RUNS,
         "throughput_rounds": ROUNDS,
         "testrun_floor_ns": r2(c.floor),

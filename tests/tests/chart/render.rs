@@ -153,10 +153,7 @@ fn helm_rejects_bad_values() {
             json!({"feature": {"portReleaseQuarantine": "1s"}}),
             "feature.portReleaseQuarantine (1s) must be from 2s",
         ),
-        (
-            json!({"feature": {"portReleaseQuarantine": "2h"}}),
-            "to 1h",
-        ),
+        (json!({"feature": {"portReleaseQuarantine": "2h"}}), "to 1h"),
         (
             json!({"feature": {"portReleaseQuarantine": "soon"}}),
             "portReleaseQuarantine",

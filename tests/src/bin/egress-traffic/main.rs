@@ -8,6 +8,7 @@
 //! report line on stdout.
 
 mod arp_watch;
+mod tcp_crr;
 mod tcp_echo;
 mod tcp_open;
 
@@ -29,6 +30,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: egress-traffic udp-sink LISTEN | udp-source TARGET [INTERVAL_MS] | \
          tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS] | tcp-open TARGET COUNT | \
+         crr-server LISTEN | crr-client TARGET SECONDS [CONCURRENCY] | \
          arp-watch IFACE TARGET_IP SENDER_IP [INTERVAL_MS]   (stops on SIGTERM; \
          EGRESS_TRAFFIC_DURATION_S limits the run)"
     );
@@ -59,6 +61,14 @@ fn main() {
         Some("tcp-sink") => tcp_sink(addr(1), deadline),
         Some("tcp-source") => tcp_source(addr(1), interval(2), deadline),
         Some("tcp-echo") => tcp_echo::run(addr(1), deadline),
+        Some("crr-server") => tcp_crr::server(addr(1), deadline),
+        Some("crr-client") => tcp_crr::client(
+            addr(1),
+            args.get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage()),
+            args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4),
+        ),
         Some("tcp-open") => Ok(tcp_open::run(
             addr(1),
             args.get(2)
