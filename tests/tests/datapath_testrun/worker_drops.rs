@@ -139,3 +139,69 @@ fn a_translation_frees_its_port_once_idle_for_its_timeout() -> anyhow::Result<()
     assert_eq!(check(&out).sport, 50000);
     Ok(())
 }
+
+/// A TCP segment with FIN (and ACK) set.
+fn tcp4_fin(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(POD_MAC, HOST_MAC)
+        .ipv4(src.octets(), dst.octets(), 64)
+        .tcp(sport, dport, 2000, 64240)
+        .fin()
+        .ack(7)
+        .write(&mut v, b"")
+        .unwrap();
+    v
+}
+
+/// One port (50000) for two pods, TCP's default timeouts (transitory 120 s).
+fn one_port_two_pods() -> anyhow::Result<Fixture> {
+    let mut d = desired();
+    d.config.port_block_size = 1;
+    d.port_blocks[0].blocks = vec![50000];
+    d.policies[0].sources.push(Cidr::host(POD_OTHER.into()));
+    fixture_with(&d)
+}
+
+/// Short connections: once both ends have sent FIN, the port goes at once
+/// to the same pod's next SYN (its timestamps to the server only grow, so
+/// the server's TIME_WAIT takes it); another pod's SYN, and the same pod's
+/// while the old connection is only half closed, wait for the timeout.
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn a_port_closed_both_ways_goes_at_once_to_the_same_pods_next_connection() -> anyhow::Result<()> {
+    let mut fx = one_port_two_pods()?;
+    let open =
+        |fx: &mut Fixture, pod, port| fx.run("worker_egress", &tcp4(pod, SERVER, port, 80, true));
+    let (rc, out) = open(&mut fx, POD, 2000)?;
+    assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
+    let (rc, _) = fx.run("tunnel_ingress", &tcp4(SERVER, EIP, 80, 50000, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "the reply reaches the pod");
+    // Only the pod has closed: the port stays the connection's.
+    let (rc, _) = fx.run("worker_egress", &tcp4_fin(POD, SERVER, 2000, 80))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let (rc, _) = fx.run_sum_unused("worker_egress", &tcp4(POD, SERVER, 2001, 80, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "refused with ICMP back to the pod");
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 1, "half closed: kept");
+    // The server closes too.
+    let (rc, _) = fx.run("tunnel_ingress", &tcp4_fin(SERVER, EIP, 80, 50000))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    // Another pod must still wait.
+    let (rc, _) = fx.run_sum_unused("worker_egress", &tcp4(POD_OTHER, SERVER, 3000, 80, true))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "refused with ICMP back to the pod");
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 2, "another pod's SYN waits");
+    // The same pod's next connection takes the port, and its replies.
+    let (rc, out) = open(&mut fx, POD, 2001)?;
+    assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 2);
+    let (rc, out) = fx.run("tunnel_ingress", &tcp4(SERVER, EIP, 80, 50000, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(check(&out).dport, 2001, "the reply is the new connection's");
+    // The new connection's later segments keep the port ...
+    let (rc, out) = fx.run("worker_egress", &tcp4(POD, SERVER, 2001, 80, false))?;
+    assert_eq!((rc, check(&out).sport), (TC_ACT_REDIRECT, 50000));
+    // ... and a late segment of the old one no longer maps to it.
+    let (rc, _) = fx.run_sum_unused("worker_egress", &tcp4(POD, SERVER, 2000, 80, false))?;
+    assert_eq!(rc, TC_ACT_REDIRECT, "refused with ICMP back to the pod");
+    assert_eq!(fx.drops(DROP_PORTS_EXHAUSTED), 3);
+    Ok(())
+}
