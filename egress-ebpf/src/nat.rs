@@ -172,36 +172,11 @@ fn reclaim_idle(
     } else {
         old.last_seen_ns
     };
-    if !closed_for_the_same_pod(f, old, rev_val, fwd_state)
-        && now.saturating_sub(seen) < idle_timeout_ns(cfg, f.proto, fwd_state, old.state)
-    {
+    if now.saturating_sub(seen) < idle_timeout_ns(cfg, f.proto, fwd_state, old.state) {
         return false;
     }
     let _ = NAT_FWD.remove(&old_fwd);
     NAT_REV.insert(rev, rev_val, u64::from(BPF_ANY)).is_ok()
-}
-
-/// A TCP connection both ends have closed (FIN or RST seen each way),
-/// whose port the same pod's new connection (a SYN) may take at once, as
-/// conntrack reopens a TIME_WAIT entry on a new SYN. The server may still
-/// hold the old connection in TIME_WAIT; it accepts the SYN because it
-/// comes from the same pod, whose TCP timestamps to that server only grow
-/// (Linux keys their offset by the address pair, not the ports). Without
-/// this, short connections would hold each port for the transitory
-/// timeout (120 s) after their close, and a pod opening thousands per
-/// second would exhaust its blocks while its own ports cycle.
-#[inline(always)]
-fn closed_for_the_same_pod(f: &Flow, old: &NatEntry, new: &NatEntry, fwd_state: u8) -> bool {
-    // The same pod: the same veth, and the same address (compared as its
-    // last word with the veth: one pod per veth; a full compare spills
-    // past the stack limit here).
-    let last = |a: &Addr| u32::from_ne_bytes([a[12], a[13], a[14], a[15]]);
-    f.proto == IPPROTO_TCP
-        && f.tcp_flags & TCP_SYN != 0
-        && fwd_state == TCP_CLOSING
-        && old.state == TCP_CLOSING
-        && old.ifindex == new.ifindex
-        && last(&old.addr) == last(&new.addr)
 }
 
 /// The EIP's port blocks on this worker and how many of them new flows
