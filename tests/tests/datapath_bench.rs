@@ -55,6 +55,10 @@ const RUNS: u32 = 1_000_000;
 /// TC_ACT_REDIRECT: the verdict of every measured path.
 const REDIRECT: u32 = 7;
 const BLOCK_SIZE: u16 = 1024;
+/// The worker's blocks: ports 1024-62463, about what the iptables path's
+/// SNAT draws from (1024-65535), so short connections find as many ports
+/// on both (a closed TCP flow keeps its port for the transitory timeout).
+const BLOCKS: std::ops::Range<u16> = 1..61;
 const EIP: &str = "203.0.113.100";
 const SRV: &str = "203.0.113.10";
 const POD: &str = "10.244.1.11";
@@ -106,12 +110,12 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
         port_blocks: if worker {
             vec![PortBlockGrant {
                 eip: EIP.parse().unwrap(),
-                blocks: (40..56).collect(),
+                blocks: BLOCKS.collect(),
             }]
         } else {
             vec![]
         },
-        reply_steering: (40..56)
+        reply_steering: BLOCKS
             .map(|b| ReplySteering {
                 eip: EIP.parse().unwrap(),
                 block: b,
@@ -900,5 +904,30 @@ fn bench_program_costs() -> Result<()> {
         l.forward_cached,
         l.reply
     );
+    Ok(())
+}
+
+/// Short connections through this datapath alone, with the server's and
+/// the pod's TCP counters around the run: where a slow rate comes from.
+#[test]
+#[ignore = "diagnosis: needs root"]
+fn crr_diagnosis() -> Result<()> {
+    let traffic = egress_tests::traffic_bin()?;
+    let bed = testbed(Mode::Ebpf)?;
+    let mut crr = bed.srv.spawn(&[
+        &traffic.to_string_lossy(),
+        "crr-server",
+        &format!("0.0.0.0:{CRR_PORT}"),
+    ])?;
+    crr.wait_for_line("ready", Duration::from_secs(10))?;
+    for round in 0..3 {
+        bed.srv.exec(&["nstat", "-n"])?;
+        bed.pod.exec(&["nstat", "-n"])?;
+        let r = crr_per_s(&bed)?;
+        eprintln!("round {round}: {r:?}");
+        eprintln!("server: {}", bed.srv.exec(&["nstat", "-z", "TcpExtTW*", "TcpExtPAWS*", "TcpExtTCPChallengeACK", "TcpOutRsts", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpPassiveOpens", "TcpExtSyncookies*", "TcpExtListen*"])?);
+        eprintln!("pod: {}", bed.pod.exec(&["nstat", "-z", "TcpActiveOpens", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpOutRsts", "TcpAttemptFails", "TcpExtTCPSynRetrans"])?);
+        eprintln!("server sockets: {}", bed.srv.exec(&["ss", "-s"])?);
+    }
     Ok(())
 }
