@@ -11,6 +11,24 @@ fn p(s: &str) -> Prefix {
     s.parse().unwrap()
 }
 
+/// An UPDATE of origin IGP announcing `prefix` in MP_REACH_NLRI for IPv6
+/// unicast through `next_hop` (global only, no link-local next hop).
+pub(crate) fn ipv6_announce(next_hop: IpAddr, prefix: &str) -> Update {
+    Update {
+        attrs: PathAttributes {
+            origin: Some(Origin::Igp),
+            ..Default::default()
+        },
+        mp_reach: Some(MpReach {
+            family: Family::Ipv6Unicast,
+            next_hop,
+            link_local: None,
+            nlri: vec![p(prefix)],
+        }),
+        ..Default::default()
+    }
+}
+
 const FOUR: CodecOptions = CodecOptions {
     four_octet_as: true,
 };
@@ -498,19 +516,7 @@ fn unknown_optional_transitive_is_kept_with_partial_bit() {
 
 #[test]
 fn ipv6_mp_reach_with_global_next_hop_only() {
-    let u = Update {
-        attrs: PathAttributes {
-            origin: Some(Origin::Igp),
-            ..Default::default()
-        },
-        mp_reach: Some(MpReach {
-            family: Family::Ipv6Unicast,
-            next_hop: IpAddr::V6(Ipv6Addr::LOCALHOST),
-            link_local: None,
-            nlri: vec![p("2001:db8::/32")],
-        }),
-        ..Default::default()
-    };
+    let u = ipv6_announce(IpAddr::V6(Ipv6Addr::LOCALHOST), "2001:db8::/32");
     let Message::Update(back) = roundtrip(&Message::Update(u.clone()), FOUR) else {
         panic!()
     };
