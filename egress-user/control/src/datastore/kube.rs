@@ -244,6 +244,15 @@ fn now_micro() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
+/// Each listed object as JSON, read by `read`; one that does not convert
+/// or that `read` refuses is passed over.
+fn read_each<T: serde::Serialize, R>(items: Vec<T>, read: impl Fn(&Value) -> Option<R>) -> Vec<R> {
+    items
+        .into_iter()
+        .filter_map(|o| read(&serde_json::to_value(o).ok()?))
+        .collect()
+}
+
 fn lease_expired(l: &Value) -> bool {
     let holder = l
         .pointer("/spec/holderIdentity")
@@ -504,18 +513,13 @@ impl Datastore for KubeDatastore {
             .leases()
             .list(&ListParams::default().labels(&format!("{HEARTBEAT_LABEL}=true")))
             .await?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|o| {
-                let v = serde_json::to_value(o).ok()?;
-                Some(Heartbeat {
-                    node: v.pointer("/spec/holderIdentity")?.as_str()?.to_string(),
-                    counter: parse_rv(&v),
-                    renew_time: v.pointer("/spec/renewTime")?.as_str()?.to_string(),
-                })
+        Ok(read_each(list.items, |v| {
+            Some(Heartbeat {
+                node: v.pointer("/spec/holderIdentity")?.as_str()?.to_string(),
+                counter: parse_rv(v),
+                renew_time: v.pointer("/spec/renewTime")?.as_str()?.to_string(),
             })
-            .collect())
+        }))
     }
 
     async fn try_acquire(
@@ -676,33 +680,28 @@ impl Datastore for KubeDatastore {
         let list = api
             .list(&ListParams::default().labels("egress.dev/event=true"))
             .await?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|o| {
-                let v = serde_json::to_value(o).ok()?;
-                let kind = Kind::ALL.into_iter().find(|k| {
-                    v.pointer("/involvedObject/kind").and_then(Value::as_str) == Some(k.name())
-                })?;
-                let s = |p: &str| {
-                    v.pointer(p)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string()
-                };
-                Some(Event {
-                    kind,
-                    key: ObjectKey::namespaced(
-                        s("/involvedObject/namespace"),
-                        s("/involvedObject/name"),
-                    ),
-                    type_: s("/type"),
-                    reason: s("/reason"),
-                    message: s("/message"),
-                    time: s("/lastTimestamp"),
-                })
+        Ok(read_each(list.items, |v| {
+            let kind = Kind::ALL.into_iter().find(|k| {
+                v.pointer("/involvedObject/kind").and_then(Value::as_str) == Some(k.name())
+            })?;
+            let s = |p: &str| {
+                v.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            Some(Event {
+                kind,
+                key: ObjectKey::namespaced(
+                    s("/involvedObject/namespace"),
+                    s("/involvedObject/name"),
+                ),
+                type_: s("/type"),
+                reason: s("/reason"),
+                message: s("/message"),
+                time: s("/lastTimestamp"),
             })
-            .collect())
+        }))
     }
 
     fn writes_cluster_records(&self) -> bool {
