@@ -4,21 +4,8 @@
 use super::*;
 use crate::datastore::memory::MemoryDatastore;
 
-const GOOD: &str = r#"
-apiVersion: egressgateway.egress.dev/v1beta1
-kind: EgressGateway
-metadata: {name: egw}
-spec:
-  ippools: {ipv4: ["10.6.1.21-10.6.1.25"], ipv4DefaultEIP: 10.6.1.21}
-  nodeSelector: {selector: {matchLabels: {egress: "true"}}}
----
-apiVersion: egressgateway.egress.dev/v1beta1
-kind: EgressPolicy
-metadata: {name: web}
-spec:
-  egressGatewayName: egw
-  appliedTo: {podSelector: {matchLabels: {app: web}}}
-"#;
+/// A gateway and a policy that uses it (shared with tests/tests/control_cli.rs).
+const GOOD: &str = include_str!("testdata/gateway_and_policy.yaml");
 
 async fn count(ds: &MemoryDatastore) -> usize {
     let mut n = 0;
