@@ -80,6 +80,15 @@ impl Netns {
         Proc::spawn(self.command(argv), argv.join(" "))
     }
 
+    /// [`Netns::spawn`] of a program that prints `ready` once it serves
+    /// (the traffic tool's sinks and sources), waiting up to 10 s for that.
+    pub fn spawn_ready(&self, argv: &[&str]) -> Result<Proc> {
+        let mut p = self.spawn(argv)?;
+        p.wait_for_line("ready", std::time::Duration::from_secs(10))
+            .with_context(|| argv.join(" "))?;
+        Ok(p)
+    }
+
     /// [`Netns::spawn`], its output in the log file `name` when the
     /// harness logs to a folder ([`crate::process::LOG_DIR_VAR`]).
     pub fn spawn_logged(&self, argv: &[&str], name: &str) -> Result<Proc> {

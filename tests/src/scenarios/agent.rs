@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::{
     ms, say,
-    stage::{spawn_ready, stage},
+    stage::stage,
     tracker::{check_tcp, check_udp, tunnel_phase, wait_new_owner},
     Bins, Options, Outcome,
 };
@@ -163,17 +163,14 @@ pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome
         .map(|i| uplink_mac(&st.cluster, i))
         .collect::<Result<_>>()?;
     let tb = bins.traffic.to_string_lossy().into_owned();
-    let watch = spawn_ready(
-        &st.cluster.topo.fabric,
-        &[
-            &tb,
-            "arp-watch",
-            "br0",
-            &st.eip,
-            &FABRIC_UNDERLAY_IP.to_string(),
-            &ARP_INTERVAL_MS.to_string(),
-        ],
-    )?;
+    let watch = st.cluster.topo.fabric.spawn_ready(&[
+        &tb,
+        "arp-watch",
+        "br0",
+        &st.eip,
+        &FABRIC_UNDERLAY_IP.to_string(),
+        &ARP_INTERVAL_MS.to_string(),
+    ])?;
     let watch_start = Instant::now();
     std::thread::sleep(opts.settle);
 

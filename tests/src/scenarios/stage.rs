@@ -109,13 +109,6 @@ pub(super) struct TcpReport {
     pub(super) detail: Value,
 }
 
-pub(super) fn spawn_ready(ns: &crate::Netns, argv: &[&str]) -> Result<Proc> {
-    let mut p = ns.spawn(argv)?;
-    p.wait_for_line("ready", Duration::from_secs(10))
-        .with_context(|| argv.join(" "))?;
-    Ok(p)
-}
-
 pub(super) fn report_of(mut p: Proc) -> Result<Value> {
     p.signal_term();
     let line = p.wait_for_line("\"role\"", Duration::from_secs(40))?;
@@ -130,19 +123,16 @@ pub(super) fn start_udp(
     interval_ms: u64,
 ) -> Result<(Proc, Proc)> {
     let tb = bins.traffic.to_string_lossy().into_owned();
-    let sink = spawn_ready(
-        &cluster.topo.server,
-        &[&tb, "udp-sink", &format!("0.0.0.0:{port}")],
-    )?;
-    let src = spawn_ready(
-        &cluster.topo.nodes[0].pods[0].ns,
-        &[
-            &tb,
-            "udp-source",
-            &format!("{SERVER_IP}:{port}"),
-            &interval_ms.to_string(),
-        ],
-    )?;
+    let sink = cluster
+        .topo
+        .server
+        .spawn_ready(&[&tb, "udp-sink", &format!("0.0.0.0:{port}")])?;
+    let src = cluster.topo.nodes[0].pods[0].ns.spawn_ready(&[
+        &tb,
+        "udp-source",
+        &format!("{SERVER_IP}:{port}"),
+        &interval_ms.to_string(),
+    ])?;
     Ok((sink, src))
 }
 
@@ -174,19 +164,17 @@ pub(super) fn stop_udp(pair: (Proc, Proc), interval_ms: u64) -> Result<UdpReport
 impl Traffic {
     fn start(cluster: &Cluster, bins: &Bins, opts: &Options) -> Result<Self> {
         let tb = bins.traffic.to_string_lossy().into_owned();
-        let tcp_sink = spawn_ready(
-            &cluster.topo.server,
-            &[&tb, "tcp-sink", &format!("0.0.0.0:{TCP_PORT}")],
-        )?;
-        let tcp_src = spawn_ready(
-            &cluster.topo.nodes[0].pods[0].ns,
-            &[
-                &tb,
-                "tcp-source",
-                &format!("{SERVER_IP}:{TCP_PORT}"),
-                &opts.tcp_interval_ms.to_string(),
-            ],
-        )?;
+        let tcp_sink =
+            cluster
+                .topo
+                .server
+                .spawn_ready(&[&tb, "tcp-sink", &format!("0.0.0.0:{TCP_PORT}")])?;
+        let tcp_src = cluster.topo.nodes[0].pods[0].ns.spawn_ready(&[
+            &tb,
+            "tcp-source",
+            &format!("{SERVER_IP}:{TCP_PORT}"),
+            &opts.tcp_interval_ms.to_string(),
+        ])?;
         let udp = start_udp(cluster, bins, UDP_PORT, opts.udp_interval_ms)?;
         say("traffic started: UDP stream and one TCP connection from p11 to the server");
         Ok(Self {
