@@ -13,21 +13,15 @@ use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
     let mut lan = Lan::new()?;
     let rr = ip(1);
-    let mut ours = Router::start(
-        Kind::Ours,
-        lan.node("rr", rr)?,
-        RouterCfg::reflector(rr, &[ip(11), ip(12)], &[], vec!["192.0.2.1/32".into()]),
+    let mut ours = lan.reflector(
+        "rr",
+        rr,
+        &[ip(11), ip(12)],
+        &[],
+        vec!["192.0.2.1/32".into()],
     )?;
-    let mut theirs = Router::start(
-        kind,
-        lan.node("peer", ip(11))?,
-        RouterCfg::peer_of(ip(11), &[rr], vec![client_prefix(11)]),
-    )?;
-    let observer = Router::start(
-        Kind::Ours,
-        lan.node("obs", ip(12))?,
-        RouterCfg::peer_of(ip(12), &[rr], vec![]),
-    )?;
+    let mut theirs = lan.peer(kind, "peer", ip(11), &[rr], vec![client_prefix(11)])?;
+    let observer = lan.peer(Kind::Ours, "obs", ip(12), &[rr], vec![])?;
     let ours_route = vec!["192.0.2.1/32".to_string()];
     let their_route = vec![client_prefix(11)];
     wait_until("our route at theirs", Duration::from_secs(30), || {
