@@ -21,8 +21,7 @@ fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> anyhow::Result<S
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Result<()> {
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
 
     let eip = eip(0).to_string();
     // The EIP is announced by exactly one gateway, and the worker has the policy.

@@ -5,10 +5,7 @@
 
 use std::time::Duration;
 
-use egress_tests::{
-    cluster::{wait_until, Cluster, ClusterSpec},
-    egress_bin,
-};
+use egress_tests::cluster::{wait_until, Cluster};
 
 /// The HEARTBEAT cell of node `name`'s row in `egress get egt`.
 fn heartbeat_cell(table: &str, name: &str) -> Option<String> {
@@ -24,8 +21,7 @@ fn heartbeat_cell(table: &str, name: &str) -> Option<String> {
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn a_healthy_cluster_reads_healthy() -> anyhow::Result<()> {
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
     cluster.apply_examples()?;
     cluster.example_eip_owner()?;
 
