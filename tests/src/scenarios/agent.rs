@@ -48,12 +48,9 @@ fn uplink_mac(cluster: &Cluster, i: usize) -> Result<String> {
 /// `agent-restart`: see the module doc.
 pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
     let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "agent-restart".into(),
-        ..Default::default()
-    };
-    let (worker, owner) = (0, st.owner);
-    let owner_name = st.cluster.topo.nodes[owner].name.clone();
+    let mut out = Outcome::named("agent-restart");
+    let worker = 0;
+    let (owner, owner_name) = st.owner_and_name();
     anyhow::ensure!(
         AGENT_DOWN * 2 < opts.eviction(),
         "agent-restart needs an eviction timeout above {} ms (the agents are down {} ms)",
@@ -153,12 +150,8 @@ pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
 /// `gateway-agent-crash`: see the module doc.
 pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome> {
     let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "gateway-agent-crash".into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let mut out = Outcome::named("gateway-agent-crash");
+    let (old, old_name) = st.owner_and_name();
     let macs: Vec<String> = (0..st.cluster.topo.nodes.len())
         .map(|i| uplink_mac(&st.cluster, i))
         .collect::<Result<_>>()?;

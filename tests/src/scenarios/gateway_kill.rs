@@ -38,12 +38,8 @@ pub(super) fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Res
         1
     };
     let mut st = stage(bins, opts, controllers)?;
-    let mut out = Outcome {
-        scenario: name.into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let mut out = Outcome::named(name);
+    let (old, old_name) = st.owner_and_name();
     let mut leader = None;
     if variant == Variant::ControllerKill {
         // Controller 0 started first; whichever leads says so once.

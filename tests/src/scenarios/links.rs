@@ -85,12 +85,8 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
 /// `gateway-link-down`: the underlay dies, the agent and its datastore stay.
 pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
     let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "gateway-link-down".into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let mut out = Outcome::named("gateway-link-down");
+    let (old, old_name) = st.owner_and_name();
     add_management_link(&st.cluster, old)?;
     say(&format!(
         "{old_name}: etcd traffic now on a separate management link"

@@ -37,12 +37,8 @@ pub fn block_datastore(cluster: &Cluster, i: usize, block: bool) -> Result<()> {
 /// node after it.
 pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
     let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "datastore-partition".into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let mut out = Outcome::named("datastore-partition");
+    let (old, old_name) = st.owner_and_name();
     std::thread::sleep(opts.settle);
     let t0 = Instant::now();
     block_datastore(&st.cluster, old, true)?;

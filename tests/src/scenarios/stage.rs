@@ -72,6 +72,11 @@ pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<S
 }
 
 impl Stage {
+    /// The EIP's owner when the stage was set: its index and its name.
+    pub(super) fn owner_and_name(&self) -> (usize, String) {
+        (self.owner, self.cluster.topo.nodes[self.owner].name.clone())
+    }
+
     /// Stops the watchers and settles the verdict (ok when nothing failed);
     /// the cluster is torn down as the stage drops.
     pub(super) fn finish(self, mut out: Outcome) -> Result<Outcome> {
