@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// Graceful restart both ways between our speaker and `kind`:

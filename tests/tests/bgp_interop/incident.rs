@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// The incident: two of our reflectors share one cluster id, `n` clients

@@ -3,7 +3,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::wait_until;
 
 /// IPv6 unicast over an IPv4 session (MP_REACH_NLRI, RFC 4760): a client
