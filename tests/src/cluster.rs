@@ -937,11 +937,15 @@ impl Cluster {
         wait_until(moved, Duration::from_secs(30), || {
             Ok(matches!(self.announcers(eip).as_slice(), [n] if *n != owner))
         })?;
-        wait_until(
-            "p11 leaves with the EIP again",
-            Duration::from_secs(30),
-            || Ok(pod_source_seen(self, 0, 0)? == eip),
-        )?;
+        self.wait_pod_source(0, 0, eip, "p11 leaves with the EIP again")
+    }
+
+    /// Waits up to 30 s (`what` names the wait) for pod `pod` of worker
+    /// `worker` to leave with `want` ([`pod_source_seen`]).
+    pub fn wait_pod_source(&self, worker: usize, pod: usize, want: &str, what: &str) -> Result<()> {
+        wait_until(what, Duration::from_secs(30), || {
+            Ok(pod_source_seen(self, worker, pod)? == want)
+        })?;
         Ok(())
     }
 }

@@ -316,10 +316,6 @@ fn the_charts_reflector_serves_the_agent_containers_and_the_upstream() -> Result
             Ok(frr.ipv4_routes()?.get(&eip_prefix) == Some(&other_ip))
         },
     )?;
-    wait_until(
-        "p11 leaves with the EIP again",
-        Duration::from_secs(30),
-        || Ok(pod_source_seen(&cluster, 0, 0)? == eip(0).to_string()),
-    )?;
+    cluster.wait_pod_source(0, 0, &eip(0).to_string(), "p11 leaves with the EIP again")?;
     Ok(())
 }

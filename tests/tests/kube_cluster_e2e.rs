@@ -15,7 +15,7 @@ use std::{net::IpAddr, time::Duration};
 
 use anyhow::{ensure, Result};
 use egress_tests::{
-    cluster::{pod_source_seen, wait_until, Cluster, ClusterSpec, Timers},
+    cluster::{wait_until, Cluster, ClusterSpec, Timers},
     egress_bin,
     topology::{eip, FABRIC_UNDERLAY_IP},
 };
@@ -40,9 +40,7 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
     // The kubelet relabels p12 to app=web: it follows.
     cluster.add_pod("p12", "app=web", "w1", &p12)?;
-    wait_until("p12 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(pod_source_seen(&cluster, 0, 1)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 1, &eip, "p12 leaves with the EIP")?;
 
     // The owner's agent dies: its heartbeat Lease stops, the controller
     // moves the EIP to the other gateway, and p11 leaves with it there.
@@ -130,19 +128,13 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
     cluster.apply_examples()?;
     let eip = eip(0).to_string();
     let owner = cluster.example_eip_owner()?;
-    wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(pod_source_seen(&cluster, 0, 0)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP")?;
 
     let api = cluster.api_server();
     api.restart(true);
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
     cluster.add_pod("p12", "app=web", "w1", &p12)?;
-    wait_until(
-        "p12 leaves with the EIP after the restart",
-        Duration::from_secs(30),
-        || Ok(pod_source_seen(&cluster, 0, 1)? == eip),
-    )?;
+    cluster.wait_pod_source(0, 1, &eip, "p12 leaves with the EIP after the restart")?;
     ensure!(
         cluster.api_server().expired_watches() > 0,
         "no watch resumed from a compacted resourceVersion: the restart tested nothing"

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use egress_tests::cluster::{wait_until, Cluster};
+use egress_tests::{
+    cluster::{wait_until, Cluster, ClusterSpec},
+    egress_bin,
+};
 
 /// The HEARTBEAT cell of node `name`'s row in `egress get egt`.
 fn heartbeat_cell(table: &str, name: &str) -> Option<String> {
@@ -21,7 +24,8 @@ fn heartbeat_cell(table: &str, name: &str) -> Option<String> {
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn a_healthy_cluster_reads_healthy() -> anyhow::Result<()> {
-    let cluster = Cluster::start_default()?;
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
     cluster.apply_examples()?;
     cluster.example_eip_owner()?;
 
