@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use super::{
     ms, say,
     stage::stage,
-    tracker::{check_tcp, check_udp, tunnel_phase, wait_new_owner},
+    tracker::{check_not_heartbeat_timeout, check_tcp, check_udp, wait_new_owner},
     Bins, Options, Outcome,
 };
 use crate::{
@@ -132,10 +132,11 @@ pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
         end == [owner],
         format!("at the end the EIP is announced by nodes {end:?}, expected only {owner_name}"),
     );
-    let phase = tunnel_phase(&st.cluster, &owner_name);
-    out.extra.insert("owner_phase".into(), json!(phase));
-    out.check(
-        phase.as_deref() != Some("HeartbeatTimeout"),
+    check_not_heartbeat_timeout(
+        &st.cluster,
+        &mut out,
+        &owner_name,
+        "owner_phase",
         format!("{owner_name} went HeartbeatTimeout during a restart"),
     );
     // An outage that waited for the new agents would last AGENT_DOWN or more.
@@ -176,12 +177,7 @@ pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome
     let moved = wait_new_owner(&st.tracker, old, t0, opts.heartbeat_bound());
     match moved {
         Some((at, n)) => {
-            out.detection_ms = Some(ms(at - t0));
-            say(&format!(
-                "{} announces the EIP {} ms after the crash",
-                st.cluster.topo.nodes[n].name,
-                ms(at - t0)
-            ));
+            st.note_new_owner(&mut out, n, at - t0, "the crash");
         }
         None => out.check(false, "no other node took the EIP"),
     }

@@ -108,12 +108,7 @@ pub(super) fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Res
     let new = match moved {
         Some((at, node)) => {
             let d = at - t0;
-            out.detection_ms = Some(ms(d));
-            say(&format!(
-                "{} announces the EIP {} ms after the fault",
-                st.cluster.topo.nodes[node].name,
-                ms(d)
-            ));
+            st.note_new_owner(&mut out, node, d, "the fault");
             Some(node)
         }
         None => {

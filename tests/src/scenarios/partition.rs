@@ -85,14 +85,9 @@ pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome
     );
     match moved {
         Some((at, node)) => {
-            out.detection_ms = Some(ms(at - t0));
+            st.note_new_owner(&mut out, node, at - t0, "the partition");
             out.extra
                 .insert("new_owner".into(), json!(st.cluster.topo.nodes[node].name));
-            say(&format!(
-                "{} announces the EIP {} ms after the partition",
-                st.cluster.topo.nodes[node].name,
-                ms(at - t0)
-            ));
             // g1's last heartbeat may have landed up to one update period
             // before the fault, so the controller may rightly evict it that
             // much earlier than `eviction` after the fault.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::{ds_watch::DsWatch, say, tracker::Tracker, Bins, Options, Outcome};
+use super::{ds_watch::DsWatch, ms, say, tracker::Tracker, Bins, Options, Outcome};
 use crate::{
     cluster::{Cluster, ClusterSpec},
     topology::{eip, SERVER_IP},
@@ -72,6 +72,23 @@ pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<S
 }
 
 impl Stage {
+    /// `node` announces the EIP `after` the fault (`what` names it): the
+    /// detection time, recorded and said.
+    pub(super) fn note_new_owner(
+        &self,
+        out: &mut Outcome,
+        node: usize,
+        after: Duration,
+        what: &str,
+    ) {
+        out.detection_ms = Some(ms(after));
+        say(&format!(
+            "{} announces the EIP {} ms after {what}",
+            self.cluster.topo.nodes[node].name,
+            ms(after)
+        ));
+    }
+
     /// The EIP's owner when the stage was set: its index and its name.
     pub(super) fn owner_and_name(&self) -> (usize, String) {
         (self.owner, self.cluster.topo.nodes[self.owner].name.clone())
@@ -127,14 +144,27 @@ pub(super) fn start_udp(
     port: u16,
     interval_ms: u64,
 ) -> Result<(Proc, Proc)> {
+    start_stream(cluster, bins, "udp", port, interval_ms)
+}
+
+/// Starts the traffic tool's `{proto}-sink` on the server's `port` and its
+/// `{proto}-source` from p11 to it, one message every `interval_ms`.
+fn start_stream(
+    cluster: &Cluster,
+    bins: &Bins,
+    proto: &str,
+    port: u16,
+    interval_ms: u64,
+) -> Result<(Proc, Proc)> {
     let tb = bins.traffic.to_string_lossy().into_owned();
-    let sink = cluster
-        .topo
-        .server
-        .spawn_ready(&[&tb, "udp-sink", &format!("0.0.0.0:{port}")])?;
+    let sink = cluster.topo.server.spawn_ready(&[
+        &tb,
+        &format!("{proto}-sink"),
+        &format!("0.0.0.0:{port}"),
+    ])?;
     let src = cluster.topo.nodes[0].pods[0].ns.spawn_ready(&[
         &tb,
-        "udp-source",
+        &format!("{proto}-source"),
         &format!("{SERVER_IP}:{port}"),
         &interval_ms.to_string(),
     ])?;
@@ -168,23 +198,12 @@ pub(super) fn stop_udp(pair: (Proc, Proc), interval_ms: u64) -> Result<UdpReport
 
 impl Traffic {
     fn start(cluster: &Cluster, bins: &Bins, opts: &Options) -> Result<Self> {
-        let tb = bins.traffic.to_string_lossy().into_owned();
-        let tcp_sink =
-            cluster
-                .topo
-                .server
-                .spawn_ready(&[&tb, "tcp-sink", &format!("0.0.0.0:{TCP_PORT}")])?;
-        let tcp_src = cluster.topo.nodes[0].pods[0].ns.spawn_ready(&[
-            &tb,
-            "tcp-source",
-            &format!("{SERVER_IP}:{TCP_PORT}"),
-            &opts.tcp_interval_ms.to_string(),
-        ])?;
+        let tcp = start_stream(cluster, bins, "tcp", TCP_PORT, opts.tcp_interval_ms)?;
         let udp = start_udp(cluster, bins, UDP_PORT, opts.udp_interval_ms)?;
         say("traffic started: UDP stream and one TCP connection from p11 to the server");
         Ok(Self {
             udp: Some(udp),
-            tcp: Some((tcp_sink, tcp_src)),
+            tcp: Some(tcp),
             started: Instant::now(),
             tcp_interval_ms: opts.tcp_interval_ms,
             udp_interval_ms: opts.udp_interval_ms,
