@@ -63,10 +63,10 @@ fn status_code(e: &::kube::Error) -> Option<u16> {
 }
 
 fn parse_rv(v: &Value) -> u64 {
-    v.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    parse_revision(
+        v.pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str),
+    )
 }
 
 /// A core/v1 object as the record the other backends store.
@@ -292,12 +292,7 @@ impl Datastore for KubeDatastore {
             params = params.fields(&f);
         }
         let list = self.api(kind, None).list(&params).await?;
-        let rev = list
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let rev = parse_revision(list.metadata.resource_version.as_deref());
         let items = list
             .items
             .into_iter()
