@@ -33,9 +33,7 @@ impl Netns {
         ns.ip(&["link", "set", "lo", "up"])?;
         // No duplicate address detection: addresses (link-local ones too) are
         // usable at once, instead of about a second after each link comes up.
-        ns.exec(&[
-            "sysctl",
-            "-qw",
+        ns.sysctl(&[
             "net.ipv6.conf.all.accept_dad=0",
             "net.ipv6.conf.default.accept_dad=0",
         ])?;
@@ -140,15 +138,17 @@ impl Netns {
         self.ip(&args).map(|_| ())
     }
 
+    /// `sysctl -qw` of `settings` (`key=value` each) in this namespace.
+    pub fn sysctl(&self, settings: &[&str]) -> Result<()> {
+        let mut argv = vec!["sysctl", "-qw"];
+        argv.extend_from_slice(settings);
+        self.exec(&argv)?;
+        Ok(())
+    }
+
     /// Turns on IPv4 and IPv6 forwarding (a router or gateway node).
     pub fn enable_forwarding(&self) -> Result<()> {
-        self.exec(&[
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-        ])?;
-        Ok(())
+        self.sysctl(&["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"])
     }
 
     /// Creates a bridge `name` inside the namespace and brings it up.

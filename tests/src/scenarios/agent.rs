@@ -47,8 +47,7 @@ fn uplink_mac(cluster: &Cluster, i: usize) -> Result<String> {
 
 /// `agent-restart`: see the module doc.
 pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome::named("agent-restart");
+    let (mut st, mut out) = stage(bins, opts, 1, "agent-restart")?;
     let worker = 0;
     let (owner, owner_name) = st.owner_and_name();
     anyhow::ensure!(
@@ -150,8 +149,7 @@ pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
 
 /// `gateway-agent-crash`: see the module doc.
 pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome::named("gateway-agent-crash");
+    let (mut st, mut out) = stage(bins, opts, 1, "gateway-agent-crash")?;
     let (old, old_name) = st.owner_and_name();
     let macs: Vec<String> = (0..st.cluster.topo.nodes.len())
         .map(|i| uplink_mac(&st.cluster, i))

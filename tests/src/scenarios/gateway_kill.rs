@@ -37,8 +37,7 @@ pub(super) fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Res
     } else {
         1
     };
-    let mut st = stage(bins, opts, controllers)?;
-    let mut out = Outcome::named(name);
+    let (mut st, mut out) = stage(bins, opts, controllers, name)?;
     let (old, old_name) = st.owner_and_name();
     let mut leader = None;
     if variant == Variant::ControllerKill {

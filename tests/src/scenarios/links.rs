@@ -36,9 +36,7 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
     fab.addr(&port, &format!("{fab_ip}/30"))?;
     node.ns.addr("mgmt0", &format!("{node_ip}/30"))?;
     for (ns, dev) in [(&node.ns, "mgmt0"), (fab, port.as_str())] {
-        ns.exec(&[
-            "sysctl",
-            "-qw",
+        ns.sysctl(&[
             "net.ipv4.conf.all.rp_filter=0",
             &format!("net.ipv4.conf.{dev}.rp_filter=0"),
         ])?;
@@ -84,8 +82,7 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
 
 /// `gateway-link-down`: the underlay dies, the agent and its datastore stay.
 pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome::named("gateway-link-down");
+    let (mut st, mut out) = stage(bins, opts, 1, "gateway-link-down")?;
     let (old, old_name) = st.owner_and_name();
     add_management_link(&st.cluster, old)?;
     say(&format!(

@@ -36,8 +36,7 @@ pub fn block_datastore(cluster: &Cluster, i: usize, block: bool) -> Result<()> {
 /// before the timeout, nobody else may announce before it, exactly one
 /// node after it.
 pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome::named("datastore-partition");
+    let (mut st, mut out) = stage(bins, opts, 1, "datastore-partition")?;
     let (old, old_name) = st.owner_and_name();
     std::thread::sleep(opts.settle);
     let t0 = Instant::now();

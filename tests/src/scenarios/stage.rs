@@ -28,7 +28,13 @@ pub(super) struct Stage {
     pub(super) ds: DsWatch,
 }
 
-pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<Stage> {
+/// The stage of a run of `scenario`, and the run's outcome to fill in.
+pub(super) fn stage(
+    bins: &Bins,
+    opts: &Options,
+    controllers: usize,
+    scenario: &str,
+) -> Result<(Stage, Outcome)> {
     // Other fields (added by other scenarios' work) keep their defaults.
     #[allow(clippy::needless_update)]
     let spec = ClusterSpec {
@@ -54,21 +60,22 @@ pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<S
     ));
     if let Some(rto) = opts.tcp_rto_max_ms {
         for ns in [&cluster.topo.server, &cluster.topo.nodes[0].pods[0].ns] {
-            ns.exec(&["sysctl", "-qw", &format!("net.ipv4.tcp_rto_max_ms={rto}")])
+            ns.sysctl(&[&format!("net.ipv4.tcp_rto_max_ms={rto}")])
                 .context("net.ipv4.tcp_rto_max_ms (kernel 6.15 or newer)")?;
         }
     }
     let traffic = Traffic::start(&cluster, bins, opts)?;
     let tracker = Tracker::start(&cluster, &eip)?;
     let ds = DsWatch::start(&cluster)?;
-    Ok(Stage {
+    let stage = Stage {
         cluster,
         eip,
         owner,
         traffic,
         tracker,
         ds,
-    })
+    };
+    Ok((stage, Outcome::named(scenario)))
 }
 
 impl Stage {
