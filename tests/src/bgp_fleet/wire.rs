@@ -132,10 +132,14 @@ fn prefixes(mut b: &[u8], out: &mut Vec<Prefix4>) -> Option<()> {
     Some(())
 }
 
+/// A message of a stream: its type, its body and its length with the
+/// header.
+pub type Message<'a> = (u8, &'a [u8], usize);
+
 /// The first whole message of `buf` (a stream's bytes from a message
 /// boundary): its type, its body and its length with the header. None
 /// while it is not all there; an error for a length below the header's.
-pub fn next_message(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, String> {
+pub fn next_message(buf: &[u8]) -> Result<Option<Message<'_>>, String> {
     if buf.len() < 19 {
         return Ok(None);
     }

@@ -83,7 +83,7 @@ fn as4_path_of(attrs: &[(u8, Vec<u8>)]) -> Option<&[u8]> {
 fn confederation_segments_of_as_path_and_as4_path() {
     // What we send carries no confederation segment in AS4_PATH (4.2.2).
     let kept_as4: &[u8] = &[2, 2, 0, 0, 0, 1, 0, 1, 0x11, 0x70];
-    let cases: [(&str, &str, Vec<AsSegment>, Option<&[u8]>); 3] = [
+    let cases = [
         (
             // AS_PATH (1), AS4_PATH (AS_CONFED_SEQUENCE 70000): RFC 6793 6
             // discards the confederation segment, which leaves nothing to
