@@ -220,6 +220,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// [`Cluster::start`] of [`ClusterSpec::default`] with this build's
+    /// egress binary ([`crate::egress_bin`]).
+    pub fn start_default() -> Result<Self> {
+        Self::start(&crate::egress_bin()?, ClusterSpec::default())
+    }
+
     /// Builds the topology and starts etcd, the controllers and the agents.
     /// Nodes are `w1..` (workers) then `g1..` (gateways, labelled
     /// [`GATEWAY_LABEL`]); every worker's pods are registered in the
@@ -901,25 +907,47 @@ pub fn pod_source_seen(cluster: &Cluster, worker: usize, pod: usize) -> Result<S
     Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
 }
 
-/// A gateway failover: the agent of `owner` (the EIP's owner) dies, another
-/// gateway announces `eip` (`moved` names that wait), and p11 (pod 0 of
-/// worker 0) leaves with the EIP there, each within 30 s.
-pub fn kill_owner_and_wait_failover(
-    cluster: &mut Cluster,
-    owner: usize,
-    eip: &str,
-    moved: &str,
-) -> Result<()> {
-    cluster.kill_agent(owner);
-    wait_until(moved, Duration::from_secs(30), || {
-        Ok(matches!(cluster.announcers(eip).as_slice(), [n] if *n != owner))
-    })?;
-    wait_until(
-        "p11 leaves with the EIP again",
-        Duration::from_secs(30),
-        || Ok(pod_source_seen(cluster, 0, 0)? == eip),
-    )?;
-    Ok(())
+impl Cluster {
+    /// The example objects up ([`Cluster::examples_up`]) and their effect
+    /// checked: p11 (app=web) leaves with the EIP, p12 (app=other) with its
+    /// own address. The EIP and the index of the node that owns it.
+    pub fn examples_up_and_checked(&mut self) -> Result<(String, usize)> {
+        let eip = crate::topology::eip(0).to_string();
+        let owner = self.examples_up()?;
+        assert_eq!(pod_source_seen(self, 0, 0)?, eip, "p11 leaves with the EIP");
+        let p12 = self.topo.nodes[0].pods[1].ip.to_string();
+        assert_eq!(
+            pod_source_seen(self, 0, 1)?,
+            p12,
+            "p12 leaves with its own address"
+        );
+        Ok((eip, owner))
+    }
+
+    /// A gateway failover: the agent of `owner` (the EIP's owner) dies,
+    /// another gateway announces `eip` (`moved` names that wait), and p11
+    /// (pod 0 of worker 0) leaves with the EIP there, each within 30 s.
+    pub fn kill_owner_and_wait_failover(
+        &mut self,
+        owner: usize,
+        eip: &str,
+        moved: &str,
+    ) -> Result<()> {
+        self.kill_agent(owner);
+        wait_until(moved, Duration::from_secs(30), || {
+            Ok(matches!(self.announcers(eip).as_slice(), [n] if *n != owner))
+        })?;
+        self.wait_pod_source(0, 0, eip, "p11 leaves with the EIP again")
+    }
+
+    /// Waits up to 30 s (`what` names the wait) for pod `pod` of worker
+    /// `worker` to leave with `want` ([`pod_source_seen`]).
+    pub fn wait_pod_source(&self, worker: usize, pod: usize, want: &str, what: &str) -> Result<()> {
+        wait_until(what, Duration::from_secs(30), || {
+            Ok(pod_source_seen(self, worker, pod)? == want)
+        })?;
+        Ok(())
+    }
 }
 
 /// One short TCP connection from `ns` to the server's port `port`, echoed

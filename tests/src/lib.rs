@@ -23,6 +23,38 @@ pub mod topology;
 pub use netns::{link_veth, unique_name, Netns, PinDir};
 pub use process::{run, Proc, LOG_DIR_VAR};
 
+/// One scenario as two tests: `body(false)` on etcd and `body(true)` on
+/// the Kubernetes datastore, each with its own attributes (its doc and
+/// `#[ignore]` reason):
+///
+/// ```ignore
+/// egress_tests::on_both_datastores! {
+///     #[ignore = "needs root: namespaces, etcd"] fn it_works;
+///     #[ignore = "needs root: namespaces"] fn on_kubernetes_it_works;
+///     => scenario
+/// }
+/// ```
+#[macro_export]
+macro_rules! on_both_datastores {
+    (
+        $(#[$etcd_meta:meta])* fn $etcd:ident;
+        $(#[$kube_meta:meta])* fn $kube:ident;
+        => $body:path
+    ) => {
+        $(#[$etcd_meta])*
+        #[test]
+        fn $etcd() -> ::anyhow::Result<()> {
+            $body(false)
+        }
+
+        $(#[$kube_meta])*
+        #[test]
+        fn $kube() -> ::anyhow::Result<()> {
+            $body(true)
+        }
+    };
+}
+
 /// Value of the Prometheus text-format sample `name{labels...}` (labels in any order), or of
 /// `name` without labels when `labels` is empty.
 pub fn metric_sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

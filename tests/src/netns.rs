@@ -33,9 +33,7 @@ impl Netns {
         ns.ip(&["link", "set", "lo", "up"])?;
         // No duplicate address detection: addresses (link-local ones too) are
         // usable at once, instead of about a second after each link comes up.
-        ns.exec(&[
-            "sysctl",
-            "-qw",
+        ns.sysctl(&[
             "net.ipv6.conf.all.accept_dad=0",
             "net.ipv6.conf.default.accept_dad=0",
         ])?;
@@ -78,6 +76,15 @@ impl Netns {
     /// Starts `argv` inside the namespace; the process is killed on drop.
     pub fn spawn(&self, argv: &[&str]) -> Result<Proc> {
         Proc::spawn(self.command(argv), argv.join(" "))
+    }
+
+    /// [`Netns::spawn`] of a program that prints `ready` once it serves
+    /// (the traffic tool's sinks and sources), waiting up to 10 s for that.
+    pub fn spawn_ready(&self, argv: &[&str]) -> Result<Proc> {
+        let mut p = self.spawn(argv)?;
+        p.wait_for_line("ready", std::time::Duration::from_secs(10))
+            .with_context(|| argv.join(" "))?;
+        Ok(p)
     }
 
     /// [`Netns::spawn`], its output in the log file `name` when the
@@ -131,15 +138,17 @@ impl Netns {
         self.ip(&args).map(|_| ())
     }
 
+    /// `sysctl -qw` of `settings` (`key=value` each) in this namespace.
+    pub fn sysctl(&self, settings: &[&str]) -> Result<()> {
+        let mut argv = vec!["sysctl", "-qw"];
+        argv.extend_from_slice(settings);
+        self.exec(&argv)?;
+        Ok(())
+    }
+
     /// Turns on IPv4 and IPv6 forwarding (a router or gateway node).
     pub fn enable_forwarding(&self) -> Result<()> {
-        self.exec(&[
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-        ])?;
-        Ok(())
+        self.sysctl(&["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"])
     }
 
     /// Creates a bridge `name` inside the namespace and brings it up.

@@ -154,24 +154,12 @@ impl Topology {
         ns.route(&["169.254.1.1", "dev", "eth0", "scope", "link"])?;
         ns.route(&["default", "via", "169.254.1.1", "dev", "eth0"])?;
         ns.route(&["default", "via", "fe80::1", "dev", "eth0"])?;
-        n.ns.exec(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv4.conf.{host_veth}.proxy_arp=1"),
-        ])?;
+        n.ns.sysctl(&[&format!("net.ipv4.conf.{host_veth}.proxy_arp=1")])?;
         // Proxy ARP answers broadcast requests after a random delay of up
         // to 0.8 s by default; the pod's first packets would wait in its
         // neighbour queue that long. CNIs set it to 0 (Calico does).
-        n.ns.exec(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv4.neigh.{host_veth}.proxy_delay=0"),
-        ])?;
-        n.ns.exec(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{host_veth}.proxy_ndp=1"),
-        ])?;
+        n.ns.sysctl(&[&format!("net.ipv4.neigh.{host_veth}.proxy_delay=0")])?;
+        n.ns.sysctl(&[&format!("net.ipv6.conf.{host_veth}.proxy_ndp=1")])?;
         n.ns.ip(&[
             "-6",
             "addr",

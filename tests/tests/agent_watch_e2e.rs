@@ -9,10 +9,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use egress_tests::{
-    cluster::{wait_until, Cluster, ClusterSpec},
-    egress_bin,
-};
+use egress_tests::cluster::{wait_until, Cluster};
 
 /// Pods added while the agents run.
 const PODS: u64 = 30;
@@ -20,8 +17,7 @@ const PODS: u64 = 30;
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn agents_apply_changes_from_their_watches_without_listing_again() -> Result<()> {
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
     cluster.apply_example_policy()?;
     let agents = cluster.topo.nodes.len();
     let lists_before = cluster.agent_lists()?;

@@ -42,6 +42,19 @@ fn established_clients(cluster: &Cluster, egress: &std::path::Path) -> anyhow::R
         .count())
 }
 
+/// Waits up to 30 s (`what` names the wait) for every node to be an
+/// established client of the reflector.
+fn wait_all_established(
+    cluster: &Cluster,
+    egress: &std::path::Path,
+    what: &str,
+) -> anyhow::Result<()> {
+    wait_until(what, Duration::from_secs(30), || {
+        Ok(established_clients(cluster, egress)? == cluster.topo.nodes.len())
+    })?;
+    Ok(())
+}
+
 /// Sets an environment variable that the cluster's processes inherit, and
 /// removes it when dropped (so later tests in this binary do not see it).
 struct EnvVar(&'static str);
@@ -75,10 +88,10 @@ fn agent_sessions_with_the_reflector_are_md5_signed() -> anyhow::Result<()> {
             ..ClusterSpec::default()
         },
     )?;
-    wait_until(
+    wait_all_established(
+        &cluster,
+        &egress,
         "every node is an established client over TCP-MD5",
-        Duration::from_secs(30),
-        || Ok(established_clients(&cluster, &egress)? == cluster.topo.nodes.len()),
     )?;
     let node = &cluster.topo.nodes[0];
     let unsigned = node.ns.exec(&[
@@ -165,11 +178,7 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
 
     // The reflector shows every node as an established client.
     // (The last node to register may still be connecting: wait for it.)
-    wait_until(
-        "every node is an established client",
-        Duration::from_secs(30),
-        || Ok(established_clients(&cluster, &egress)? == cluster.topo.nodes.len()),
-    )?;
+    wait_all_established(&cluster, &egress, "every node is an established client")?;
     // ... and lists no peer that cannot come up (a node's IPv6 address,
     // which its agent never connects from, used to sit "Active" forever).
     let stuck: Vec<_> = reflector_peers(&cluster, &egress)?

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use egress_tests::{
-    cluster::{examples_dir, traffic_report, wait_until, Cluster, ClusterSpec},
-    egress_bin,
+    cluster::{examples_dir, traffic_report, wait_until, Cluster},
     topology::SERVER_IP,
 };
 use serde_json::Value;
@@ -46,8 +45,7 @@ fn drops_no_gateway(cluster: &Cluster) -> Result<f64> {
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn an_oversized_policy_is_reported_and_fails_closed_until_it_fits() -> Result<()> {
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
     cluster.apply_example_policy()?;
     let dir = tempfile_dir()?;
     let big = dir.join("big.yaml");

@@ -20,10 +20,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use egress_tests::{
     chart_pods::{image_exists, ChartPods, RuntimeDefault, Seccomp},
-    cluster::{
-        kill_owner_and_wait_failover, pod_source_seen, wait_until, Cluster, ClusterSpec, Launcher,
-        UPSTREAM_IP,
-    },
+    cluster::{pod_source_seen, wait_until, Cluster, ClusterSpec, Launcher, UPSTREAM_IP},
     egress_bin,
     topology::eip,
     Netns,
@@ -136,29 +133,15 @@ fn the_charts_containers_carry_a_policy_and_fail_over() -> Result<()> {
     }
     assert_eq!(egress_process_in(&cluster.topo.fabric)?, (65532, 0));
 
-    let eip = eip(0).to_string();
-    let owner = cluster.examples_up()?;
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
-    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
-    let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
-    assert_eq!(pod_source_seen(&cluster, 0, 1)?, p12);
+    let (eip, owner) = cluster.examples_up_and_checked()?;
 
     // The owner's agent container is removed (as a node's agent crashing):
     // the controller moves the EIP to the other gateway, whose agent
     // announces it with a gratuitous ARP from its raw socket, and p11
     // leaves with it there.
-    kill_owner_and_wait_failover(
-        &mut cluster,
-        owner,
-        &eip,
-        "another gateway announces the EIP",
-    )?;
-    let refused: Vec<_> = cluster
-        .api_server()
-        .requests()
-        .into_iter()
-        .filter(|r| r.status == 401 || r.status == 403)
-        .collect();
+    cluster.kill_owner_and_wait_failover(owner, &eip, "another gateway announces the EIP")?;
+    let refused = cluster.api_server().refused_requests();
     assert!(
         refused.is_empty(),
         "refused by the chart's RBAC: {refused:#?}"
@@ -333,10 +316,6 @@ fn the_charts_reflector_serves_the_agent_containers_and_the_upstream() -> Result
             Ok(frr.ipv4_routes()?.get(&eip_prefix) == Some(&other_ip))
         },
     )?;
-    wait_until(
-        "p11 leaves with the EIP again",
-        Duration::from_secs(30),
-        || Ok(pod_source_seen(&cluster, 0, 0)? == eip(0).to_string()),
-    )?;
+    cluster.wait_pod_source(0, 0, &eip(0).to_string(), "p11 leaves with the EIP again")?;
     Ok(())
 }

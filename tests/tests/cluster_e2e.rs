@@ -7,22 +7,15 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec},
+    cluster::{pod_source_seen, wait_until, Cluster, ClusterSpec},
     egress_bin,
     topology::eip,
 };
 
-/// Which source address the server saw for one short TCP connection from `pod`.
-fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> anyhow::Result<String> {
-    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
-    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
-}
-
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Result<()> {
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
 
     let eip = eip(0).to_string();
     // The EIP is announced by exactly one gateway, and the worker has the policy.
@@ -30,13 +23,13 @@ fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Resu
 
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
     assert_eq!(
-        source_seen(&cluster, 0, 0)?,
+        pod_source_seen(&cluster, 0, 0)?,
         eip,
         "the selected pod must leave with the EIP"
     );
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
     assert_eq!(
-        source_seen(&cluster, 0, 1)?,
+        pod_source_seen(&cluster, 0, 1)?,
         p12,
         "a pod outside the policy keeps its address"
     );
@@ -45,18 +38,12 @@ fn selected_pod_leaves_with_the_eip_and_follows_policy_changes() -> anyhow::Resu
     cluster.egress(&[
         "pod", "add", "p12", "-n", "default", "-l", "app=web", "--node", "w1", "--ip", &p12,
     ])?;
-    wait_until("p12 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(source_seen(&cluster, 0, 1)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 1, &eip, "p12 leaves with the EIP")?;
 
     // Delete the policy: p11 leaves the normal way again.
     cluster.egress(&["delete", "EgressPolicy", "web", "-n", "default"])?;
     let p11 = cluster.topo.nodes[0].pods[0].ip.to_string();
-    wait_until(
-        "p11 leaves with its own address",
-        Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 0)? == p11),
-    )?;
+    cluster.wait_pod_source(0, 0, &p11, "p11 leaves with its own address")?;
     Ok(())
 }
 
@@ -83,9 +70,7 @@ fn a_worker_that_is_its_own_gateway_translates_without_the_tunnel() -> anyhow::R
     wait_until("w1 applies the policy", Duration::from_secs(30), || {
         Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
     })?;
-    wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(source_seen(&cluster, 0, 0)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP")?;
     // The policy's target on w1 says "local gateway": no tunnel.
     let snap = egress_user::datapath::stats::datapath_snapshot(cluster.pin_dir(0))?;
     let flags = snap["policy_targets"][0]["flags"].as_u64().unwrap_or(0) as u32;
@@ -97,7 +82,7 @@ fn a_worker_that_is_its_own_gateway_translates_without_the_tunnel() -> anyhow::R
     );
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
     assert_eq!(
-        source_seen(&cluster, 0, 1)?,
+        pod_source_seen(&cluster, 0, 1)?,
         p12,
         "not selected: its own address"
     );

@@ -7,16 +7,11 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{tcp_peer_seen, wait_until, Cluster, ClusterSpec},
+    cluster::{pod_source_seen, wait_until, Cluster, ClusterSpec},
     cni::Wiring,
     egress_bin,
     topology::eip,
 };
-
-fn source_seen(cluster: &Cluster, worker: usize, pod: usize) -> anyhow::Result<String> {
-    let pod_ns = &cluster.topo.nodes[worker].pods[pod].ns;
-    Ok(tcp_peer_seen(cluster, pod_ns, 5000)?.0)
-}
 
 fn pods_on_plugin_wiring_leave_with_the_eip(wiring: Wiring) -> anyhow::Result<()> {
     let egress = egress_bin()?;
@@ -34,7 +29,7 @@ fn pods_on_plugin_wiring_leave_with_the_eip(wiring: Wiring) -> anyhow::Result<()
     })?;
     let eip = eip(0).to_string();
     assert_eq!(
-        source_seen(&cluster, 0, 0)?,
+        pod_source_seen(&cluster, 0, 0)?,
         eip,
         "p11 (wired before the agent started)"
     );
@@ -43,19 +38,13 @@ fn pods_on_plugin_wiring_leave_with_the_eip(wiring: Wiring) -> anyhow::Result<()
     let late = cluster.topo.add_pod_wired(0, "p12", wiring)?;
     let ips = format!("{},{}", late.ip, late.ip6);
     cluster.add_pod("p12", "app=web", "w1", &ips)?;
-    wait_until("p12 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(source_seen(&cluster, 0, 1)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 1, &eip, "p12 leaves with the EIP")?;
 
     // p11 removed (CNI DEL) and created again with its address on a new veth.
     let old_veth = cluster.topo.nodes[0].pods[0].host_veth.clone();
     let new_veth = cluster.topo.recreate_pod(0, 0)?.host_veth.clone();
     assert_ne!(old_veth, new_veth, "the plugin made a new veth");
-    wait_until(
-        "the re-created p11 leaves with the EIP",
-        Duration::from_secs(30),
-        || Ok(source_seen(&cluster, 0, 0)? == eip),
-    )?;
+    cluster.wait_pod_source(0, 0, &eip, "the re-created p11 leaves with the EIP")?;
     Ok(())
 }
 

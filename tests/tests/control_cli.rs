@@ -44,21 +44,8 @@ impl Cli {
     }
 }
 
-const MANIFEST: &str = r#"
-apiVersion: egressgateway.egress.dev/v1beta1
-kind: EgressGateway
-metadata: {name: egw}
-spec:
-  ippools: {ipv4: ["10.6.1.21-10.6.1.25"], ipv4DefaultEIP: 10.6.1.21}
-  nodeSelector: {selector: {matchLabels: {egress: "true"}}}
----
-apiVersion: egressgateway.egress.dev/v1beta1
-kind: EgressPolicy
-metadata: {name: web}
-spec:
-  egressGatewayName: egw
-  appliedTo: {podSelector: {matchLabels: {app: web}}}
-"#;
+const MANIFEST: &str =
+    include_str!("../../egress-user/control/src/manifest/testdata/gateway_and_policy.yaml");
 
 #[test]
 fn apply_get_delete_pods_and_controller_on_etcd() {

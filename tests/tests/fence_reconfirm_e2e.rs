@@ -48,18 +48,12 @@ fn asked(cluster: &Cluster, node: &str) -> Result<Vec<Value>> {
         .unwrap_or_default())
 }
 
-#[test]
-#[ignore = "needs root: network namespaces, etcd"]
-fn a_gateway_that_fenced_itself_announces_again_once_reconfirmed() -> Result<()> {
-    fenced_then_reconfirmed(false)
-}
-
-/// The same on Kubernetes: the renewals are Lease patches, the request and
-/// the answer status writes by server-side apply under two field managers.
-#[test]
-#[ignore = "needs root: network namespaces"]
-fn on_kubernetes_a_gateway_that_fenced_itself_announces_again_once_reconfirmed() -> Result<()> {
-    fenced_then_reconfirmed(true)
+egress_tests::on_both_datastores! {
+    #[ignore = "needs root: network namespaces, etcd"] fn a_gateway_that_fenced_itself_announces_again_once_reconfirmed;
+    /// The same on Kubernetes: the renewals are Lease patches, the request and
+    /// the answer status writes by server-side apply under two field managers.
+    #[ignore = "needs root: network namespaces"] fn on_kubernetes_a_gateway_that_fenced_itself_announces_again_once_reconfirmed;
+    => fenced_then_reconfirmed
 }
 
 fn fenced_then_reconfirmed(kubernetes: bool) -> Result<()> {

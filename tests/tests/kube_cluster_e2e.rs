@@ -15,9 +15,7 @@ use std::{net::IpAddr, time::Duration};
 
 use anyhow::{ensure, Result};
 use egress_tests::{
-    cluster::{
-        kill_owner_and_wait_failover, pod_source_seen, wait_until, Cluster, ClusterSpec, Timers,
-    },
+    cluster::{wait_until, Cluster, ClusterSpec, Timers},
     egress_bin,
     topology::{eip, FABRIC_UNDERLAY_IP},
 };
@@ -37,27 +35,16 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
         ..ClusterSpec::default()
     };
     let mut cluster = Cluster::start(&egress, spec)?;
-    let eip = eip(0).to_string();
-    let owner = cluster.examples_up()?;
-
     // p11 (app=web) leaves with the EIP; p12 (app=other) with its own address.
-    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
+    let (eip, owner) = cluster.examples_up_and_checked()?;
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
-    assert_eq!(pod_source_seen(&cluster, 0, 1)?, p12);
     // The kubelet relabels p12 to app=web: it follows.
     cluster.add_pod("p12", "app=web", "w1", &p12)?;
-    wait_until("p12 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(pod_source_seen(&cluster, 0, 1)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 1, &eip, "p12 leaves with the EIP")?;
 
     // The owner's agent dies: its heartbeat Lease stops, the controller
     // moves the EIP to the other gateway, and p11 leaves with it there.
-    kill_owner_and_wait_failover(
-        &mut cluster,
-        owner,
-        &eip,
-        "another gateway announces the EIP",
-    )?;
+    cluster.kill_owner_and_wait_failover(owner, &eip, "another gateway announces the EIP")?;
 
     // What the agents asked of the API server: writes only of their own
     // node's objects (so never of what Kubernetes keeps: Nodes, Pods,
@@ -71,10 +58,7 @@ fn the_cluster_runs_on_the_kubernetes_datastore_and_fails_over() -> Result<()> {
         .map(|n| (IpAddr::V4(n.ip), n.name.clone()))
         .collect();
     // Each process ran with the chart's RBAC for its service account.
-    let refused: Vec<_> = requests
-        .iter()
-        .filter(|r| r.status == 401 || r.status == 403)
-        .collect();
+    let refused: Vec<_> = requests.iter().filter(|r| r.refused()).collect();
     assert!(
         refused.is_empty(),
         "requests the chart's RBAC refuses: {refused:#?}"
@@ -144,19 +128,13 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
     cluster.apply_examples()?;
     let eip = eip(0).to_string();
     let owner = cluster.example_eip_owner()?;
-    wait_until("p11 leaves with the EIP", Duration::from_secs(30), || {
-        Ok(pod_source_seen(&cluster, 0, 0)? == eip)
-    })?;
+    cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP")?;
 
     let api = cluster.api_server();
     api.restart(true);
     let p12 = cluster.topo.nodes[0].pods[1].ip.to_string();
     cluster.add_pod("p12", "app=web", "w1", &p12)?;
-    wait_until(
-        "p12 leaves with the EIP after the restart",
-        Duration::from_secs(30),
-        || Ok(pod_source_seen(&cluster, 0, 1)? == eip),
-    )?;
+    cluster.wait_pod_source(0, 1, &eip, "p12 leaves with the EIP after the restart")?;
     ensure!(
         cluster.api_server().expired_watches() > 0,
         "no watch resumed from a compacted resourceVersion: the restart tested nothing"
@@ -164,7 +142,7 @@ fn the_cluster_rides_out_an_api_server_restart_and_a_leader_change() -> Result<(
 
     cluster.kill_controller(0);
     cluster.wait_leading(1, Duration::from_secs(30))?;
-    kill_owner_and_wait_failover(&mut cluster, owner, &eip, "the new leader moves the EIP")?;
+    cluster.kill_owner_and_wait_failover(owner, &eip, "the new leader moves the EIP")?;
     Ok(())
 }
 

@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use egress_tests::{
-    cluster::{traffic_report, wait_until, Cluster, ClusterSpec},
-    egress_bin,
+    cluster::{traffic_report, wait_until, Cluster},
     topology::SERVER_IP,
     traffic_bin,
 };
@@ -27,8 +26,7 @@ fn plain(text: &str, name: &str) -> f64 {
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
     cluster.apply_example_policy()?;
     let policy = [
         ("policy", "EgressPolicy/default/web"),
@@ -39,8 +37,7 @@ fn per_policy_counters_grow_by_the_bytes_sent() -> anyhow::Result<()> {
     let mut sink = cluster
         .topo
         .server
-        .spawn(&[&t, "udp-sink", "0.0.0.0:6000"])?;
-    sink.wait_for_line("ready", Duration::from_secs(10))?;
+        .spawn_ready(&[&t, "udp-sink", "0.0.0.0:6000"])?;
     // A policy is in the maps before its EIP and gateway are: until then it
     // fails closed (drops `no_gateway`). Short bursts until one is counted
     // by the policy with no such drop.

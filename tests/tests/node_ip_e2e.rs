@@ -26,18 +26,12 @@ use egress_tests::{
 };
 use serde_json::Value;
 
-#[test]
-#[ignore = "needs root: namespaces, BPF, etcd"]
-fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections() -> Result<()> {
-    node_ip_policy(false)
-}
-
-/// The same on Kubernetes, where the node's addresses (the policy's, per
-/// family) come from the Node's InternalIPs and the tunnel's status.
-#[test]
-#[ignore = "needs root: namespaces, BPF"]
-fn on_kubernetes_a_node_ip_policy_leaves_with_the_node_address() -> Result<()> {
-    node_ip_policy(true)
+egress_tests::on_both_datastores! {
+    #[ignore = "needs root: namespaces, BPF, etcd"] fn a_node_ip_policy_leaves_with_the_node_address_and_spares_its_own_connections;
+    /// The same on Kubernetes, where the node's addresses (the policy's, per
+    /// family) come from the Node's InternalIPs and the tunnel's status.
+    #[ignore = "needs root: namespaces, BPF"] fn on_kubernetes_a_node_ip_policy_leaves_with_the_node_address;
+    => node_ip_policy
 }
 
 fn node_ip_policy(kubernetes: bool) -> Result<()> {

@@ -40,18 +40,12 @@ fn heartbeats(cluster: &Cluster) -> Result<Vec<String>> {
     })
 }
 
-#[test]
-#[ignore = "needs root: namespaces, BPF, etcd"]
-fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period() -> Result<()> {
-    removed_node(false)
-}
-
-/// The same on Kubernetes: `kubectl delete node`, the heartbeat a Lease,
-/// the controller's deletes under the chart's RBAC.
-#[test]
-#[ignore = "needs root: namespaces, BPF"]
-fn on_kubernetes_a_removed_nodes_tunnel_and_lease_are_deleted() -> Result<()> {
-    removed_node(true)
+egress_tests::on_both_datastores! {
+    #[ignore = "needs root: namespaces, BPF, etcd"] fn a_removed_nodes_tunnel_is_deleted_after_the_grace_period;
+    /// The same on Kubernetes: `kubectl delete node`, the heartbeat a Lease,
+    /// the controller's deletes under the chart's RBAC.
+    #[ignore = "needs root: namespaces, BPF"] fn on_kubernetes_a_removed_nodes_tunnel_and_lease_are_deleted;
+    => removed_node
 }
 
 fn removed_node(kubernetes: bool) -> Result<()> {
@@ -140,22 +134,16 @@ fn removed_node(kubernetes: bool) -> Result<()> {
     Ok(())
 }
 
-/// An EgressTunnel deleted by mistake while its agent runs comes back
-/// registered: the agent sees its registration gone from the view and
-/// registers again (before, the node ran unregistered until its agent
-/// restarted: no port blocks, no tunnel endpoint for the others).
-#[test]
-#[ignore = "needs root: namespaces, BPF, etcd"]
-fn an_agent_registers_again_when_its_tunnel_is_deleted() -> Result<()> {
-    registers_again(false)
-}
-
-/// On Kubernetes the agent cannot create its tunnel: the controller
-/// creates it again, then the agent registers in it.
-#[test]
-#[ignore = "needs root: namespaces, BPF"]
-fn on_kubernetes_an_agent_registers_again_when_its_tunnel_is_deleted() -> Result<()> {
-    registers_again(true)
+egress_tests::on_both_datastores! {
+    /// An EgressTunnel deleted by mistake while its agent runs comes back
+    /// registered: the agent sees its registration gone from the view and
+    /// registers again (before, the node ran unregistered until its agent
+    /// restarted: no port blocks, no tunnel endpoint for the others).
+    #[ignore = "needs root: namespaces, BPF, etcd"] fn an_agent_registers_again_when_its_tunnel_is_deleted;
+    /// On Kubernetes the agent cannot create its tunnel: the controller
+    /// creates it again, then the agent registers in it.
+    #[ignore = "needs root: namespaces, BPF"] fn on_kubernetes_an_agent_registers_again_when_its_tunnel_is_deleted;
+    => registers_again
 }
 
 fn registers_again(kubernetes: bool) -> Result<()> {

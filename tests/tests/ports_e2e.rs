@@ -35,8 +35,7 @@ fn a_worker_out_of_ports_is_refused_at_once_and_the_grant_is_reported() -> Resul
     let mut sink = cluster
         .topo
         .server
-        .spawn(&[&traffic, "tcp-sink", "0.0.0.0:7100"])?;
-    sink.wait_for_line("ready", Duration::from_secs(10))?;
+        .spawn_ready(&[&traffic, "tcp-sink", "0.0.0.0:7100"])?;
     let pod = &cluster.topo.nodes[0].pods[0].ns;
     // The grant reaches the worker: a first connection gets through.
     wait_until(
@@ -99,8 +98,7 @@ fn a_worker_out_of_ports_is_refused_at_once_and_the_grant_is_reported() -> Resul
 fn one_pod_holds_thirty_thousand_connections_to_one_server_port() -> Result<()> {
     const CLIENTS: usize = 4;
     const PER_CLIENT: usize = 7_500;
-    let egress = egress_bin()?;
-    let cluster = Cluster::start(&egress, ClusterSpec::default())?;
+    let cluster = Cluster::start_default()?;
     cluster.apply_example_policy()?;
     let traffic = traffic_bin()?.to_string_lossy().into_owned();
     let target = format!("{SERVER_IP}:7200");

@@ -206,16 +206,9 @@ mod wire {
             self.prefixes(body.get(2..2 + wlen)?, false)?;
             let rest = body.get(2 + wlen..)?;
             let alen = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]) as usize;
-            let mut a = rest.get(2..2 + alen)?;
+            let a = rest.get(2..2 + alen)?;
             let nlri = rest.get(2 + alen..)?;
-            while !a.is_empty() {
-                let (flags, kind) = (a[0], *a.get(1)?);
-                let (len, hdr) = if flags & 0x10 != 0 {
-                    (u16::from_be_bytes([*a.get(2)?, *a.get(3)?]) as usize, 4)
-                } else {
-                    (*a.get(2)? as usize, 3)
-                };
-                let v = a.get(hdr..hdr + len)?;
+            egress_tests::bgp_fleet::wire::for_each_attribute(a, |kind, v, _| {
                 match kind {
                     14 if v.get(..3)? == [0, 1, 1] => {
                         let nh = *v.get(3)? as usize;
@@ -224,8 +217,8 @@ mod wire {
                     15 if v.get(..3)? == [0, 1, 1] => self.prefixes(&v[3..], false)?,
                     _ => {}
                 }
-                a = &a[hdr + len..];
-            }
+                Some(())
+            })?;
             self.prefixes(nlri, true)
         }
     }
@@ -296,15 +289,13 @@ mod wire {
             }
             let now = Instant::now();
             let mut at = 0;
-            while buf.len() - at >= 19 {
-                let len = u16::from_be_bytes([buf[at + 16], buf[at + 17]]) as usize;
-                if len < 19 {
-                    return down(format!("bad message length {len}"));
-                }
-                if buf.len() - at < len {
-                    break;
-                }
-                let (kind, body) = (buf[at + 18], &buf[at + 19..at + len]);
+            loop {
+                let (kind, body, len) =
+                    match egress_tests::bgp_fleet::wire::next_message(&buf[at..]) {
+                        Ok(Some(m)) => m,
+                        Ok(None) => break,
+                        Err(e) => return down(e),
+                    };
                 match kind {
                     OPEN => {
                         if let Err(e) = s.write_all(&keepalive()) {

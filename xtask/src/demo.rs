@@ -210,16 +210,14 @@ fn run_cluster(
 
     step("pod p11 (app=web) streams UDP and holds a TCP connection to the external server");
     let t = traffic.to_string_lossy().into_owned();
-    let mut udp_sink = cluster
+    let udp_sink = cluster
         .topo
         .server
-        .spawn(&[&t, "udp-sink", "0.0.0.0:6000"])?;
-    udp_sink.wait_for_line("ready", Duration::from_secs(10))?;
-    let mut tcp_sink = cluster
+        .spawn_ready(&[&t, "udp-sink", "0.0.0.0:6000"])?;
+    let tcp_sink = cluster
         .topo
         .server
-        .spawn(&[&t, "tcp-sink", "0.0.0.0:5000"])?;
-    tcp_sink.wait_for_line("ready", Duration::from_secs(10))?;
+        .spawn_ready(&[&t, "tcp-sink", "0.0.0.0:5000"])?;
     let pod = &cluster.topo.nodes[0].pods[0].ns;
     let mut udp_source = pod.spawn(&[&t, "udp-source", &format!("{SERVER_IP}:6000"), "10"])?;
     udp_source.wait_for_line("ready", Duration::from_secs(10))?;

@@ -86,38 +86,41 @@ mod tests {
     const ME: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
     const CLUSTER: Ipv4Addr = Ipv4Addr::new(1, 1, 1, 1);
 
+    /// RFC 4456 8: a route carrying our cluster id or our router id as
+    /// its originator looped back and is discarded; another cluster's is
+    /// accepted.
     #[test]
-    fn route_with_our_cluster_id_is_discarded() {
-        let a = PathAttributes {
-            cluster_list: vec![Ipv4Addr::new(9, 9, 9, 9), CLUSTER],
-            ..Default::default()
-        };
-        assert_eq!(
-            check_receipt(&a, ME, CLUSTER),
-            Err(LoopDiscard::OwnClusterId)
-        );
-    }
-
-    #[test]
-    fn route_with_our_originator_id_is_discarded() {
-        let a = PathAttributes {
-            originator_id: Some(ME),
-            ..Default::default()
-        };
-        assert_eq!(
-            check_receipt(&a, ME, CLUSTER),
-            Err(LoopDiscard::OwnOriginatorId)
-        );
-    }
-
-    #[test]
-    fn route_from_another_cluster_is_accepted() {
-        let a = PathAttributes {
-            originator_id: Some(Ipv4Addr::new(10, 0, 0, 50)),
-            cluster_list: vec![Ipv4Addr::new(2, 2, 2, 2)],
-            ..Default::default()
-        };
-        assert_eq!(check_receipt(&a, ME, CLUSTER), Ok(()));
+    fn check_receipt_discards_looped_routes() {
+        let cases = [
+            (
+                "route with our cluster id is discarded",
+                PathAttributes {
+                    cluster_list: vec![Ipv4Addr::new(9, 9, 9, 9), CLUSTER],
+                    ..Default::default()
+                },
+                Err(LoopDiscard::OwnClusterId),
+            ),
+            (
+                "route with our originator id is discarded",
+                PathAttributes {
+                    originator_id: Some(ME),
+                    ..Default::default()
+                },
+                Err(LoopDiscard::OwnOriginatorId),
+            ),
+            (
+                "route from another cluster is accepted",
+                PathAttributes {
+                    originator_id: Some(Ipv4Addr::new(10, 0, 0, 50)),
+                    cluster_list: vec![Ipv4Addr::new(2, 2, 2, 2)],
+                    ..Default::default()
+                },
+                Ok(()),
+            ),
+        ];
+        for (name, a, want) in cases {
+            assert_eq!(check_receipt(&a, ME, CLUSTER), want, "{name}");
+        }
     }
 
     #[test]

@@ -294,33 +294,32 @@ pub struct PolicyFields<'a> {
     pub max_ports_per_node: Option<u32>,
 }
 
+/// [`PolicyFields`] of a policy spec of either kind (the two spec types
+/// name their shared fields alike), with the namespace selector given.
+macro_rules! policy_fields {
+    ($s:expr, $namespace_selector:expr) => {
+        PolicyFields {
+            gateway: &$s.egress_gateway_name,
+            egress_ip: &$s.egress_ip,
+            pod_selector: $s.applied_to.pod_selector.as_ref(),
+            pod_subnet: &$s.applied_to.pod_subnet,
+            namespace_selector: $namespace_selector,
+            dest_subnet: &$s.dest_subnet,
+            excluded_subnet: &$s.excluded_subnet,
+            max_ports_per_node: $s.max_ports_per_node,
+        }
+    };
+}
+
 impl<'a> From<&'a EgressPolicySpec> for PolicyFields<'a> {
     fn from(s: &'a EgressPolicySpec) -> Self {
-        Self {
-            gateway: &s.egress_gateway_name,
-            egress_ip: &s.egress_ip,
-            pod_selector: s.applied_to.pod_selector.as_ref(),
-            pod_subnet: &s.applied_to.pod_subnet,
-            namespace_selector: None,
-            dest_subnet: &s.dest_subnet,
-            excluded_subnet: &s.excluded_subnet,
-            max_ports_per_node: s.max_ports_per_node,
-        }
+        policy_fields!(s, None)
     }
 }
 
 impl<'a> From<&'a EgressClusterPolicySpec> for PolicyFields<'a> {
     fn from(s: &'a EgressClusterPolicySpec) -> Self {
-        Self {
-            gateway: &s.egress_gateway_name,
-            egress_ip: &s.egress_ip,
-            pod_selector: s.applied_to.pod_selector.as_ref(),
-            pod_subnet: &s.applied_to.pod_subnet,
-            namespace_selector: s.applied_to.namespace_selector.as_ref(),
-            dest_subnet: &s.dest_subnet,
-            excluded_subnet: &s.excluded_subnet,
-            max_ports_per_node: s.max_ports_per_node,
-        }
+        policy_fields!(s, s.applied_to.namespace_selector.as_ref())
     }
 }
 

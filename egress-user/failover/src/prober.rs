@@ -421,6 +421,15 @@ mod tests {
             .expect("prober stopped")
     }
 
+    /// The next event (within 5 s) is the session with `peer` coming up.
+    async fn expect_session_up(
+        events: &mut mpsc::UnboundedReceiver<ProbeEvent>,
+        peer: std::net::SocketAddr,
+    ) {
+        let up = next_event(events, Duration::from_secs(5)).await;
+        assert_eq!((up.peer, up.event), (peer, SessionEvent::SessionUp));
+    }
+
     async fn up_pair(
         interval_ms: u32,
     ) -> (
@@ -434,16 +443,8 @@ mod tests {
         assert_ne!(a.local_addr().port(), b.local_addr().port());
         a.add_peer(b.local_addr());
         b.add_peer(a.local_addr());
-        let up = next_event(&mut a_events, Duration::from_secs(5)).await;
-        assert_eq!(
-            (up.peer, up.event),
-            (b.local_addr(), SessionEvent::SessionUp)
-        );
-        let up = next_event(&mut b_events, Duration::from_secs(5)).await;
-        assert_eq!(
-            (up.peer, up.event),
-            (a.local_addr(), SessionEvent::SessionUp)
-        );
+        expect_session_up(&mut a_events, b.local_addr()).await;
+        expect_session_up(&mut b_events, a.local_addr()).await;
         assert_eq!(
             a.states().borrow().get(&b.local_addr()),
             Some(&SessionState::Up)
@@ -507,16 +508,8 @@ mod tests {
         let (passive, mut passive_events) = Prober::start(passive_config).await.unwrap();
         // Only the active side knows its peer.
         active.add_peer(passive.local_addr());
-        let up = next_event(&mut active_events, Duration::from_secs(5)).await;
-        assert_eq!(
-            (up.peer, up.event),
-            (passive.local_addr(), SessionEvent::SessionUp)
-        );
-        let up = next_event(&mut passive_events, Duration::from_secs(5)).await;
-        assert_eq!(
-            (up.peer, up.event),
-            (active.local_addr(), SessionEvent::SessionUp)
-        );
+        expect_session_up(&mut active_events, passive.local_addr()).await;
+        expect_session_up(&mut passive_events, active.local_addr()).await;
         let active_addr = active.local_addr();
         active.abort();
         let down = next_event(&mut passive_events, Duration::from_millis(300 + 400)).await;

@@ -5,17 +5,15 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 pub use egress_control::registration::{
     mac_string, node_addresses, publish_over_capacity, register, registration_lost,
     SelfDescription, CAPACITY_MANAGER, MANAGER, RECONFIRMATION_MANAGER,
 };
 use egress_control::{
-    api::EipEpoch,
-    datastore::{Datastore, Kind, ObjectKey, StatusPatch},
+    api::EipEpoch, datastore::Datastore, registration::write_tunnel_status_field,
 };
 use egress_failover::fence::Announcement;
-use serde_json::json;
 
 /// Writes the EIPs the agent withholds after fencing itself
 /// (`status.awaitingReconfirmation` of its EgressTunnel: see
@@ -33,18 +31,15 @@ pub async fn publish_awaiting_reconfirmation(
             epoch: a.epoch,
         })
         .collect();
-    ds.write_status(
-        Kind::EgressTunnel,
-        &ObjectKey::cluster(node),
-        &StatusPatch {
-            manager: RECONFIRMATION_MANAGER.into(),
-            owned: vec![AWAITING_RECONFIRMATION.into()],
-            status: json!({ AWAITING_RECONFIRMATION: asked }),
-        },
+    write_tunnel_status_field(
+        ds,
+        node,
+        RECONFIRMATION_MANAGER,
+        AWAITING_RECONFIRMATION,
+        asked,
+        "writing the EIPs awaiting reconfirmation",
     )
     .await
-    .context("writing the EIPs awaiting reconfirmation")?;
-    Ok(())
 }
 
 /// The status field of [`publish_awaiting_reconfirmation`].

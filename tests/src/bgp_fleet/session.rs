@@ -146,15 +146,7 @@ impl Client {
         at: Instant,
     ) -> Result<(), String> {
         let mut off = 0;
-        while buf.len() - off >= 19 {
-            let len = u16::from_be_bytes([buf[off + 16], buf[off + 17]]) as usize;
-            if len < 19 {
-                return Err(format!("bad message length {len}"));
-            }
-            if buf.len() - off < len {
-                break;
-            }
-            let (kind, body) = (buf[off + 18], &buf[off + 19..off + len]);
+        while let Some((kind, body, len)) = wire::next_message(&buf[off..])? {
             match kind {
                 wire::OPEN => {
                     st.peer_gr = wire::open_has_graceful_restart(body);

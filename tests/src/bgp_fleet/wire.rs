@@ -132,6 +132,27 @@ fn prefixes(mut b: &[u8], out: &mut Vec<Prefix4>) -> Option<()> {
     Some(())
 }
 
+/// A message of a stream: its type, its body and its length with the
+/// header.
+pub type Message<'a> = (u8, &'a [u8], usize);
+
+/// The first whole message of `buf` (a stream's bytes from a message
+/// boundary): its type, its body and its length with the header. None
+/// while it is not all there; an error for a length below the header's.
+pub fn next_message(buf: &[u8]) -> Result<Option<Message<'_>>, String> {
+    if buf.len() < 19 {
+        return Ok(None);
+    }
+    let len = u16::from_be_bytes([buf[16], buf[17]]) as usize;
+    if len < 19 {
+        return Err(format!("bad message length {len}"));
+    }
+    if buf.len() < len {
+        return Ok(None);
+    }
+    Ok(Some((buf[18], &buf[19..len], len)))
+}
+
 /// Reads an UPDATE body; None when it is malformed.
 pub fn parse_update(body: &[u8]) -> Option<Parsed> {
     let mut p = Parsed::default();
@@ -139,17 +160,10 @@ pub fn parse_update(body: &[u8]) -> Option<Parsed> {
     prefixes(body.get(2..2 + wlen)?, &mut p.withdrawn)?;
     let rest = body.get(2 + wlen..)?;
     let alen = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]) as usize;
-    let mut a = rest.get(2..2 + alen)?;
+    let a = rest.get(2..2 + alen)?;
     let nlri = rest.get(2 + alen..)?;
     p.end_of_rib = wlen == 0 && alen == 0 && nlri.is_empty();
-    while !a.is_empty() {
-        let (flags, kind) = (a[0], *a.get(1)?);
-        let (len, hdr) = if flags & 0x10 != 0 {
-            (u16::from_be_bytes([*a.get(2)?, *a.get(3)?]) as usize, 4)
-        } else {
-            (*a.get(2)? as usize, 3)
-        };
-        let v = a.get(hdr..hdr + len)?;
+    for_each_attribute(a, |kind, v, whole| {
         match kind {
             4 => p.med = u32::from_be_bytes(v.try_into().ok()?),
             14 if v.get(..3)? == [0, 1, 1] => {
@@ -158,14 +172,36 @@ pub fn parse_update(body: &[u8]) -> Option<Parsed> {
             }
             15 if v.get(..3)? == [0, 1, 1] => {
                 prefixes(&v[3..], &mut p.withdrawn)?;
-                p.end_of_rib |= v.len() == 3 && alen == len + hdr && wlen == 0;
+                p.end_of_rib |= v.len() == 3 && alen == whole && wlen == 0;
             }
             _ => {}
         }
-        a = &a[hdr + len..];
-    }
+        Some(())
+    })?;
     prefixes(nlri, &mut p.announced)?;
     Some(p)
+}
+
+/// Walks a path attribute list in order: `f(type code, value, length of
+/// the whole attribute with its header)` for each. None when an attribute
+/// runs past the end of the list or `f` returns None (the walk stops
+/// there).
+pub fn for_each_attribute(
+    mut a: &[u8],
+    mut f: impl FnMut(u8, &[u8], usize) -> Option<()>,
+) -> Option<()> {
+    while !a.is_empty() {
+        let (flags, kind) = (a[0], *a.get(1)?);
+        let (len, hdr) = if flags & 0x10 != 0 {
+            (u16::from_be_bytes([*a.get(2)?, *a.get(3)?]) as usize, 4)
+        } else {
+            (*a.get(2)? as usize, 3)
+        };
+        let v = a.get(hdr..hdr + len)?;
+        f(kind, v, hdr + len)?;
+        a = &a[hdr + len..];
+    }
+    Some(())
 }
 
 #[cfg(test)]

@@ -70,6 +70,13 @@ pub struct Request {
     pub status: u16,
 }
 
+impl Request {
+    /// Answered 401 or 403: with the chart's RBAC, not allowed by its roles.
+    pub fn refused(&self) -> bool {
+        self.status == 401 || self.status == 403
+    }
+}
+
 impl Shared {
     fn change<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
         let mut s = self.store.lock().expect("store lock");
@@ -285,6 +292,14 @@ impl FakeApiServer {
     /// Every request so far.
     pub fn requests(&self) -> Vec<Request> {
         self.shared.requests.lock().expect("requests lock").clone()
+    }
+
+    /// The requests so far that were refused (401 or 403): with the chart's
+    /// RBAC, those its roles do not allow.
+    pub fn refused_requests(&self) -> Vec<Request> {
+        let mut all = self.requests();
+        all.retain(Request::refused);
+        all
     }
 }
 

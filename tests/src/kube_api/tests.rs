@@ -25,6 +25,14 @@ fn server() -> FakeApiServer {
     s
 }
 
+/// The next item of a watch, within 5 s.
+async fn next_item<S: futures::Stream + Unpin>(w: &mut S) -> S::Item {
+    tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("an event within 5 s")
+        .expect("the watch goes on")
+}
+
 fn tunnel(name: &str) -> Value {
     json!({"apiVersion": "egressgateway.egress.dev/v1beta1", "kind": "EgressTunnel",
            "metadata": {"name": name}, "spec": {}})
@@ -96,11 +104,7 @@ async fn a_watch_from_a_list_revision_sees_what_follows_and_only_its_nodes_pods(
         .unwrap();
     s.change(|st| st.create(&pods, "default", pod("d", "w1")))
         .unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .expect("an event within 5 s")
-        .unwrap()
-        .unwrap();
+    let next = next_item(&mut w).await.unwrap();
     let WatchEvent::Put(p) = next else {
         panic!("{next:?}")
     };
@@ -217,10 +221,7 @@ async fn a_restart_ends_watches_and_an_old_resource_version_is_gone() {
     let (_, rev) = ds.list(Kind::EgressTunnel).await.unwrap();
     let mut w = ds.watch(Kind::EgressTunnel, rev).await.unwrap();
     ds.create(Kind::EgressTunnel, tunnel("w2")).await.unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let first = next_item(&mut w).await;
     assert!(
         matches!(first, Ok(WatchEvent::Put(ref p)) if p.key.name == "w2"),
         "{first:?}"
@@ -230,19 +231,13 @@ async fn a_restart_ends_watches_and_an_old_resource_version_is_gone() {
     // a write it missed cannot be replayed from an older one.
     s.restart(true);
     ds.create(Kind::EgressTunnel, tunnel("w3")).await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let next = next_item(&mut w).await;
     assert!(
         matches!(next, Ok(WatchEvent::Put(ref p)) if p.key.name == "w3"),
         "{next:?}"
     );
     let mut old = ds.watch(Kind::EgressTunnel, rev).await.unwrap();
-    let gone = tokio::time::timeout(Duration::from_secs(5), old.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let gone = next_item(&mut old).await;
     assert!(
         matches!(gone, Err(DatastoreError::Compacted(_))),
         "{gone:?}"

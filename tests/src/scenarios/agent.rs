@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 
 use super::{
     ms, say,
-    stage::{spawn_ready, stage},
-    tracker::{check_tcp, check_udp, tunnel_phase, wait_new_owner},
+    stage::stage,
+    tracker::{check_not_heartbeat_timeout, check_tcp, check_udp, wait_new_owner},
     Bins, Options, Outcome,
 };
 use crate::{
@@ -47,13 +47,9 @@ fn uplink_mac(cluster: &Cluster, i: usize) -> Result<String> {
 
 /// `agent-restart`: see the module doc.
 pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "agent-restart".into(),
-        ..Default::default()
-    };
-    let (worker, owner) = (0, st.owner);
-    let owner_name = st.cluster.topo.nodes[owner].name.clone();
+    let (mut st, mut out) = stage(bins, opts, 1, "agent-restart")?;
+    let worker = 0;
+    let (owner, owner_name) = st.owner_and_name();
     anyhow::ensure!(
         AGENT_DOWN * 2 < opts.eviction(),
         "agent-restart needs an eviction timeout above {} ms (the agents are down {} ms)",
@@ -135,10 +131,11 @@ pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
         end == [owner],
         format!("at the end the EIP is announced by nodes {end:?}, expected only {owner_name}"),
     );
-    let phase = tunnel_phase(&st.cluster, &owner_name);
-    out.extra.insert("owner_phase".into(), json!(phase));
-    out.check(
-        phase.as_deref() != Some("HeartbeatTimeout"),
+    check_not_heartbeat_timeout(
+        &st.cluster,
+        &mut out,
+        &owner_name,
+        "owner_phase",
         format!("{owner_name} went HeartbeatTimeout during a restart"),
     );
     // An outage that waited for the new agents would last AGENT_DOWN or more.
@@ -152,28 +149,20 @@ pub(super) fn agent_restart(bins: &Bins, opts: &Options) -> Result<Outcome> {
 
 /// `gateway-agent-crash`: see the module doc.
 pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "gateway-agent-crash".into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let (mut st, mut out) = stage(bins, opts, 1, "gateway-agent-crash")?;
+    let (old, old_name) = st.owner_and_name();
     let macs: Vec<String> = (0..st.cluster.topo.nodes.len())
         .map(|i| uplink_mac(&st.cluster, i))
         .collect::<Result<_>>()?;
     let tb = bins.traffic.to_string_lossy().into_owned();
-    let watch = spawn_ready(
-        &st.cluster.topo.fabric,
-        &[
-            &tb,
-            "arp-watch",
-            "br0",
-            &st.eip,
-            &FABRIC_UNDERLAY_IP.to_string(),
-            &ARP_INTERVAL_MS.to_string(),
-        ],
-    )?;
+    let watch = st.cluster.topo.fabric.spawn_ready(&[
+        &tb,
+        "arp-watch",
+        "br0",
+        &st.eip,
+        &FABRIC_UNDERLAY_IP.to_string(),
+        &ARP_INTERVAL_MS.to_string(),
+    ])?;
     let watch_start = Instant::now();
     std::thread::sleep(opts.settle);
 
@@ -186,12 +175,7 @@ pub(super) fn gateway_agent_crash(bins: &Bins, opts: &Options) -> Result<Outcome
     let moved = wait_new_owner(&st.tracker, old, t0, opts.heartbeat_bound());
     match moved {
         Some((at, n)) => {
-            out.detection_ms = Some(ms(at - t0));
-            say(&format!(
-                "{} announces the EIP {} ms after the crash",
-                st.cluster.topo.nodes[n].name,
-                ms(at - t0)
-            ));
+            st.note_new_owner(&mut out, n, at - t0, "the crash");
         }
         None => out.check(false, "no other node took the EIP"),
     }

@@ -37,13 +37,8 @@ pub(super) fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Res
     } else {
         1
     };
-    let mut st = stage(bins, opts, controllers)?;
-    let mut out = Outcome {
-        scenario: name.into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let (mut st, mut out) = stage(bins, opts, controllers, name)?;
+    let (old, old_name) = st.owner_and_name();
     let mut leader = None;
     if variant == Variant::ControllerKill {
         // Controller 0 started first; whichever leads says so once.
@@ -112,12 +107,7 @@ pub(super) fn gateway_kill(bins: &Bins, opts: &Options, variant: Variant) -> Res
     let new = match moved {
         Some((at, node)) => {
             let d = at - t0;
-            out.detection_ms = Some(ms(d));
-            say(&format!(
-                "{} announces the EIP {} ms after the fault",
-                st.cluster.topo.nodes[node].name,
-                ms(d)
-            ));
+            st.note_new_owner(&mut out, node, d, "the fault");
             Some(node)
         }
         None => {

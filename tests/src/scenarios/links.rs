@@ -11,8 +11,8 @@ use super::{
     ms, say,
     stage::stage,
     tracker::{
-        check_event, check_no_dual_announce_after_eviction, check_one_announcer_at_end,
-        record_dual_announce, stop_and_check_traffic, tunnel_phase, wait_new_owner,
+        check_event, check_no_dual_announce_after_eviction, check_not_heartbeat_timeout,
+        check_one_announcer_at_end, record_dual_announce, stop_and_check_traffic, wait_new_owner,
     },
     Bins, Options, Outcome,
 };
@@ -36,9 +36,7 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
     fab.addr(&port, &format!("{fab_ip}/30"))?;
     node.ns.addr("mgmt0", &format!("{node_ip}/30"))?;
     for (ns, dev) in [(&node.ns, "mgmt0"), (fab, port.as_str())] {
-        ns.exec(&[
-            "sysctl",
-            "-qw",
+        ns.sysctl(&[
             "net.ipv4.conf.all.rp_filter=0",
             &format!("net.ipv4.conf.{dev}.rp_filter=0"),
         ])?;
@@ -84,13 +82,8 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
 
 /// `gateway-link-down`: the underlay dies, the agent and its datastore stay.
 pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "gateway-link-down".into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let (mut st, mut out) = stage(bins, opts, 1, "gateway-link-down")?;
+    let (old, old_name) = st.owner_and_name();
     add_management_link(&st.cluster, old)?;
     say(&format!(
         "{old_name}: etcd traffic now on a separate management link"
@@ -110,12 +103,7 @@ pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
     let moved = wait_new_owner(&st.tracker, old, t0, bound);
     let new = match moved {
         Some((at, node)) => {
-            out.detection_ms = Some(ms(at - t0));
-            say(&format!(
-                "{} announces the EIP {} ms after the fault",
-                st.cluster.topo.nodes[node].name,
-                ms(at - t0)
-            ));
+            st.note_new_owner(&mut out, node, at - t0, "the fault");
             Some(node)
         }
         None => {
@@ -149,10 +137,11 @@ pub(super) fn link_down(bins: &Bins, opts: &Options) -> Result<Outcome> {
     );
     // Its heartbeats went on over the management link: the heartbeat path
     // must not be what moved the EIP.
-    let phase = tunnel_phase(&st.cluster, &old_name);
-    out.extra.insert("old_owner_phase".into(), json!(phase));
-    out.check(
-        phase.as_deref() != Some("HeartbeatTimeout"),
+    check_not_heartbeat_timeout(
+        &st.cluster,
+        &mut out,
+        &old_name,
+        "old_owner_phase",
         format!("{old_name} went HeartbeatTimeout: its datastore link was cut too"),
     );
     std::thread::sleep(opts.after);

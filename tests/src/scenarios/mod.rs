@@ -257,6 +257,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// A run of `scenario` that measured nothing yet.
+    pub(super) fn named(scenario: &str) -> Self {
+        Self {
+            scenario: scenario.into(),
+            ..Default::default()
+        }
+    }
+
     pub fn json(&self) -> Value {
         let mut v = json!({
             "scenario": self.scenario,

@@ -36,13 +36,8 @@ pub fn block_datastore(cluster: &Cluster, i: usize, block: bool) -> Result<()> {
 /// before the timeout, nobody else may announce before it, exactly one
 /// node after it.
 pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "datastore-partition".into(),
-        ..Default::default()
-    };
-    let old = st.owner;
-    let old_name = st.cluster.topo.nodes[old].name.clone();
+    let (mut st, mut out) = stage(bins, opts, 1, "datastore-partition")?;
+    let (old, old_name) = st.owner_and_name();
     std::thread::sleep(opts.settle);
     let t0 = Instant::now();
     block_datastore(&st.cluster, old, true)?;
@@ -89,14 +84,9 @@ pub(super) fn datastore_partition(bins: &Bins, opts: &Options) -> Result<Outcome
     );
     match moved {
         Some((at, node)) => {
-            out.detection_ms = Some(ms(at - t0));
+            st.note_new_owner(&mut out, node, at - t0, "the partition");
             out.extra
                 .insert("new_owner".into(), json!(st.cluster.topo.nodes[node].name));
-            say(&format!(
-                "{} announces the EIP {} ms after the partition",
-                st.cluster.topo.nodes[node].name,
-                ms(at - t0)
-            ));
             // g1's last heartbeat may have landed up to one update period
             // before the fault, so the controller may rightly evict it that
             // much earlier than `eviction` after the fault.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::{ds_watch::DsWatch, say, tracker::Tracker, Bins, Options, Outcome};
+use super::{ds_watch::DsWatch, ms, say, tracker::Tracker, Bins, Options, Outcome};
 use crate::{
     cluster::{Cluster, ClusterSpec},
     topology::{eip, SERVER_IP},
@@ -28,7 +28,13 @@ pub(super) struct Stage {
     pub(super) ds: DsWatch,
 }
 
-pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<Stage> {
+/// The stage of a run of `scenario`, and the run's outcome to fill in.
+pub(super) fn stage(
+    bins: &Bins,
+    opts: &Options,
+    controllers: usize,
+    scenario: &str,
+) -> Result<(Stage, Outcome)> {
     // Other fields (added by other scenarios' work) keep their defaults.
     #[allow(clippy::needless_update)]
     let spec = ClusterSpec {
@@ -54,24 +60,47 @@ pub(super) fn stage(bins: &Bins, opts: &Options, controllers: usize) -> Result<S
     ));
     if let Some(rto) = opts.tcp_rto_max_ms {
         for ns in [&cluster.topo.server, &cluster.topo.nodes[0].pods[0].ns] {
-            ns.exec(&["sysctl", "-qw", &format!("net.ipv4.tcp_rto_max_ms={rto}")])
+            ns.sysctl(&[&format!("net.ipv4.tcp_rto_max_ms={rto}")])
                 .context("net.ipv4.tcp_rto_max_ms (kernel 6.15 or newer)")?;
         }
     }
     let traffic = Traffic::start(&cluster, bins, opts)?;
     let tracker = Tracker::start(&cluster, &eip)?;
     let ds = DsWatch::start(&cluster)?;
-    Ok(Stage {
+    let stage = Stage {
         cluster,
         eip,
         owner,
         traffic,
         tracker,
         ds,
-    })
+    };
+    Ok((stage, Outcome::named(scenario)))
 }
 
 impl Stage {
+    /// `node` announces the EIP `after` the fault (`what` names it): the
+    /// detection time, recorded and said.
+    pub(super) fn note_new_owner(
+        &self,
+        out: &mut Outcome,
+        node: usize,
+        after: Duration,
+        what: &str,
+    ) {
+        out.detection_ms = Some(ms(after));
+        say(&format!(
+            "{} announces the EIP {} ms after {what}",
+            self.cluster.topo.nodes[node].name,
+            ms(after)
+        ));
+    }
+
+    /// The EIP's owner when the stage was set: its index and its name.
+    pub(super) fn owner_and_name(&self) -> (usize, String) {
+        (self.owner, self.cluster.topo.nodes[self.owner].name.clone())
+    }
+
     /// Stops the watchers and settles the verdict (ok when nothing failed);
     /// the cluster is torn down as the stage drops.
     pub(super) fn finish(self, mut out: Outcome) -> Result<Outcome> {
@@ -109,13 +138,6 @@ pub(super) struct TcpReport {
     pub(super) detail: Value,
 }
 
-pub(super) fn spawn_ready(ns: &crate::Netns, argv: &[&str]) -> Result<Proc> {
-    let mut p = ns.spawn(argv)?;
-    p.wait_for_line("ready", Duration::from_secs(10))
-        .with_context(|| argv.join(" "))?;
-    Ok(p)
-}
-
 pub(super) fn report_of(mut p: Proc) -> Result<Value> {
     p.signal_term();
     let line = p.wait_for_line("\"role\"", Duration::from_secs(40))?;
@@ -129,20 +151,30 @@ pub(super) fn start_udp(
     port: u16,
     interval_ms: u64,
 ) -> Result<(Proc, Proc)> {
+    start_stream(cluster, bins, "udp", port, interval_ms)
+}
+
+/// Starts the traffic tool's `{proto}-sink` on the server's `port` and its
+/// `{proto}-source` from p11 to it, one message every `interval_ms`.
+fn start_stream(
+    cluster: &Cluster,
+    bins: &Bins,
+    proto: &str,
+    port: u16,
+    interval_ms: u64,
+) -> Result<(Proc, Proc)> {
     let tb = bins.traffic.to_string_lossy().into_owned();
-    let sink = spawn_ready(
-        &cluster.topo.server,
-        &[&tb, "udp-sink", &format!("0.0.0.0:{port}")],
-    )?;
-    let src = spawn_ready(
-        &cluster.topo.nodes[0].pods[0].ns,
-        &[
-            &tb,
-            "udp-source",
-            &format!("{SERVER_IP}:{port}"),
-            &interval_ms.to_string(),
-        ],
-    )?;
+    let sink = cluster.topo.server.spawn_ready(&[
+        &tb,
+        &format!("{proto}-sink"),
+        &format!("0.0.0.0:{port}"),
+    ])?;
+    let src = cluster.topo.nodes[0].pods[0].ns.spawn_ready(&[
+        &tb,
+        &format!("{proto}-source"),
+        &format!("{SERVER_IP}:{port}"),
+        &interval_ms.to_string(),
+    ])?;
     Ok((sink, src))
 }
 
@@ -173,25 +205,12 @@ pub(super) fn stop_udp(pair: (Proc, Proc), interval_ms: u64) -> Result<UdpReport
 
 impl Traffic {
     fn start(cluster: &Cluster, bins: &Bins, opts: &Options) -> Result<Self> {
-        let tb = bins.traffic.to_string_lossy().into_owned();
-        let tcp_sink = spawn_ready(
-            &cluster.topo.server,
-            &[&tb, "tcp-sink", &format!("0.0.0.0:{TCP_PORT}")],
-        )?;
-        let tcp_src = spawn_ready(
-            &cluster.topo.nodes[0].pods[0].ns,
-            &[
-                &tb,
-                "tcp-source",
-                &format!("{SERVER_IP}:{TCP_PORT}"),
-                &opts.tcp_interval_ms.to_string(),
-            ],
-        )?;
+        let tcp = start_stream(cluster, bins, "tcp", TCP_PORT, opts.tcp_interval_ms)?;
         let udp = start_udp(cluster, bins, UDP_PORT, opts.udp_interval_ms)?;
         say("traffic started: UDP stream and one TCP connection from p11 to the server");
         Ok(Self {
             udp: Some(udp),
-            tcp: Some((tcp_sink, tcp_src)),
+            tcp: Some(tcp),
             started: Instant::now(),
             tcp_interval_ms: opts.tcp_interval_ms,
             udp_interval_ms: opts.udp_interval_ms,

@@ -248,6 +248,20 @@ pub(super) fn tunnel_phase(cluster: &Cluster, node: &str) -> Option<String> {
     v["status"]["phase"].as_str().map(str::to_owned)
 }
 
+/// Records `node`'s tunnel phase in `out` as `key`; the run fails with
+/// `why` when it is HeartbeatTimeout.
+pub(super) fn check_not_heartbeat_timeout(
+    cluster: &Cluster,
+    out: &mut Outcome,
+    node: &str,
+    key: &str,
+    why: String,
+) {
+    let phase = tunnel_phase(cluster, node);
+    out.extra.insert(key.into(), json!(phase));
+    out.check(phase.as_deref() != Some("HeartbeatTimeout"), why);
+}
+
 /// Records how long two nodes announced the EIP at once, from `t0` to now:
 /// in all, and after the eviction timeout (when it must not happen).
 pub(super) fn record_dual_announce(

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::{client_prefix, wait_until};
 
 /// `kind` as a client of our reflector next to one of our clients: each
@@ -10,21 +10,9 @@ use crate::{client_prefix, wait_until};
 pub(crate) fn client_of_our_reflector(kind: Kind) -> Result<()> {
     let mut lan = Lan::new()?;
     let rr = ip(1);
-    let _rr = Router::start(
-        Kind::Ours,
-        lan.node("rr", rr)?,
-        RouterCfg::reflector(rr, &[ip(11), ip(12)], &[], vec![]),
-    )?;
-    let theirs = Router::start(
-        kind,
-        lan.node("peer", ip(11))?,
-        RouterCfg::peer_of(ip(11), &[rr], vec![client_prefix(11)]),
-    )?;
-    let ours = Router::start(
-        Kind::Ours,
-        lan.node("c", ip(12))?,
-        RouterCfg::peer_of(ip(12), &[rr], vec![client_prefix(12)]),
-    )?;
+    let _rr = lan.reflector("rr", rr, &[ip(11), ip(12)], &[], vec![])?;
+    let theirs = lan.peer(kind, "peer", ip(11), &[rr], vec![client_prefix(11)])?;
+    let ours = lan.peer(Kind::Ours, "c", ip(12), &[rr], vec![client_prefix(12)])?;
     wait_until(
         "our client's route at theirs",
         Duration::from_secs(30),

@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// Graceful restart both ways between our speaker and `kind`:
@@ -13,30 +13,26 @@ use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
     let mut lan = Lan::new()?;
     let rr = ip(1);
-    let mut ours = Router::start(
-        Kind::Ours,
-        lan.node("rr", rr)?,
-        RouterCfg::reflector(rr, &[ip(11), ip(12)], &[], vec!["192.0.2.1/32".into()]),
+    let mut ours = lan.reflector(
+        "rr",
+        rr,
+        &[ip(11), ip(12)],
+        &[],
+        vec!["192.0.2.1/32".into()],
     )?;
-    let mut theirs = Router::start(
-        kind,
-        lan.node("peer", ip(11))?,
-        RouterCfg::peer_of(ip(11), &[rr], vec![client_prefix(11)]),
-    )?;
-    let observer = Router::start(
-        Kind::Ours,
-        lan.node("obs", ip(12))?,
-        RouterCfg::peer_of(ip(12), &[rr], vec![]),
-    )?;
+    let mut theirs = lan.peer(kind, "peer", ip(11), &[rr], vec![client_prefix(11)])?;
+    let observer = lan.peer(Kind::Ours, "obs", ip(12), &[rr], vec![])?;
     let ours_route = vec!["192.0.2.1/32".to_string()];
     let their_route = vec![client_prefix(11)];
+    let observer_has_theirs =
+        || -> Result<bool> { Ok(count_present(&observer, &their_route)? == 1) };
     wait_until("our route at theirs", Duration::from_secs(30), || {
         Ok(count_present(&theirs, &ours_route)? == 1)
     })?;
     wait_until(
         "their route at the observer",
         Duration::from_secs(30),
-        || Ok(count_present(&observer, &their_route)? == 1),
+        observer_has_theirs,
     )?;
 
     // 1. We restart; they help.
@@ -84,7 +80,7 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
     wait_until(
         "their route at the observer again",
         Duration::from_secs(20),
-        || Ok(count_present(&observer, &their_route)? == 1),
+        observer_has_theirs,
     )?;
 
     // 2. They restart; we help, and keep reflecting their route. GoBGP
@@ -94,30 +90,25 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
     let table_at_start = kind != Kind::Gobgp;
     theirs.kill9();
     wait_until("our side to notice", Duration::from_secs(20), || {
-        hold(
-            !table_at_start || count_present(&observer, &their_route)? == 1,
-            || "observer lost their route".into(),
-        )?;
+        hold(!table_at_start || observer_has_theirs()?, || {
+            "observer lost their route".into()
+        })?;
         Ok(!ours.established()?.contains(&ip(11)))
     })?;
     theirs.spawn()?;
     wait_until("their session back", Duration::from_secs(40), || {
-        hold(
-            !table_at_start || count_present(&observer, &their_route)? == 1,
-            || "observer lost their route".into(),
-        )?;
+        hold(!table_at_start || observer_has_theirs()?, || {
+            "observer lost their route".into()
+        })?;
         Ok(ours.established()?.contains(&ip(11)))
     })?;
     // Their table came back: nothing stale is left on our side.
     wait_until("stale routes resolved", Duration::from_secs(20), || {
-        hold(
-            !table_at_start || count_present(&observer, &their_route)? == 1,
-            || "observer lost their route".into(),
-        )?;
+        hold(!table_at_start || observer_has_theirs()?, || {
+            "observer lost their route".into()
+        })?;
         let peer = peer_status(&ours.ours_doc()?, ip(11))?;
-        Ok(peer["stale"] == 0
-            && peer["received"] == 1
-            && count_present(&observer, &their_route)? == 1)
+        Ok(peer["stale"] == 0 && peer["received"] == 1 && observer_has_theirs()?)
     })?;
     Ok(())
 }

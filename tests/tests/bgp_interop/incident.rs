@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// The incident: two of our reflectors share one cluster id, `n` clients
@@ -17,26 +17,14 @@ pub(crate) fn incident(clients: Kind, n: u8) -> Result<()> {
     let up = ip(254);
     let client_ips: Vec<Ipv4Addr> = (0..n).map(|i| ip(11 + i)).collect();
     let prefixes: Vec<String> = (0..n).map(|i| client_prefix(11 + i)).collect();
-    let frr = Router::start(
-        Kind::Frr,
-        lan.node("up", up)?,
-        RouterCfg::peer_of(up, &rrs, vec![]),
-    )?;
+    let frr = lan.peer(Kind::Frr, "up", up, &rrs, vec![])?;
     let mut reflectors = Vec::new();
     for (i, me) in rrs.iter().enumerate() {
-        reflectors.push(Router::start(
-            Kind::Ours,
-            lan.node("rr", *me)?,
-            RouterCfg::reflector(*me, &client_ips, &[up, rrs[1 - i]], vec![]),
-        )?);
+        reflectors.push(lan.reflector("rr", *me, &client_ips, &[up, rrs[1 - i]], vec![])?);
     }
     let mut cs = Vec::new();
     for (i, a) in client_ips.iter().enumerate() {
-        cs.push(Router::start(
-            clients,
-            lan.node("c", *a)?,
-            RouterCfg::peer_of(*a, &rrs, vec![prefixes[i].clone()]),
-        )?);
+        cs.push(lan.peer(clients, "c", *a, &rrs, vec![prefixes[i].clone()])?);
     }
     // Each reflector alone sends all client prefixes upstream.
     wait_until(

@@ -3,7 +3,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan};
 use crate::wait_until;
 
 /// IPv6 unicast over an IPv4 session (MP_REACH_NLRI, RFC 4760): a client
@@ -13,20 +13,14 @@ pub(crate) fn ipv6_routes_reach_frr() -> Result<()> {
     let mut lan = Lan::new()?;
     let rr = ip(1);
     let up = ip(254);
-    let frr = Router::start(
-        Kind::Frr,
-        lan.node("up", up)?,
-        RouterCfg::peer_of(up, &[rr], vec![]),
-    )?;
-    let _rr = Router::start(
+    let frr = lan.peer(Kind::Frr, "up", up, &[rr], vec![])?;
+    let _rr = lan.reflector("rr", rr, &[ip(11)], &[up], vec![])?;
+    let _c = lan.peer(
         Kind::Ours,
-        lan.node("rr", rr)?,
-        RouterCfg::reflector(rr, &[ip(11)], &[up], vec![]),
-    )?;
-    let _c = Router::start(
-        Kind::Ours,
-        lan.node("c", ip(11))?,
-        RouterCfg::peer_of(ip(11), &[rr], vec!["2001:db8:11::/48".into()]),
+        "c",
+        ip(11),
+        &[rr],
+        vec!["2001:db8:11::/48".into()],
     )?;
     wait_until("the IPv6 prefix at FRR", Duration::from_secs(30), || {
         let v: Value = serde_json::from_str(&frr.vtysh("show bgp ipv6 unicast json")?)?;

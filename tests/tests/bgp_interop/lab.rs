@@ -82,6 +82,38 @@ impl Lan {
         ns.addr("eth0", &format!("{addr}/24"))?;
         Ok(ns)
     }
+
+    /// A `kind` speaker on a new node `label` at `addr` whose neighbours
+    /// `peers` are plain peers ([`RouterCfg::peer_of`]), announcing
+    /// `announce`.
+    pub(crate) fn peer(
+        &mut self,
+        kind: Kind,
+        label: &str,
+        addr: Ipv4Addr,
+        peers: &[Ipv4Addr],
+        announce: Vec<String>,
+    ) -> Result<Router> {
+        Router::start(
+            kind,
+            self.node(label, addr)?,
+            RouterCfg::peer_of(addr, peers, announce),
+        )
+    }
+
+    /// Our reflector on a new node `label` at `addr`
+    /// ([`RouterCfg::reflector`]).
+    pub(crate) fn reflector(
+        &mut self,
+        label: &str,
+        addr: Ipv4Addr,
+        clients: &[Ipv4Addr],
+        peers: &[Ipv4Addr],
+        announce: Vec<String>,
+    ) -> Result<Router> {
+        let cfg = RouterCfg::reflector(addr, clients, peers, announce);
+        Router::start(Kind::Ours, self.node(label, addr)?, cfg)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

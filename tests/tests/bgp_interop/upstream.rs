@@ -17,19 +17,11 @@ pub(crate) fn upstream_receives_every_route(kind: Kind) -> Result<()> {
     let clients = [11u8, 12];
     let client_ips: Vec<_> = clients.iter().map(|c| ip(*c)).collect();
     let rr_cfg = RouterCfg::reflector(rr, &client_ips, &[up], vec![]);
-    let upstream = Router::start(
-        kind,
-        lan.node("up", up)?,
-        RouterCfg::peer_of(up, &[rr], vec!["203.0.113.0/24".into()]),
-    )?;
+    let upstream = lan.peer(kind, "up", up, &[rr], vec!["203.0.113.0/24".into()])?;
     let _rr = Router::start(Kind::Ours, lan.node("rr", rr)?, rr_cfg)?;
     let mut cs = Vec::new();
     for c in clients {
-        cs.push(Router::start(
-            Kind::Ours,
-            lan.node("c", ip(c))?,
-            RouterCfg::peer_of(ip(c), &[rr], vec![client_prefix(c)]),
-        )?);
+        cs.push(lan.peer(Kind::Ours, "c", ip(c), &[rr], vec![client_prefix(c)])?);
     }
     let want: Vec<String> = clients.iter().map(|c| client_prefix(*c)).collect();
     wait_until(

@@ -32,7 +32,9 @@ use k8s_openapi::{
     api::{
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
         apps::v1::{DaemonSet, Deployment},
-        core::v1::{Container, PodSpec, Service, ServiceAccount},
+        core::v1::{
+            Container, ContainerPort, EnvVar, PodSpec, Service, ServiceAccount, VolumeMount,
+        },
         policy::v1::PodDisruptionBudget,
         rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
     },
@@ -327,6 +329,50 @@ pub(crate) fn controller(objs: &[Value]) -> PodSpec {
     pod_spec(objs, "Deployment", "egw-egress-gateway-controller")
 }
 
+/// The overrides of the [`combinations`] case whose name starts with `prefix`.
+pub(crate) fn combination(prefix: &str) -> Value {
+    combinations()
+        .into_iter()
+        .find(|(n, _)| n.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no combination {prefix:?}"))
+        .1
+}
+
+/// The item of `items` (of container `c`) called `name`.
+fn named<'a, T>(
+    c: &Container,
+    items: &'a Option<Vec<T>>,
+    name: &str,
+    name_of: impl Fn(&T) -> Option<&str>,
+) -> &'a T {
+    items
+        .iter()
+        .flatten()
+        .find(|i| name_of(i) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in container {}", c.name))
+}
+
+/// The container's environment variable `name`.
+pub(crate) fn env_var<'a>(c: &'a Container, name: &str) -> &'a EnvVar {
+    named(c, &c.env, name, |e| Some(&e.name))
+}
+
+/// The downward API field an environment variable is read from.
+pub(crate) fn field_path(e: &EnvVar) -> &str {
+    let from = e.value_from.as_ref().expect("valueFrom");
+    &from.field_ref.as_ref().expect("fieldRef").field_path
+}
+
+/// The container's volume mount `name`.
+pub(crate) fn mount<'a>(c: &'a Container, name: &str) -> &'a VolumeMount {
+    named(c, &c.volume_mounts, name, |m| Some(&m.name))
+}
+
+/// The container's port named `name`.
+pub(crate) fn port<'a>(c: &'a Container, name: &str) -> &'a ContainerPort {
+    named(c, &c.ports, name, |p| p.name.as_deref())
+}
+
 /// `--flag=value` arguments as a map (repeated flags keep every value).
 pub(crate) fn flags(c: &Container) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -337,6 +383,13 @@ pub(crate) fn flags(c: &Container) -> BTreeMap<String, Vec<String>> {
         }
     }
     out
+}
+
+/// Each `(flag, value)`: the flag is given once, with that value.
+pub(crate) fn assert_flags(f: &BTreeMap<String, Vec<String>>, want: &[(&str, &str)]) {
+    for (name, value) in want {
+        assert_eq!(flag(f, name), *value, "--{name}");
+    }
 }
 
 pub(crate) fn flag(f: &BTreeMap<String, Vec<String>>, name: &str) -> String {

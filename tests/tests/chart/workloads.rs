@@ -2,7 +2,10 @@ use std::collections::BTreeSet;
 
 use serde_json::json;
 
-use crate::{agent, combinations, controller, find, flag, flags, names, render, NAMESPACE};
+use crate::{
+    agent, assert_flags, combination, controller, env_var, field_path, find, flag, flags, mount,
+    names, port, render, NAMESPACE,
+};
 
 #[test]
 fn agent_daemonset_by_default() {
@@ -52,7 +55,7 @@ fn agent_daemonset_by_default() {
     assert_eq!(host_path("bpffs"), "/sys/fs/bpf");
     assert_eq!(host_path("sys"), "/sys");
     let mounts = c.volume_mounts.clone().unwrap();
-    let bpffs = mounts.iter().find(|m| m.name == "bpffs").unwrap();
+    let bpffs = mount(c, "bpffs");
     assert_eq!(bpffs.mount_path, "/sys/fs/bpf");
     assert_eq!(bpffs.mount_propagation.as_deref(), Some("HostToContainer"));
     assert!(mounts
@@ -60,33 +63,13 @@ fn agent_daemonset_by_default() {
         .any(|m| m.name == "sys" && m.mount_path == "/sys" && m.read_only == Some(true)));
     // NODE_NAME from the downward API
     let env = c.env.clone().unwrap();
-    let node_name = env
-        .iter()
-        .find(|e| e.name == "NODE_NAME")
-        .expect("NODE_NAME");
-    assert_eq!(
-        node_name
-            .value_from
-            .as_ref()
-            .unwrap()
-            .field_ref
-            .as_ref()
-            .unwrap()
-            .field_path,
-        "spec.nodeName"
-    );
+    assert_eq!(field_path(env_var(c, "NODE_NAME")), "spec.nodeName");
     assert!(
         env.iter().all(|e| e.name != "EGRESS_BGP_PASSWORD"),
         "a password without a Secret"
     );
     // probes on the metrics port
-    let metrics = c
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("metrics"))
-        .unwrap();
-    assert_eq!(metrics.container_port, 9477);
+    assert_eq!(port(c, "metrics").container_port, 9477);
     let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
         p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone()
     };
@@ -94,22 +77,27 @@ fn agent_daemonset_by_default() {
     assert_eq!(path(&c.readiness_probe).as_deref(), Some("/readyz"));
     // flags
     let f = flags(c);
-    assert_eq!(flag(&f, "datastore"), "kubernetes");
-    assert_eq!(flag(&f, "node-name"), "$(NODE_NAME)");
-    assert_eq!(flag(&f, "pin-dir"), "/sys/fs/bpf/egress");
-    assert_eq!(flag(&f, "lease-namespace"), NAMESPACE);
-    assert_eq!(flag(&f, "tunnel-update-period"), "5s");
-    assert_eq!(flag(&f, "tunnel-monitor-period"), "5s");
-    assert_eq!(flag(&f, "eip-eviction-timeout"), "15s");
-    assert_eq!(flag(&f, "gateway-failover"), "true");
-    assert_eq!(flag(&f, "probe-interval-ms"), "50");
-    assert_eq!(flag(&f, "probe-detect-multiplier"), "4");
-    assert_eq!(flag(&f, "vxlan-id"), "100");
-    assert_eq!(flag(&f, "vxlan-port"), "7789");
-    assert_eq!(flag(&f, "mtu"), "0");
-    assert_eq!(flag(&f, "metrics-port"), "9477");
-    assert_eq!(flag(&f, "bgp"), "true");
-    assert_eq!(flag(&f, "bgp-asn"), "64512");
+    assert_flags(
+        &f,
+        &[
+            ("datastore", "kubernetes"),
+            ("node-name", "$(NODE_NAME)"),
+            ("pin-dir", "/sys/fs/bpf/egress"),
+            ("lease-namespace", NAMESPACE),
+            ("tunnel-update-period", "5s"),
+            ("tunnel-monitor-period", "5s"),
+            ("eip-eviction-timeout", "15s"),
+            ("gateway-failover", "true"),
+            ("probe-interval-ms", "50"),
+            ("probe-detect-multiplier", "4"),
+            ("vxlan-id", "100"),
+            ("vxlan-port", "7789"),
+            ("mtu", "0"),
+            ("metrics-port", "9477"),
+            ("bgp", "true"),
+            ("bgp-asn", "64512"),
+        ],
+    );
     assert_eq!(
         flag(&f, "bgp-reflectors"),
         format!("egw-egress-gateway-reflector.{NAMESPACE}.svc")
@@ -122,24 +110,7 @@ fn agent_daemonset_by_default() {
         !f.contains_key("bgp-listen"),
         "agents must not listen on the BGP port in the host network"
     );
-    let node_ip = c
-        .env
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|e| e.name == "NODE_IP")
-        .unwrap();
-    assert_eq!(
-        node_ip
-            .value_from
-            .as_ref()
-            .unwrap()
-            .field_ref
-            .as_ref()
-            .unwrap()
-            .field_path,
-        "status.hostIP"
-    );
+    assert_eq!(field_path(env_var(c, "NODE_IP")), "status.hostIP");
 }
 
 #[test]
@@ -164,37 +135,34 @@ fn agent_privileged_when_asked() {
         sc.capabilities.is_none(),
         "capabilities listed next to privileged"
     );
-    let bpffs = c
-        .volume_mounts
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|m| m.name == "bpffs")
-        .unwrap();
-    assert_eq!(bpffs.mount_propagation.as_deref(), Some("Bidirectional"));
+    assert_eq!(
+        mount(c, "bpffs").mount_propagation.as_deref(),
+        Some("Bidirectional")
+    );
 }
 
 #[test]
 fn values_reach_the_flags() {
-    let (_, overrides) = combinations()
-        .into_iter()
-        .find(|(n, _)| n.starts_with("fast timers"))
-        .unwrap();
-    let objs = render(&overrides);
+    let objs = render(&combination("fast timers"));
     let a = &agent(&objs).containers[0];
     let f = flags(a);
-    assert_eq!(flag(&f, "tunnel-update-period"), "200ms");
-    assert_eq!(flag(&f, "tunnel-monitor-period"), "100ms");
-    assert_eq!(flag(&f, "eip-eviction-timeout"), "1s");
-    assert_eq!(flag(&f, "probe-interval-ms"), "100");
     assert_eq!(
         flag(&f, "vxlan-id"),
         "16777215",
         "a large number printed in float notation?"
     );
-    assert_eq!(flag(&f, "vxlan-port"), "4790");
-    assert_eq!(flag(&f, "mtu"), "8950");
-    assert_eq!(flag(&f, "metrics-port"), "19477");
+    assert_flags(
+        &f,
+        &[
+            ("tunnel-update-period", "200ms"),
+            ("tunnel-monitor-period", "100ms"),
+            ("eip-eviction-timeout", "1s"),
+            ("probe-interval-ms", "100"),
+            ("vxlan-port", "4790"),
+            ("mtu", "8950"),
+            ("metrics-port", "19477"),
+        ],
+    );
     assert_eq!(
         f["extra-cidr"],
         vec!["10.96.0.0/12".to_owned(), "fd00:10:96::/108".to_owned()]
@@ -202,14 +170,7 @@ fn values_reach_the_flags() {
     assert!(f.contains_key("log-json"));
     assert_eq!(a.image.as_deref(), Some("registry.example/egress:1.2.3"));
     assert_eq!(a.image_pull_policy.as_deref(), Some("Always"));
-    let rust_log = a
-        .env
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|e| e.name == "RUST_LOG")
-        .unwrap();
-    assert_eq!(rust_log.value.as_deref(), Some("debug"));
+    assert_eq!(env_var(a, "RUST_LOG").value.as_deref(), Some("debug"));
     let ports: Vec<i32> = a.ports.iter().flatten().map(|p| p.container_port).collect();
     assert!(ports.contains(&19477) && ports.contains(&4790), "{ports:?}");
     let c = &controller(&objs).containers[0];
@@ -221,8 +182,13 @@ fn values_reach_the_flags() {
         "4096",
         "a large number printed in float notation?"
     );
-    assert_eq!(flag(&f, "node-ip-port-range"), "49152-65535");
-    assert_eq!(flag(&f, "max-ports-per-node"), "40000");
+    assert_flags(
+        &f,
+        &[
+            ("node-ip-port-range", "49152-65535"),
+            ("max-ports-per-node", "40000"),
+        ],
+    );
     let probe_port = &c
         .liveness_probe
         .as_ref()
@@ -231,13 +197,7 @@ fn values_reach_the_flags() {
         .as_ref()
         .unwrap()
         .port;
-    let named = c
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("metrics"))
-        .unwrap();
-    assert_eq!(named.container_port, 19477);
+    assert_eq!(port(c, "metrics").container_port, 19477);
     assert_eq!(
         probe_port,
         &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("metrics".into())
@@ -274,28 +234,27 @@ fn controller_deployment_runs_the_reflector() {
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(sc.capabilities.unwrap().add, None);
     assert_eq!(c.args.as_ref().unwrap()[0], "controller");
-    let bgp = c
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("bgp"))
-        .expect("BGP port exposed");
-    assert_eq!(bgp.container_port, 179);
+    assert_eq!(port(c, "bgp").container_port, 179, "BGP port exposed");
     let f = flags(c);
     assert_eq!(flag(&f, "datastore"), "kubernetes");
     assert_eq!(
         flag(&f, "leader-election-lease-name"),
         "egw-egress-gateway-controller"
     );
-    assert_eq!(flag(&f, "leader-election-lease-duration"), "15s");
-    assert_eq!(flag(&f, "lease-namespace"), NAMESPACE);
-    assert_eq!(flag(&f, "bgp-asn"), "64512");
-    assert_eq!(flag(&f, "bgp-cluster-id"), "0.0.0.1");
-    assert_eq!(flag(&f, "bgp-listen"), "0.0.0.0:179");
-    assert_eq!(flag(&f, "bgp-router-id"), "$(POD_IP)");
-    assert_eq!(flag(&f, "bgp-hold-time"), "90");
-    assert_eq!(flag(&f, "bgp-keepalive-time"), "30");
-    assert_eq!(flag(&f, "bgp-graceful-restart-time"), "120");
+    assert_flags(
+        &f,
+        &[
+            ("leader-election-lease-duration", "15s"),
+            ("lease-namespace", NAMESPACE),
+            ("bgp-asn", "64512"),
+            ("bgp-cluster-id", "0.0.0.1"),
+            ("bgp-listen", "0.0.0.0:179"),
+            ("bgp-router-id", "$(POD_IP)"),
+            ("bgp-hold-time", "90"),
+            ("bgp-keepalive-time", "30"),
+            ("bgp-graceful-restart-time", "120"),
+        ],
+    );
     assert!(!f.contains_key("bgp-peer"));
     // the agents find the reflectors through a headless Service
     let svc = find(&objs, "Service", "egw-egress-gateway-reflector");
@@ -319,22 +278,23 @@ fn controller_deployment_runs_the_reflector() {
 
 #[test]
 fn bgp_values_reach_the_flags() {
-    let (_, overrides) = combinations()
-        .into_iter()
-        .find(|(n, _)| n.starts_with("bgp with peers"))
-        .unwrap();
-    let objs = render(&overrides);
+    let objs = render(&combination("bgp with peers"));
     let spec = controller(&objs);
     assert_eq!(spec.host_network, Some(true));
     let c = &spec.containers[0];
     let f = flags(c);
-    assert_eq!(flag(&f, "bgp-asn"), "4200000000");
-    assert_eq!(flag(&f, "bgp-router-id"), "192.0.2.10");
-    assert_eq!(flag(&f, "bgp-cluster-id"), "10.0.0.1");
-    assert_eq!(flag(&f, "bgp-listen"), "[::]:1179");
-    assert_eq!(flag(&f, "bgp-hold-time"), "9");
-    assert_eq!(flag(&f, "bgp-keepalive-time"), "3");
-    assert_eq!(flag(&f, "bgp-graceful-restart-time"), "300");
+    assert_flags(
+        &f,
+        &[
+            ("bgp-asn", "4200000000"),
+            ("bgp-router-id", "192.0.2.10"),
+            ("bgp-cluster-id", "10.0.0.1"),
+            ("bgp-listen", "[::]:1179"),
+            ("bgp-hold-time", "9"),
+            ("bgp-keepalive-time", "3"),
+            ("bgp-graceful-restart-time", "300"),
+        ],
+    );
     assert_eq!(
         f["bgp-peer"],
         vec![
@@ -360,12 +320,7 @@ fn bgp_values_reach_the_flags() {
         "a PodDisruptionBudget for one replica blocks node drains"
     );
     for spec in [agent(&objs), spec] {
-        let env = spec.containers[0].env.clone().unwrap();
-        let pw = env
-            .iter()
-            .find(|e| e.name == "EGRESS_BGP_PASSWORD")
-            .expect("password env");
-        let key = pw
+        let key = env_var(&spec.containers[0], "EGRESS_BGP_PASSWORD")
             .value_from
             .as_ref()
             .unwrap()

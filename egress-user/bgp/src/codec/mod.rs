@@ -204,4 +204,4 @@ pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Bytes>, DecodeError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -11,6 +11,30 @@ fn p(s: &str) -> Prefix {
     s.parse().unwrap()
 }
 
+/// (code, subcode) of the NOTIFICATION the decoder's refusal of `msg` sends.
+fn notification_codes(msg: &[u8]) -> (u8, u8) {
+    let n = Message::decode(msg, FOUR).unwrap_err().notification();
+    (n.code, n.subcode)
+}
+
+/// An UPDATE of origin IGP announcing `prefix` in MP_REACH_NLRI for IPv6
+/// unicast through `next_hop` (global only, no link-local next hop).
+pub(crate) fn ipv6_announce(next_hop: IpAddr, prefix: &str) -> Update {
+    Update {
+        attrs: PathAttributes {
+            origin: Some(Origin::Igp),
+            ..Default::default()
+        },
+        mp_reach: Some(MpReach {
+            family: Family::Ipv6Unicast,
+            next_hop,
+            link_local: None,
+            nlri: vec![p(prefix)],
+        }),
+        ..Default::default()
+    }
+}
+
 const FOUR: CodecOptions = CodecOptions {
     four_octet_as: true,
 };
@@ -183,25 +207,16 @@ fn open_errors_map_to_open_notifications() {
 
     body[0] = 4;
     body[4] = 2; // hold time 2
-    let n = Message::decode(&frame(MSG_OPEN, &body), FOUR)
-        .unwrap_err()
-        .notification();
-    assert_eq!((n.code, n.subcode), (2, 6));
+    assert_eq!(notification_codes(&frame(MSG_OPEN, &body)), (2, 6));
 
     body[4] = 90;
     body[5..9].copy_from_slice(&[0, 0, 0, 0]);
-    let n = Message::decode(&frame(MSG_OPEN, &body), FOUR)
-        .unwrap_err()
-        .notification();
-    assert_eq!((n.code, n.subcode), (2, 3));
+    assert_eq!(notification_codes(&frame(MSG_OPEN, &body)), (2, 3));
 
     body[5..9].copy_from_slice(&[1, 2, 3, 4]);
     body[9] = 3;
     body.extend_from_slice(&[1, 1, 0]); // optional parameter type 1
-    let n = Message::decode(&frame(MSG_OPEN, &body), FOUR)
-        .unwrap_err()
-        .notification();
-    assert_eq!((n.code, n.subcode), (2, 4));
+    assert_eq!(notification_codes(&frame(MSG_OPEN, &body)), (2, 4));
 }
 
 #[test]
@@ -264,10 +279,10 @@ fn keepalive_notification_route_refresh_roundtrip() {
 
 #[test]
 fn route_refresh_with_wrong_length_is_error_7_1() {
-    let n = Message::decode(&frame(MSG_ROUTE_REFRESH, &[0, 1, 0, 1, 0]), FOUR)
-        .unwrap_err()
-        .notification();
-    assert_eq!((n.code, n.subcode), (7, 1));
+    assert_eq!(
+        notification_codes(&frame(MSG_ROUTE_REFRESH, &[0, 1, 0, 1, 0])),
+        (7, 1)
+    );
 }
 
 #[test]
@@ -303,8 +318,7 @@ fn end_of_rib_markers() {
 fn header_errors() {
     let mut f = frame(MSG_KEEPALIVE, &[]);
     f[3] = 0;
-    let n = Message::decode(&f, FOUR).unwrap_err().notification();
-    assert_eq!((n.code, n.subcode), (1, 1));
+    assert_eq!(notification_codes(&f), (1, 1));
 
     let f = frame(MSG_KEEPALIVE, &[0]);
     let n = Message::decode(&f, FOUR).unwrap_err().notification();
@@ -315,8 +329,7 @@ fn header_errors() {
     assert_eq!((n.code, n.subcode, &n.data[..]), (1, 3, &[9u8][..]));
 
     let f = frame(MSG_OPEN, &[4]);
-    let n = Message::decode(&f, FOUR).unwrap_err().notification();
-    assert_eq!((n.code, n.subcode), (1, 2));
+    assert_eq!(notification_codes(&f), (1, 2));
 }
 
 #[test]
@@ -341,10 +354,7 @@ fn split_frame_waits_for_whole_messages_and_rejects_bad_lengths() {
 fn update_length_fields_that_overrun_are_malformed_attribute_list() {
     let mut body = update_body(&[], &good_attrs_plus(&[]), &NLRI_10_1);
     body[1] = 200; // withdrawn length overruns
-    let n = Message::decode(&frame(MSG_UPDATE, &body), FOUR)
-        .unwrap_err()
-        .notification();
-    assert_eq!((n.code, n.subcode), (3, 1));
+    assert_eq!(notification_codes(&frame(MSG_UPDATE, &body)), (3, 1));
 }
 
 #[test]
@@ -498,19 +508,7 @@ fn unknown_optional_transitive_is_kept_with_partial_bit() {
 
 #[test]
 fn ipv6_mp_reach_with_global_next_hop_only() {
-    let u = Update {
-        attrs: PathAttributes {
-            origin: Some(Origin::Igp),
-            ..Default::default()
-        },
-        mp_reach: Some(MpReach {
-            family: Family::Ipv6Unicast,
-            next_hop: IpAddr::V6(Ipv6Addr::LOCALHOST),
-            link_local: None,
-            nlri: vec![p("2001:db8::/32")],
-        }),
-        ..Default::default()
-    };
+    let u = ipv6_announce(IpAddr::V6(Ipv6Addr::LOCALHOST), "2001:db8::/32");
     let Message::Update(back) = roundtrip(&Message::Update(u.clone()), FOUR) else {
         panic!()
     };

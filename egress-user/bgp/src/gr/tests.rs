@@ -181,23 +181,26 @@ fn reconnect_without_capability_purges_everything_stale() {
     assert_eq!(h.state(), &HelperState::Normal);
 }
 
-#[test]
-fn stale_timer_expiry_purges_what_is_left() {
+/// A helper whose peer (graceful restart for IPv4) failed and is back,
+/// still with the capability: its stale routes wait for End-of-RIB.
+fn helper_back_with_gr() -> Helper {
     let cap = peer_cap(&[(V4, true)], false);
     let mut h = helper_up(cap.clone());
     h.session_down(&DownReason::TcpFailure);
     let local = capability(&cfg(), false, &[V4]);
     h.session_up(Some(&local), &open_with(Some(cap)));
+    h
+}
+
+#[test]
+fn stale_timer_expiry_purges_what_is_left() {
+    let mut h = helper_back_with_gr();
     assert_eq!(h.stale_timer_expired(), vec![HelperAction::PurgeAllStale]);
 }
 
 #[test]
 fn second_failure_before_end_of_rib_keeps_routes_again() {
-    let cap = peer_cap(&[(V4, true)], false);
-    let mut h = helper_up(cap.clone());
-    h.session_down(&DownReason::TcpFailure);
-    let local = capability(&cfg(), false, &[V4]);
-    h.session_up(Some(&local), &open_with(Some(cap)));
+    let mut h = helper_back_with_gr();
     let a = h.session_down(&DownReason::TcpFailure);
     assert!(a.contains(&HelperAction::StopStaleTimer));
     assert!(a.contains(&HelperAction::KeepRoutesAsStale));

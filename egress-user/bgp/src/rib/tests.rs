@@ -1,7 +1,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::*;
-use crate::codec::{CodecOptions, Message, MpReach, Update};
+use crate::codec::{CodecOptions, Message, Update};
 use crate::types::{AsPath, Family, Origin};
 
 const LOCAL_ASN: u32 = 65000;
@@ -377,19 +377,7 @@ fn deferral_holds_selection_until_released() {
 #[test]
 fn ipv6_routes_travel_in_mp_reach() {
     let mut rib = reflector(LOCAL_ASN);
-    let u = Update {
-        attrs: PathAttributes {
-            origin: Some(Origin::Igp),
-            ..Default::default()
-        },
-        mp_reach: Some(MpReach {
-            family: Family::Ipv6Unicast,
-            next_hop: "2001:db8::50".parse().unwrap(),
-            link_local: None,
-            nlri: vec![p("2001:db8:10::/64")],
-        }),
-        ..Update::default()
-    };
+    let u = crate::codec::tests::ipv6_announce("2001:db8::50".parse().unwrap(), "2001:db8:10::/64");
     assert_eq!(rib.apply_update(ip(CLIENT), &u).accepted, 1);
     let ups = rib.take_updates(ip(UPSTREAM));
     let m = ups[0].mp_reach.as_ref().unwrap();

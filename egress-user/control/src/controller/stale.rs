@@ -40,12 +40,8 @@ impl StaleTunnels {
             let since = self.absent_since.get(name).copied().unwrap_or(now);
             missing.insert(name.to_string(), since);
             if now.duration_since(since) >= grace {
-                let revision = t
-                    .metadata
-                    .resource_version
-                    .as_deref()
-                    .and_then(|r| r.parse().ok())
-                    .unwrap_or(0);
+                let revision =
+                    crate::datastore::parse_revision(t.metadata.resource_version.as_deref());
                 due.push((name.to_string(), revision));
             }
         }

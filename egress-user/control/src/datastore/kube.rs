@@ -63,10 +63,10 @@ fn status_code(e: &::kube::Error) -> Option<u16> {
 }
 
 fn parse_rv(v: &Value) -> u64 {
-    v.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    parse_revision(
+        v.pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str),
+    )
 }
 
 /// A core/v1 object as the record the other backends store.
@@ -244,6 +244,15 @@ fn now_micro() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
+/// Each listed object as JSON, read by `read`; one that does not convert
+/// or that `read` refuses is passed over.
+fn read_each<T: serde::Serialize, R>(items: Vec<T>, read: impl Fn(&Value) -> Option<R>) -> Vec<R> {
+    items
+        .into_iter()
+        .filter_map(|o| read(&serde_json::to_value(o).ok()?))
+        .collect()
+}
+
 fn lease_expired(l: &Value) -> bool {
     let holder = l
         .pointer("/spec/holderIdentity")
@@ -283,12 +292,7 @@ impl Datastore for KubeDatastore {
             params = params.fields(&f);
         }
         let list = self.api(kind, None).list(&params).await?;
-        let rev = list
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let rev = parse_revision(list.metadata.resource_version.as_deref());
         let items = list
             .items
             .into_iter()
@@ -504,18 +508,13 @@ impl Datastore for KubeDatastore {
             .leases()
             .list(&ListParams::default().labels(&format!("{HEARTBEAT_LABEL}=true")))
             .await?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|o| {
-                let v = serde_json::to_value(o).ok()?;
-                Some(Heartbeat {
-                    node: v.pointer("/spec/holderIdentity")?.as_str()?.to_string(),
-                    counter: parse_rv(&v),
-                    renew_time: v.pointer("/spec/renewTime")?.as_str()?.to_string(),
-                })
+        Ok(read_each(list.items, |v| {
+            Some(Heartbeat {
+                node: v.pointer("/spec/holderIdentity")?.as_str()?.to_string(),
+                counter: parse_rv(v),
+                renew_time: v.pointer("/spec/renewTime")?.as_str()?.to_string(),
             })
-            .collect())
+        }))
     }
 
     async fn try_acquire(
@@ -676,33 +675,28 @@ impl Datastore for KubeDatastore {
         let list = api
             .list(&ListParams::default().labels("egress.dev/event=true"))
             .await?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|o| {
-                let v = serde_json::to_value(o).ok()?;
-                let kind = Kind::ALL.into_iter().find(|k| {
-                    v.pointer("/involvedObject/kind").and_then(Value::as_str) == Some(k.name())
-                })?;
-                let s = |p: &str| {
-                    v.pointer(p)
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string()
-                };
-                Some(Event {
-                    kind,
-                    key: ObjectKey::namespaced(
-                        s("/involvedObject/namespace"),
-                        s("/involvedObject/name"),
-                    ),
-                    type_: s("/type"),
-                    reason: s("/reason"),
-                    message: s("/message"),
-                    time: s("/lastTimestamp"),
-                })
+        Ok(read_each(list.items, |v| {
+            let kind = Kind::ALL.into_iter().find(|k| {
+                v.pointer("/involvedObject/kind").and_then(Value::as_str) == Some(k.name())
+            })?;
+            let s = |p: &str| {
+                v.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            Some(Event {
+                kind,
+                key: ObjectKey::namespaced(
+                    s("/involvedObject/namespace"),
+                    s("/involvedObject/name"),
+                ),
+                type_: s("/type"),
+                reason: s("/reason"),
+                message: s("/message"),
+                time: s("/lastTimestamp"),
             })
-            .collect())
+        }))
     }
 
     fn writes_cluster_records(&self) -> bool {

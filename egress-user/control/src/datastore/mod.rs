@@ -371,6 +371,12 @@ pub(crate) fn set_revision(value: &mut Value, revision: u64) {
     }
 }
 
+/// The revision a `resourceVersion` names; 0 when there is none or it is
+/// not a number.
+pub(crate) fn parse_revision(resource_version: Option<&str>) -> u64 {
+    resource_version.and_then(|r| r.parse().ok()).unwrap_or(0)
+}
+
 /// Key of an object from its JSON, checked against the kind's scope.
 pub fn key_of(kind: Kind, value: &Value) -> Result<ObjectKey> {
     let meta = value.get("metadata");

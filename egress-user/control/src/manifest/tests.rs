@@ -4,21 +4,16 @@
 use super::*;
 use crate::datastore::memory::MemoryDatastore;
 
-const GOOD: &str = r#"
-apiVersion: egressgateway.egress.dev/v1beta1
-kind: EgressGateway
-metadata: {name: egw}
-spec:
-  ippools: {ipv4: ["10.6.1.21-10.6.1.25"], ipv4DefaultEIP: 10.6.1.21}
-  nodeSelector: {selector: {matchLabels: {egress: "true"}}}
----
-apiVersion: egressgateway.egress.dev/v1beta1
-kind: EgressPolicy
-metadata: {name: web}
-spec:
-  egressGatewayName: egw
-  appliedTo: {podSelector: {matchLabels: {app: web}}}
-"#;
+/// A gateway and a policy that uses it (shared with tests/tests/control_cli.rs).
+const GOOD: &str = include_str!("testdata/gateway_and_policy.yaml");
+
+/// Why `apply` (not a dry run) refuses `text`.
+async fn refusal(ds: &MemoryDatastore, text: &str) -> String {
+    apply(ds, text, "default", false)
+        .await
+        .unwrap_err()
+        .to_string()
+}
 
 async fn count(ds: &MemoryDatastore) -> usize {
     let mut n = 0;
@@ -100,10 +95,7 @@ async fn malformed_input_names_field_and_reason_and_harms_nothing() {
     ];
     for (text, want) in cases {
         let ds = MemoryDatastore::new();
-        let e = apply(&ds, &text, "default", false)
-            .await
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&ds, &text).await;
         assert!(e.contains(want), "want {want:?} in:\n{e}");
         assert_eq!(count(&ds).await, 0, "{want}: something was written");
     }
@@ -114,19 +106,13 @@ async fn immutable_fields_and_missing_gateway() {
     let ds = MemoryDatastore::new();
     apply(&ds, GOOD, "default", false).await.unwrap();
     let changed = GOOD.replace("egressGatewayName: egw", "egressGatewayName: other");
-    let e = apply(&ds, &changed, "default", false)
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = refusal(&ds, &changed).await;
     assert!(
         e.contains("spec.egressGatewayName: cannot change once set (was \"egw\")"),
         "{e}"
     );
     let changed = GOOD.replace("ipv4DefaultEIP: 10.6.1.21", "ipv4DefaultEIP: 10.6.1.22");
-    let e = apply(&ds, &changed, "default", false)
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = refusal(&ds, &changed).await;
     assert!(
         e.contains("spec.ippools.ipv4DefaultEIP: cannot change once set"),
         "{e}"

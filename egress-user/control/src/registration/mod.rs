@@ -135,6 +135,31 @@ pub fn registration_lost(view: &ClusterView, me: &SelfDescription, writes_node: 
 #[cfg(test)]
 pub(crate) mod tests;
 
+/// Writes `field` of the status of `node`'s EgressTunnel as field manager
+/// `manager`, which owns that field only; `what` names the write in the
+/// error.
+pub async fn write_tunnel_status_field(
+    ds: &dyn Datastore,
+    node: &str,
+    manager: &str,
+    field: &str,
+    value: impl serde::Serialize,
+    what: &'static str,
+) -> Result<()> {
+    ds.write_status(
+        Kind::EgressTunnel,
+        &ObjectKey::cluster(node),
+        &StatusPatch {
+            manager: manager.into(),
+            owned: vec![field.into()],
+            status: json!({ field: value }),
+        },
+    )
+    .await
+    .context(what)?;
+    Ok(())
+}
+
 /// Writes the policies this node's datapath could not hold
 /// (`status.overCapacity` of its EgressTunnel, under [`CAPACITY_MANAGER`]);
 /// an empty list clears it. The controller turns it into the policies'
@@ -144,18 +169,15 @@ pub async fn publish_over_capacity(
     node: &str,
     over: &[crate::api::PolicyOverCapacity],
 ) -> Result<()> {
-    ds.write_status(
-        Kind::EgressTunnel,
-        &ObjectKey::cluster(node),
-        &StatusPatch {
-            manager: CAPACITY_MANAGER.into(),
-            owned: vec![OVER_CAPACITY.into()],
-            status: json!({ OVER_CAPACITY: over }),
-        },
+    write_tunnel_status_field(
+        ds,
+        node,
+        CAPACITY_MANAGER,
+        OVER_CAPACITY,
+        over,
+        "writing the policies over capacity",
     )
     .await
-    .context("writing the policies over capacity")?;
-    Ok(())
 }
 
 /// The status field of [`publish_over_capacity`].
@@ -172,18 +194,15 @@ pub async fn publish_port_use(
     node: &str,
     usage: &[crate::api::EipPortUse],
 ) -> Result<()> {
-    ds.write_status(
-        Kind::EgressTunnel,
-        &ObjectKey::cluster(node),
-        &StatusPatch {
-            manager: PORT_USE_MANAGER.into(),
-            owned: vec![PORT_USE.into()],
-            status: json!({ PORT_USE: usage }),
-        },
+    write_tunnel_status_field(
+        ds,
+        node,
+        PORT_USE_MANAGER,
+        PORT_USE,
+        usage,
+        "writing the port use",
     )
     .await
-    .context("writing the port use")?;
-    Ok(())
 }
 
 /// The status field of [`publish_port_use`].

@@ -77,43 +77,51 @@ fn as4_path_of(attrs: &[(u8, Vec<u8>)]) -> Option<&[u8]> {
         .map(|(_, v)| v.as_slice())
 }
 
-/// AS_PATH (1), AS4_PATH (AS_CONFED_SEQUENCE 70000): RFC 6793 6 discards
-/// the confederation segment, which leaves nothing to merge.
+/// Confederation segments in a 2-octet session's AS_PATH and AS4_PATH:
+/// the path rebuilt and the AS4_PATH we send in its place, if any.
 #[test]
-fn confederation_segment_of_as4_path_is_discarded() {
-    let attrs = check(
-        "ffffffffffffffffffffffffffffffff0036020000001b40010100400204020100014003040a000001c01106030100011170180a0102",
-        &[seg(SegmentKind::Sequence, &[1])],
-    );
-    assert_eq!(as4_path_of(&attrs), None);
-}
-
-/// AS_PATH ((65000) 1 AS_TRANS), AS4_PATH (70000): the leading
-/// confederation segment stays (RFC 6793 4.2.3) and the cut sequence is
-/// whole again.
-#[test]
-fn leading_confederation_segment_of_as_path_is_kept() {
-    let attrs = check(
-        "ffffffffffffffffffffffffffffffff003c02000000214001010040020a0301fde8020200015ba04003040a000001c01106020100011170180a0102",
-        &[
-            seg(SegmentKind::ConfedSequence, &[65000]),
-            seg(SegmentKind::Sequence, &[1, 70000]),
-        ],
-    );
+fn confederation_segments_of_as_path_and_as4_path() {
     // What we send carries no confederation segment in AS4_PATH (4.2.2).
-    let want = [2, 2, 0, 0, 0, 1, 0, 1, 0x11, 0x70];
-    assert_eq!(as4_path_of(&attrs), Some(&want[..]));
-}
-
-/// AS_PATH ((AS_TRANS)), AS4_PATH ((70000)): all AS4_PATH had was a
-/// confederation segment, so the path is AS_PATH's and no AS4_PATH is sent.
-#[test]
-fn confederation_only_path_sends_no_as4_path() {
-    let attrs = check(
-        "ffffffffffffffffffffffffffffffff0036020000001b4001010040020403015ba04003040a000001c01106030100011170180a0102",
-        &[seg(SegmentKind::ConfedSequence, &[23456])],
-    );
-    assert_eq!(as4_path_of(&attrs), None);
+    let kept_as4: &[u8] = &[2, 2, 0, 0, 0, 1, 0, 1, 0x11, 0x70];
+    let cases = [
+        (
+            // AS_PATH (1), AS4_PATH (AS_CONFED_SEQUENCE 70000): RFC 6793 6
+            // discards the confederation segment, which leaves nothing to
+            // merge.
+            "confederation segment of AS4_PATH is discarded",
+            "ffffffffffffffffffffffffffffffff0036020000001b40010100400204020100014003040a000001c01106030100011170180a0102",
+            vec![seg(SegmentKind::Sequence, &[1])],
+            None,
+        ),
+        (
+            // AS_PATH ((65000) 1 AS_TRANS), AS4_PATH (70000): the leading
+            // confederation segment stays (RFC 6793 4.2.3) and the cut
+            // sequence is whole again.
+            "leading confederation segment of AS_PATH is kept",
+            "ffffffffffffffffffffffffffffffff003c02000000214001010040020a0301fde8020200015ba04003040a000001c01106020100011170180a0102",
+            vec![
+                seg(SegmentKind::ConfedSequence, &[65000]),
+                seg(SegmentKind::Sequence, &[1, 70000]),
+            ],
+            Some(kept_as4),
+        ),
+        (
+            // AS_PATH ((AS_TRANS)), AS4_PATH ((70000)): all AS4_PATH had was
+            // a confederation segment, so the path is AS_PATH's and no
+            // AS4_PATH is sent.
+            "confederation-only path sends no AS4_PATH",
+            "ffffffffffffffffffffffffffffffff0036020000001b4001010040020403015ba04003040a000001c01106030100011170180a0102",
+            vec![seg(SegmentKind::ConfedSequence, &[23456])],
+            None,
+        ),
+    ];
+    for (name, hex, want_path, want_as4) in cases {
+        // `check` asserts on its own: the case it fails in is the last one
+        // named in the test's output.
+        println!("case: {name}");
+        let attrs = check(hex, &want_path);
+        assert_eq!(as4_path_of(&attrs), want_as4, "{name}: AS4_PATH sent");
+    }
 }
 
 fn path(segments: &[AsSegment]) -> AsPath {

@@ -25,12 +25,17 @@ fn plan(workers: &[(&str, WorkerPorts)]) -> BTreeMap<String, Holding> {
 
 #[test]
 fn headroom_is_twice_the_use_plus_a_block() {
-    assert_eq!(wanted_blocks(0, 64), 1);
-    assert_eq!(wanted_blocks(1, 64), 2);
-    assert_eq!(wanted_blocks(32, 64), 2);
-    assert_eq!(wanted_blocks(33, 64), 3);
-    assert_eq!(wanted_blocks(30_000, 64), 939);
-    assert_eq!(wanted_blocks(u32::MAX, 64), u16::MAX);
+    let cases: [(u32, u16); 6] = [
+        (0, 1),
+        (1, 2),
+        (32, 2),
+        (33, 3),
+        (30_000, 939),
+        (u32::MAX, u16::MAX),
+    ];
+    for (in_use, want) in cases {
+        assert_eq!(wanted_blocks(in_use, 64), want, "{in_use} ports in use");
+    }
 }
 
 #[test]

@@ -12,10 +12,9 @@ fn cfg(max: u32) -> ControllerConfig {
 
 #[test]
 fn ports_round_up_to_whole_blocks() {
-    assert_eq!(blocks_for(1, 64), 1);
-    assert_eq!(blocks_for(64, 64), 1);
-    assert_eq!(blocks_for(65, 64), 2);
-    assert_eq!(blocks_for(65536, 64), 1024);
+    for (ports, want) in [(1, 1), (64, 1), (65, 2), (65536, 1024)] {
+        assert_eq!(blocks_for(ports, 64), want, "{ports} ports");
+    }
 }
 
 #[test]
