@@ -925,8 +925,35 @@ fn crr_diagnosis() -> Result<()> {
         bed.pod.exec(&["nstat", "-n"])?;
         let r = crr_per_s(&bed)?;
         eprintln!("round {round}: {r:?}");
-        eprintln!("server: {}", bed.srv.exec(&["nstat", "-z", "TcpExtTW*", "TcpExtPAWS*", "TcpExtTCPChallengeACK", "TcpOutRsts", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpPassiveOpens", "TcpExtSyncookies*", "TcpExtListen*"])?);
-        eprintln!("pod: {}", bed.pod.exec(&["nstat", "-z", "TcpActiveOpens", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpOutRsts", "TcpAttemptFails", "TcpExtTCPSynRetrans"])?);
+        eprintln!(
+            "server: {}",
+            bed.srv.exec(&[
+                "nstat",
+                "-z",
+                "TcpExtTW*",
+                "TcpExtPAWS*",
+                "TcpExtTCPChallengeACK",
+                "TcpOutRsts",
+                "TcpRetransSegs",
+                "TcpExtTCPTimeouts",
+                "TcpPassiveOpens",
+                "TcpExtSyncookies*",
+                "TcpExtListen*"
+            ])?
+        );
+        eprintln!(
+            "pod: {}",
+            bed.pod.exec(&[
+                "nstat",
+                "-z",
+                "TcpActiveOpens",
+                "TcpRetransSegs",
+                "TcpExtTCPTimeouts",
+                "TcpOutRsts",
+                "TcpAttemptFails",
+                "TcpExtTCPSynRetrans"
+            ])?
+        );
         eprintln!("server sockets: {}", bed.srv.exec(&["ss", "-s"])?);
     }
     Ok(())

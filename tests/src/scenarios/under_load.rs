@@ -20,7 +20,7 @@ use serde_json::json;
 
 use super::{
     ms, say,
-    stage::{spawn_ready, stage, Stage},
+    stage::{stage, Stage},
     tracker::{check_one_announcer_at_end, stop_and_check_traffic},
     Bins, Options, Outcome,
 };
@@ -37,11 +37,7 @@ struct LoadResult {
 }
 
 pub(super) fn gateway_under_load(bins: &Bins, opts: &Options) -> Result<Outcome> {
-    let mut st = stage(bins, opts, 1)?;
-    let mut out = Outcome {
-        scenario: "gateway-under-load".into(),
-        ..Default::default()
-    };
+    let (mut st, mut out) = stage(bins, opts, 1, "gateway-under-load")?;
     std::thread::sleep(opts.settle);
     let grace = opts.probe_bound();
     let cpu = under(
@@ -173,14 +169,11 @@ fn iperf_result(mut procs: Vec<Proc>) -> Result<serde_json::Value> {
 /// (no interval reports: the first `[SUM]` line is the summary).
 fn iperf(st: &Stage) -> Result<Vec<Proc>> {
     let port = IPERF_PORT.to_string();
-    let server = spawn_ready(
-        &st.cluster.topo.server,
-        &[
-            "sh",
-            "-c",
-            &format!("echo ready; exec iperf3 -s -1 -p {port}"),
-        ],
-    )?;
+    let server = st.cluster.topo.server.spawn_ready(&[
+        "sh",
+        "-c",
+        &format!("echo ready; exec iperf3 -s -1 -p {port}"),
+    ])?;
     let secs = LOAD.as_secs().to_string();
     let client = st.cluster.topo.nodes[0].pods[0].ns.spawn(&[
         "iperf3",
