@@ -169,11 +169,14 @@ fn iperf_result(mut procs: Vec<Proc>) -> Result<serde_json::Value> {
 /// (no interval reports: the first `[SUM]` line is the summary).
 fn iperf(st: &Stage) -> Result<Vec<Proc>> {
     let port = IPERF_PORT.to_string();
-    let server = st.cluster.topo.server.spawn_ready(&[
-        "sh",
-        "-c",
-        &format!("echo ready; exec iperf3 -s -1 -p {port}"),
-    ])?;
+    // Its own line once it listens (a "ready" printed before the exec
+    // raced the client's connect).
+    let mut server =
+        st.cluster
+            .topo
+            .server
+            .spawn(&["iperf3", "-s", "-1", "-p", &port, "--forceflush"])?;
+    server.wait_for_line("Server listening", Duration::from_secs(10))?;
     let secs = LOAD.as_secs().to_string();
     let client = st.cluster.topo.nodes[0].pods[0].ns.spawn(&[
         "iperf3",
