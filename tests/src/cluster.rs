@@ -106,6 +106,8 @@ pub struct ClusterSpec {
     pub launcher: Launcher,
     /// More flags for every controller process.
     pub controller_args: Vec<String>,
+    /// More flags for every agent process.
+    pub agent_args: Vec<String>,
 }
 
 /// How a [`Cluster`] starts its agents and controllers.
@@ -138,6 +140,7 @@ impl Default for ClusterSpec {
             wiring: crate::cni::Wiring::Routed,
             launcher: Launcher::Process,
             controller_args: Vec::new(),
+            agent_args: Vec::new(),
         }
     }
 }
@@ -620,6 +623,7 @@ impl Cluster {
         if self.agent_probes {
             args.extend(probe_flags(t.probe));
         }
+        args.extend(self.spec.agent_args.iter().cloned());
         let argv = self.egress_argv(Caller::Agent, &args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         node.ns.spawn_logged(&argv, &format!("agent-{}", node.name))

@@ -162,3 +162,61 @@ fn one_pod_holds_thirty_thousand_connections_to_one_server_port() -> Result<()> 
     }
     Ok(())
 }
+
+/// A block whose worker no longer has a selected pod drains, and goes back
+/// to the pool once its agent has seen it free of NAT entries for the
+/// quarantine (2 s here, `--port-release-quarantine`): the real agent reads
+/// the real NAT tables and reports, the controller takes the block back.
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn a_block_no_pod_needs_drains_and_returns_after_the_quarantine() -> Result<()> {
+    let egress = egress_bin()?;
+    let spec = ClusterSpec {
+        agent_args: vec!["--port-release-quarantine".into(), "2s".into()],
+        ..Default::default()
+    };
+    let cluster = Cluster::start(&egress, spec)?;
+    cluster.apply_example_policy()?;
+    let g1 = cluster
+        .topo
+        .nodes
+        .iter()
+        .find(|n| n.name == "g1")
+        .expect("a node g1");
+    let ip = g1.pod_cidr().replace(".0/24", ".50");
+    cluster.add_pod("drainer", "app=web", "g1", &ip)?;
+    let blocks = |what: &str| -> Result<Option<f64>> {
+        let c = cluster.controller_http(0, "/metrics")?;
+        Ok(metric(
+            &c,
+            &format!("egress_port_blocks_{what}{{"),
+            "node=\"g1\"",
+        ))
+    };
+    wait_until("g1 is granted a block", Duration::from_secs(30), || {
+        Ok(blocks("granted")? == Some(1.0))
+    })?;
+    cluster.egress(&["delete", "pod", "drainer", "-n", "default"])?;
+    let deleted = std::time::Instant::now();
+    // Draining first: still g1's, so replies to its flows would still
+    // reach it; then released and gone from its grant.
+    let mut saw_draining = false;
+    wait_until("g1's block goes back", Duration::from_secs(30), || {
+        saw_draining |= blocks("draining")? == Some(1.0);
+        Ok(blocks("granted")?.unwrap_or(0.0) == 0.0)
+    })?;
+    assert!(saw_draining, "the block went back without draining first");
+    assert!(
+        deleted.elapsed() >= Duration::from_secs(2),
+        "released within the 2 s quarantine: {:?}",
+        deleted.elapsed()
+    );
+    // The other workers keep theirs.
+    let c = cluster.controller_http(0, "/metrics")?;
+    assert_eq!(
+        metric(&c, "egress_port_blocks_granted{", "node=\"w1\""),
+        Some(1.0),
+        "{c}"
+    );
+    Ok(())
+}
