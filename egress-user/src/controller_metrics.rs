@@ -14,6 +14,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::prom::register_gauge;
+
 type Labels = Vec<(String, String)>;
 
 /// Everything the controller's metrics show, as plain data.
@@ -104,13 +106,6 @@ pub fn render(f: &ControllerFacts) -> String {
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
-}
-
-/// A gauge holding `v`, registered as `name`.
-fn register_gauge(reg: &mut Registry, name: &str, help: &str, v: i64) {
-    let g = Gauge::<i64>::default();
-    g.set(v);
-    reg.register(name, help, g);
 }
 
 /// A counter at `v`, registered as `name`.

@@ -10,6 +10,7 @@ pub mod controller_port_metrics;
 pub mod controller_probes;
 pub mod datapath;
 pub mod node;
+mod prom;
 pub mod reflector_clients;
 pub mod signals;
 

@@ -703,6 +703,16 @@ fn crr_per_s(bed: &Bed) -> Result<(f64, u64)> {
 }
 
 const CRR_PORT: u16 = 5202;
+
+/// The short-connection server on the bed's server, once it listens.
+fn crr_server(bed: &Bed) -> Result<egress_tests::Proc> {
+    let traffic = egress_tests::traffic_bin()?;
+    bed.srv.spawn_ready(&[
+        &traffic.to_string_lossy(),
+        "crr-server",
+        &format!("0.0.0.0:{CRR_PORT}"),
+    ])
+}
 const CRR_CLIENTS: usize = 4;
 
 /// The medians of each mode, in `MODES` order.
@@ -716,7 +726,6 @@ struct Throughput {
 
 /// Each mode's throughput figures, in `MODES` order.
 fn throughputs() -> Result<Vec<Throughput>> {
-    let traffic = egress_tests::traffic_bin()?;
     let mut beds = Vec::new();
     for mode in MODES {
         let bed = testbed(mode)?;
@@ -724,12 +733,7 @@ fn throughputs() -> Result<Vec<Throughput>> {
             .srv
             .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
         server.wait_for_line("Server listening", Duration::from_secs(10))?;
-        let mut crr = bed.srv.spawn(&[
-            &traffic.to_string_lossy(),
-            "crr-server",
-            &format!("0.0.0.0:{CRR_PORT}"),
-        ])?;
-        crr.wait_for_line("ready", Duration::from_secs(10))?;
+        let crr = crr_server(&bed)?;
         beds.push((bed, server, crr));
     }
     let mut tcp = vec![Vec::new(); MODES.len()];
@@ -912,14 +916,8 @@ fn bench_program_costs() -> Result<()> {
 #[test]
 #[ignore = "diagnosis: needs root"]
 fn crr_diagnosis() -> Result<()> {
-    let traffic = egress_tests::traffic_bin()?;
     let bed = testbed(Mode::Ebpf)?;
-    let mut crr = bed.srv.spawn(&[
-        &traffic.to_string_lossy(),
-        "crr-server",
-        &format!("0.0.0.0:{CRR_PORT}"),
-    ])?;
-    crr.wait_for_line("ready", Duration::from_secs(10))?;
+    let _crr = crr_server(&bed)?;
     for round in 0..3 {
         bed.srv.exec(&["nstat", "-n"])?;
         bed.pod.exec(&["nstat", "-n"])?;

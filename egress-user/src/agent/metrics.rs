@@ -10,6 +10,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::prom::register_gauge;
+
 use crate::datapath::stats::{read_drops, read_nat_use, read_policy_stats};
 
 type Labels = Vec<(String, String)>;
@@ -50,13 +52,6 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
-}
-
-/// A gauge holding `v`, registered as `name`.
-fn register_gauge(reg: &mut Registry, name: &str, help: &str, v: i64) {
-    let g = Gauge::<i64>::default();
-    g.set(v);
-    reg.register(name, help, g);
 }
 
 /// `policy_packets` and `policy_bytes`: the policy counters, by policy name

@@ -89,6 +89,12 @@ fn under(
         "load {label}: ended; CPUs busy {:.0} %, {figure}",
         busy.unwrap_or(f64::NAN) * 100.0
     ));
+    // A load that did not load would count no false failover and prove
+    // nothing.
+    out.check(
+        busy.is_some_and(|b| b > 0.5),
+        format!("the {label} load left the CPUs mostly idle ({busy:?})"),
+    );
     out.extra
         .insert(format!("load_{label}_cpu_busy"), json!(busy));
     out.extra.insert(format!("load_{label}_figure"), figure);
@@ -161,6 +167,7 @@ fn iperf_result(mut procs: Vec<Proc>) -> Result<serde_json::Value> {
             _ => None,
         }
     });
+    let gbps = gbps.with_context(|| format!("no rate in iperf3's summary: {line}"))?;
     Ok(json!({ "iperf3_gbps": gbps }))
 }
 

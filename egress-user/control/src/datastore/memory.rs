@@ -112,7 +112,8 @@ impl MemoryDatastore {
         let _ = self.tx.send(ev);
     }
 
-    fn conflict_injected(st: &mut State, kind: Kind, key: &ObjectKey, rev: u64) -> Result<()> {
+    /// The failures the test hooks ask for, before a write.
+    fn injected_failure(st: &mut State, kind: Kind, key: &ObjectKey, rev: u64) -> Result<()> {
         match &mut st.writes_left {
             Some(0) => {
                 return Err(DatastoreError::Other(format!(
@@ -216,7 +217,7 @@ impl Datastore for MemoryDatastore {
         let Some(cur) = st.objects.get(&(kind, key.clone())).cloned() else {
             return Err(DatastoreError::NotFound { kind, key });
         };
-        Self::conflict_injected(&mut st, kind, &key, revision)?;
+        Self::injected_failure(&mut st, kind, &key, revision)?;
         if cur.revision != revision {
             return Err(DatastoreError::Conflict {
                 kind,
@@ -298,7 +299,7 @@ impl Datastore for MemoryDatastore {
                 key: key.clone(),
             });
         };
-        Self::conflict_injected(&mut st, kind, key, cur.revision)?;
+        Self::injected_failure(&mut st, kind, key, cur.revision)?;
         let mut value = cur.value.clone();
         patch.apply_to(&mut value);
         if value == cur.value {
