@@ -15,6 +15,8 @@ pub const POLICY_SRC: &str = "POLICY_SRC";
 pub const POLICY_DST: &str = "POLICY_DST";
 /// Array: policy slot -> `EgressTarget`.
 pub const POLICY_TARGETS: &str = "POLICY_TARGETS";
+/// Hash: policy slot -> `GatewaySpread` (ActiveActive gateways' slots).
+pub const GATEWAY_SPREAD: &str = "GATEWAY_SPREAD";
 /// Per-CPU hash: policy id -> `PolicyStats`.
 pub const POLICY_STATS: &str = "POLICY_STATS";
 /// LRU hash: forward `NatKey` -> `NatEntry`.
@@ -51,6 +53,7 @@ pub const PINNED_MAPS: &[&str] = &[
     POLICY_SRC,
     POLICY_DST,
     POLICY_TARGETS,
+    GATEWAY_SPREAD,
     POLICY_STATS,
     NAT_FWD,
     NAT_REV,

@@ -68,6 +68,42 @@ pub const TARGET_USE_NODE_IP: u32 = 1 << 3;
 /// whatever their family (fail closed).
 pub const TARGET_NO_GATEWAY: u32 = 1 << 4;
 
+/// The policy's EIPs are held by several gateways at once (ActiveActive):
+/// a new flow goes to the gateway its hash picks in the slot's
+/// `GatewaySpread`, not to `gateway_tunnel_ip` or the EIP's route.
+pub const TARGET_SPREAD: u32 = 1 << 5;
+
+/// Flow buckets of a `GatewaySpread`: with buckets given out by
+/// rendezvous hashing (which keeps every other bucket in place when a
+/// gateway leaves), 256 keep up to six gateways within about 15% of an
+/// even share; 64 would leave some with half of theirs.
+pub const SPREAD_WAYS: usize = 256;
+
+/// Value of `GATEWAY_SPREAD` (a hash keyed by policy slot, holding the
+/// slots whose target has `TARGET_SPREAD`): the gateway tunnel endpoint
+/// of each flow bucket.
+/// A flow's bucket is its hash modulo `SPREAD_WAYS`, so it keeps its
+/// gateway for as long as the table keeps that bucket's entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatewaySpread {
+    pub tunnel_ips: [[u8; 4]; SPREAD_WAYS],
+}
+
+impl Default for GatewaySpread {
+    fn default() -> Self {
+        Self {
+            tunnel_ips: [[0; 4]; SPREAD_WAYS],
+        }
+    }
+}
+
+/// The bucket of a flow with hash `entropy`.
+#[inline(always)]
+pub fn spread_bucket(entropy: u32) -> usize {
+    entropy as usize % SPREAD_WAYS
+}
+
 /// Value of the slot table (`POLICY_TARGETS`, an array indexed by slot).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,6 +164,7 @@ mod pod {
     unsafe impl aya::Pod for super::SrcMatch {}
     unsafe impl aya::Pod for super::DstMatch {}
     unsafe impl aya::Pod for super::EgressTarget {}
+    unsafe impl aya::Pod for super::GatewaySpread {}
     unsafe impl aya::Pod for super::PolicyStats {}
 }
 
@@ -142,6 +179,7 @@ mod tests {
         assert_eq!(core::mem::offset_of!(DstMatch, flags), 16 * SLOT_WORDS);
         assert_eq!(core::mem::size_of::<EgressTarget>(), 48);
         assert_eq!(core::mem::offset_of!(EgressTarget, gateway_tunnel_ip), 40);
+        assert_eq!(core::mem::size_of::<GatewaySpread>(), 4 * SPREAD_WAYS);
     }
 
     fn src(slots: &[usize]) -> SrcMatch {

@@ -20,7 +20,7 @@ use egress_common::{
     },
     nat::{NatEntry, NatKey, NAT_EVENT_KINDS},
     pod_link::PodLink,
-    policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
+    policy::{DstMatch, EgressTarget, GatewaySpread, PolicyStats, SrcMatch, MAX_POLICY_SLOTS},
     ports::PortBlocks,
     route::RouteNextHop,
     steering::{OwnedEip, SteerKey, SteerTarget},
@@ -33,6 +33,14 @@ pub static POLICY_SRC: LpmTrie<Addr, SrcMatch, { POLICY_TRIE_SIZE as usize }> = 
 pub static POLICY_DST: LpmTrie<Addr, DstMatch, { POLICY_TRIE_SIZE as usize }> = LpmTrie::new();
 #[btf_map]
 pub static POLICY_TARGETS: Array<EgressTarget, MAX_POLICY_SLOTS> = Array::new();
+/// Not preallocated: only ActiveActive policies' slots have an entry.
+#[btf_map]
+pub static GATEWAY_SPREAD: HashMap<
+    u32,
+    GatewaySpread,
+    MAX_POLICY_SLOTS,
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
 #[btf_map]
 pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, { POLICY_STATS_SIZE as usize }> =
     PerCpuHashMap::new();

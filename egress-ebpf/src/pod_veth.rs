@@ -14,7 +14,10 @@ use crate::{
     frag::KIND_EGRESS,
     fwd::{encap, fib_forward, learn_pod_link},
     hdr::*,
-    maps::{CONFIG, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS, ROUTES},
+    maps::{
+        CONFIG, GATEWAY_SPREAD, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS,
+        ROUTES,
+    },
     nat::forward_port,
     tcp::clamp_mss,
     verdict::drop_with,
@@ -64,7 +67,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         return Err((-(v - FAST_REVALIDATE + 1)) as u32);
     }
     let absent = v == FAST_NO_ENTRY;
-    let target = match policy_target(f) {
+    let (slot, target) = match policy_target(f) {
         Some(t) => t,
         None => return Ok(TC_ACT_OK as i32),
     };
@@ -89,7 +92,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
     let gw = if local {
         target.gateway_tunnel_ip
     } else {
-        gateway_by_route(cfg, eip).unwrap_or(target.gateway_tunnel_ip)
+        gateway_of(cfg, slot, target, f, eip)
     };
     f.gw = gw;
     if absent {
@@ -175,7 +178,7 @@ fn fail_closed(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
         return Ok(TC_ACT_OK as i32);
     }
     let target = match policy_target(f) {
-        Some(t) => t,
+        Some((_, t)) => t,
         None => return Ok(TC_ACT_OK as i32),
     };
     let family = if f.v6 { TARGET_HAS_V6 } else { TARGET_HAS_V4 };
@@ -214,13 +217,42 @@ fn stays_on_link(dst: &Addr) -> bool {
     }
 }
 
-/// The policy slot's target that selects `f` (source pod, destination), if any.
+/// The policy slot that selects `f` (source pod, destination), if any,
+/// and its target.
 #[inline(always)]
-fn policy_target(f: &Flow) -> Option<&'static EgressTarget> {
+fn policy_target(f: &Flow) -> Option<(u32, &'static EgressTarget)> {
     // Read in place: a `DstMatch` is too big to copy onto the BPF stack.
     let src = POLICY_SRC.get(&Key::new(128, f.src))?;
     let dst = POLICY_DST.get(&Key::new(128, f.dst))?;
-    POLICY_TARGETS.get(pick_slot(src, dst)?)
+    let slot = pick_slot(src, dst)?;
+    Some((slot, POLICY_TARGETS.get(slot)?))
+}
+
+/// The remote gateway of a new flow: with several gateways holding the
+/// EIP (ActiveActive), the one of the flow's bucket; else the EIP's BGP
+/// route, else the policy's gateway. Not inlined: its locals would add to
+/// the caller's frame, which the chain of calls below it cannot afford.
+#[inline(never)]
+fn gateway_of(
+    cfg: &DatapathConfig,
+    slot: u32,
+    target: &EgressTarget,
+    f: &Flow,
+    eip: &Addr,
+) -> [u8; 4] {
+    if target.flags & TARGET_SPREAD != 0 {
+        let bucket = spread_bucket(crate::vxlan::flow_entropy(f));
+        if let Some(s) = GATEWAY_SPREAD.get_ptr(&slot) {
+            // SAFETY: a valid map value; the 4 bytes are copied out at once.
+            if let Some(gw) = unsafe { (*s).tunnel_ips.get(bucket).copied() } {
+                if gw != [0; 4] {
+                    return gw;
+                }
+            }
+        }
+        return target.gateway_tunnel_ip;
+    }
+    gateway_by_route(cfg, eip).unwrap_or(target.gateway_tunnel_ip)
 }
 
 /// Remembers the translation of a first fragment for the later ones (`frag`).

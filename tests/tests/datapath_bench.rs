@@ -96,6 +96,7 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
                 eip_v4: Some(ip4(EIP)),
                 eip_v6: None,
                 gateway_tunnel_ip: ip4("10.100.0.11"),
+                spread: vec![],
                 local_gateway: false,
                 use_node_ip: false,
                 no_gateway: false,

@@ -78,6 +78,10 @@ pub struct PolicyTarget {
     pub gateway_node: String,
     /// That node's underlay tunnel endpoint (IPv4 preferred).
     pub tunnel_endpoint: Option<IpAddr>,
+    /// ActiveActive: every gateway node carrying the policy (sorted, the
+    /// first is `gateway_node`) with its tunnel endpoint; workers spread
+    /// flows over them. Empty in ActiveStandby.
+    pub spread: Vec<(String, Option<IpAddr>)>,
     /// The gateway node is this node: skip the tunnel.
     pub local: bool,
     pub use_node_ip: bool,
@@ -118,6 +122,9 @@ pub struct PortRange {
 pub struct OwnedEip {
     pub gateway: String,
     pub epoch: u64,
+    /// Held by several nodes at once (ActiveActive): announced by BGP
+    /// only, never answered for by ARP/NDP.
+    pub shared: bool,
 }
 
 /// Everything one node's maps should hold.

@@ -9,7 +9,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::api::{
-    EgressClusterPolicySpec, EgressGateway, EgressGatewaySpec, EgressPolicySpec, LabelSelector,
+    EgressClusterPolicySpec, EgressGateway, EgressGatewaySpec, EgressPolicySpec, GatewayMode,
+    LabelSelector,
 };
 
 /// One problem: the field's path and why it is wrong.
@@ -279,6 +280,18 @@ pub fn gateway(spec: &EgressGatewaySpec) -> Vec<FieldError> {
         }
     }
     out
+}
+
+/// Checks `spec.mode` against how EIPs are announced: in L2 mode every
+/// node holding an EIP answers ARP/NDP for it, so only one node may.
+pub fn gateway_mode(spec: &EgressGatewaySpec, bgp: bool) -> Option<FieldError> {
+    (spec.mode == GatewayMode::ActiveActive && !bgp).then(|| {
+        err(
+            "spec.mode",
+            "ActiveActive needs BGP announcement of the EIPs (the controller runs with --bgp=false, \
+             so EIPs are announced by ARP/NDP, where only one node may answer for an address)",
+        )
+    })
 }
 
 /// The fields EgressPolicy and EgressClusterPolicy share, one shape for both.

@@ -158,8 +158,10 @@ fn policy_rules(
             ));
             continue;
         }
-        let gateway_tunnel_ip = match target.tunnel_endpoint {
-            Some(IpAddr::V4(ip)) => ip,
+        let spread = spread_endpoints(target);
+        let gateway_tunnel_ip = match (target.tunnel_endpoint, spread.first()) {
+            (_, Some(ip)) => *ip,
+            (Some(IpAddr::V4(ip)), None) => ip,
             _ => facts.tunnel_ip, // local gateway (see `not_carried`)
         };
         policies.push(PolicyRule {
@@ -171,6 +173,7 @@ fn policy_rules(
             eip_v4: target.eip_v4,
             eip_v6: target.eip_v6,
             gateway_tunnel_ip,
+            spread,
             local_gateway: target.local,
             use_node_ip: target.use_node_ip,
             no_gateway: false,
@@ -179,13 +182,32 @@ fn policy_rules(
     policies
 }
 
+/// The IPv4 tunnel endpoints of an ActiveActive policy's gateways (the
+/// underlay is IPv4; a gateway without one yet takes no flows).
+fn spread_endpoints(target: &PolicyTarget) -> Vec<std::net::Ipv4Addr> {
+    target
+        .spread
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Some(IpAddr::V4(ip)) => Some(*ip),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Why this datapath cannot send an assigned policy's traffic yet (no EIP,
 /// or no IPv4 tunnel endpoint of a remote gateway); `None` when it can.
 fn not_carried(target: &PolicyTarget) -> Option<String> {
+    let spread = !target.spread.is_empty();
     match target.tunnel_endpoint {
         _ if target.eip_v4.is_none() && target.eip_v6.is_none() => {
             Some("no EIP assigned yet".to_string())
         }
+        _ if target.local => None,
+        _ if spread && spread_endpoints(target).is_empty() => {
+            Some("none of the policy's gateway nodes has an IPv4 tunnel endpoint yet".to_string())
+        }
+        _ if spread => None,
         Some(IpAddr::V4(_)) => None,
         None if target.local => None,
         Some(IpAddr::V6(_)) => {
@@ -254,7 +276,9 @@ fn owned_eips(
         .filter(|(eip, _)| announce.contains(eip) || node_ips.contains(eip))
         .map(|(eip, owned)| OwnedEip {
             eip: *eip,
-            answer_neigh: facts.l2_announce && !node_ips.contains(eip),
+            // A shared (active-active) EIP lives on several nodes: only
+            // BGP may announce it.
+            answer_neigh: facts.l2_announce && !owned.shared && !node_ips.contains(eip),
             node_ip: node_ips.contains(eip),
             epoch: owned.epoch as u32,
         })
@@ -330,6 +354,7 @@ mod tests {
                 ipv6: String::new(),
             },
             node: node.into(),
+            nodes: vec![],
             conditions: vec![],
         });
         v.policies.push(p);
@@ -526,6 +551,7 @@ mod tests {
                 Owned {
                     gateway: "g1".into(),
                     epoch: 3,
+                    shared: false,
                 },
             );
         }

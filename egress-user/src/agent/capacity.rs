@@ -65,6 +65,7 @@ mod tests {
             eip_v6: None,
             gateway_node: String::new(),
             tunnel_endpoint: None,
+            spread: Vec::new(),
             local: false,
             use_node_ip: false,
             epoch: 0,

@@ -141,6 +141,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             first_port: 1024,
             node_ip_ports: args.node_ip_port_range,
             max_ports_per_node: args.max_ports_per_node,
+            bgp: args.bgp_enabled,
         },
         ..Default::default()
     };

@@ -18,7 +18,7 @@ use egress_common::{
     addr::Addr,
     config::DatapathConfig,
     maps::*,
-    policy::{DstMatch, EgressTarget, PolicyStats, SrcMatch},
+    policy::{DstMatch, EgressTarget, GatewaySpread, PolicyStats, SrcMatch},
     ports::PortBlocks,
     route::RouteNextHop,
     steering::{OwnedEip, SteerKey, SteerTarget},
@@ -261,6 +261,8 @@ pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyR
     let mut config_writes = write_config(src, &config)?;
     diff_policy_stats(src, &m.policy_ids, &mut r)?;
     diff_lpm::<RouteNextHop>(src, ROUTES, ROUTES_SIZE, &m.routes, &mut r)?;
+    // A target's buckets before the target that points at them.
+    diff_hash::<u32, GatewaySpread>(src, GATEWAY_SPREAD, &m.spread, &mut r)?;
     diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, &mut r)?;
     diff_lpm::<DstMatch>(src, POLICY_DST, TRIE, &m.policy_dst, &mut r)?;
     diff_lpm::<SrcMatch>(src, POLICY_SRC, TRIE, &m.policy_src, &mut r)?;

@@ -119,6 +119,9 @@ pub struct PolicyRule {
     pub eip_v6: Option<Ipv6Addr>,
     /// Tunnel endpoint of the gateway that owns the EIPs.
     pub gateway_tunnel_ip: Ipv4Addr,
+    /// ActiveActive: the tunnel endpoints of every gateway holding the
+    /// EIPs; new flows spread over them by hash. Empty: `gateway_tunnel_ip`.
+    pub spread: Vec<Ipv4Addr>,
     /// The gateway is this node: SNAT and forward without the tunnel.
     pub local_gateway: bool,
     /// `useNodeIP`: the EIP is the gateway node's own address.
@@ -277,6 +280,7 @@ impl PolicyRule {
             eip_v4: None,
             eip_v6: None,
             gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED,
+            spread: Vec::new(),
             local_gateway: false,
             use_node_ip: false,
             no_gateway: true,

@@ -33,6 +33,8 @@ pub struct MapContents {
     pub policy_dst: BTreeMap<LpmKey, DstMatch>,
     /// Slot -> target; slots not listed are written as empty (flags 0).
     pub targets: Vec<EgressTarget>,
+    /// Slot -> flow buckets, for the targets with `TARGET_SPREAD`.
+    pub spread: BTreeMap<u32, GatewaySpread>,
     pub policy_ids: BTreeSet<u32>,
     pub port_blocks: BTreeMap<Addr, PortBlocks>,
     pub steering: BTreeMap<SteerKey, SteerTarget>,
@@ -101,6 +103,10 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
     };
     for (slot, p) in policies.iter().enumerate() {
         out.targets[slot] = egress_target(p)?;
+        if out.targets[slot].flags & TARGET_SPREAD != 0 {
+            out.spread
+                .insert(slot as u32, spread::spread_table(&p.spread));
+        }
         out.policy_ids.insert(p.id);
     }
     fold_prefixes(&policies, &d.cluster_cidrs, &mut out);
@@ -156,6 +162,9 @@ fn egress_target(p: &PolicyRule) -> Result<EgressTarget, TranslateError> {
     }
     if p.use_node_ip {
         flags |= TARGET_USE_NODE_IP;
+    }
+    if !p.spread.is_empty() && !p.local_gateway {
+        flags |= TARGET_SPREAD;
     }
     let mut t = EgressTarget {
         policy_id: p.id,
@@ -351,6 +360,11 @@ fn policy_epoch(m: &MapContents) -> u32 {
         eat(&t.eip_v6);
         eat(&t.gateway_tunnel_ip);
     }
+    // The buckets decide a flow's gateway, as the slot's gateway does.
+    for (slot, s) in &m.spread {
+        eat(&slot.to_le_bytes());
+        s.tunnel_ips.iter().for_each(|ip| eat(ip));
+    }
     // A route decides where a flow's tunnel goes, as the slot's gateway does.
     for ((len, a), r) in &m.routes {
         eat(&len.to_le_bytes());
@@ -437,6 +451,7 @@ mod tests {
             eip_v4: Some(Ipv4Addr::new(198, 51, 100, id as u8)),
             eip_v6: Some(format!("2001:db8::{id}").parse().unwrap()),
             gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
+            spread: Vec::new(),
             local_gateway: false,
             use_node_ip: false,
             no_gateway: false,
@@ -501,6 +516,29 @@ mod tests {
             a,
             "new gateway"
         );
+    }
+
+    #[test]
+    fn a_spread_policy_gets_its_buckets_and_a_change_of_them_moves_the_epoch() {
+        let gws = |n: u8| (1..=n).map(|i| Ipv4Addr::new(10, 100, 0, i)).collect();
+        let mut d = DesiredMaps {
+            policies: vec![policy(1, 0, &["10.244.0.0/16"], &[], &[])],
+            ..Default::default()
+        };
+        let plain = translate(&d).unwrap();
+        assert_eq!(plain.targets[0].flags & TARGET_SPREAD, 0);
+        assert!(plain.spread.is_empty());
+        d.policies[0].spread = gws(3);
+        let three = translate(&d).unwrap();
+        assert_ne!(three.targets[0].flags & TARGET_SPREAD, 0);
+        assert_eq!(three.spread[&0], spread::spread_table(&gws(3)));
+        assert_ne!(three.config.policy_epoch, plain.config.policy_epoch);
+        d.policies[0].spread = gws(2);
+        let two = translate(&d).unwrap();
+        assert_ne!(two.config.policy_epoch, three.config.policy_epoch);
+        // This node holds the EIPs itself: no tunnel, no buckets used.
+        d.policies[0].local_gateway = true;
+        assert_eq!(translate(&d).unwrap().targets[0].flags & TARGET_SPREAD, 0);
     }
 
     #[test]
@@ -682,3 +720,4 @@ mod tests {
 mod capacity_tests;
 
 mod cover;
+pub mod spread;

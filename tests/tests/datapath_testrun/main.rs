@@ -12,6 +12,7 @@ mod fail_closed;
 mod gateway;
 mod port_blocks;
 mod slots;
+mod spread;
 mod userspace_apply;
 mod worker;
 mod worker_drops;

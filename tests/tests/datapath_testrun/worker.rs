@@ -49,7 +49,7 @@ fn worker_snat_tcp_v4_first_packet_and_established_flow() -> anyhow::Result<()> 
 /// gateway's tunnel addresses; UDP to the VXLAN port, zero checksum, a
 /// length that covers the rest; the VXLAN header with the VNI), and the
 /// inner frame. (The outer MACs are the neighbour subsystem's to write.)
-fn outer_vxlan(frame: &[u8], vni: u32, to: Ipv4Addr) -> Vec<u8> {
+pub(crate) fn outer_vxlan(frame: &[u8], vni: u32, to: Ipv4Addr) -> Vec<u8> {
     let p = SlicedPacket::from_ethernet(frame).expect("outer frame parses");
     let Some(NetSlice::Ipv4(ip)) = &p.net else {
         panic!("outer not IPv4")

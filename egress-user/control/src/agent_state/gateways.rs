@@ -95,11 +95,13 @@ pub(super) fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
                 ranges.sort();
             }
         }
+        let active_active = g.spec.mode == crate::api::GatewayMode::ActiveActive;
         for n in &st.node_list {
             for e in &n.eips {
                 // A useNodeIP unit has no addresses of its own: it is the
                 // node's, as the controller grants its blocks.
-                let addrs: Vec<IpAddr> = if e.ipv4.is_empty() && e.ipv6.is_empty() {
+                let node_ip = e.ipv4.is_empty() && e.ipv6.is_empty();
+                let addrs: Vec<IpAddr> = if node_ip {
                     [false, true]
                         .into_iter()
                         .filter_map(|v6| view.node_ip(&n.name, v6))
@@ -116,6 +118,7 @@ pub(super) fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
                         OwnedEip {
                             gateway: gw_name.clone(),
                             epoch: e.epoch,
+                            shared: active_active && !node_ip,
                         },
                     );
                 }

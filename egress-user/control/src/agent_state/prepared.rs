@@ -179,7 +179,8 @@ fn active_targets(
     let mut targets = BTreeMap::new();
     for (vi, p) in views.iter().enumerate() {
         let Some(st) = p.status else { continue };
-        if st.node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
+        let node = st.nodes.first().unwrap_or(&st.node);
+        if node.is_empty() || (st.eip.ipv4.is_empty() && st.eip.ipv6.is_empty()) {
             continue;
         }
         // The target stays even while its gateway node is not Ready: until
@@ -203,12 +204,17 @@ fn active_targets(
                 key: p.key.clone(),
                 eip_v4: st.eip.ipv4.parse().ok(),
                 eip_v6: st.eip.ipv6.parse().ok(),
-                gateway_node: st.node.clone(),
-                tunnel_endpoint: endpoints.get(st.node.as_str()).copied(),
+                gateway_node: node.clone(),
+                tunnel_endpoint: endpoints.get(node.as_str()).copied(),
+                spread: st
+                    .nodes
+                    .iter()
+                    .map(|n| (n.clone(), endpoints.get(n.as_str()).copied()))
+                    .collect(),
                 local: false,
                 use_node_ip: p.fields.egress_ip.use_node_ip,
                 epoch: epochs
-                    .get(&(gw, st.node.as_str(), v4, v6))
+                    .get(&(gw, node.as_str(), v4, v6))
                     .copied()
                     .unwrap_or(0),
                 rank: ranks[vi],
@@ -292,7 +298,7 @@ impl<'a> Prepared<'a> {
         for id in ids {
             out.entry(id).or_insert_with(|| {
                 let mut t = self.parts.targets[&id].clone();
-                t.local = t.gateway_node == me;
+                t.local = t.gateway_node == me || t.spread.iter().any(|(n, _)| n == me);
                 t
             });
         }

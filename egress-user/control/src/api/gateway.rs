@@ -19,6 +19,7 @@ use super::LabelSelector;
     printcolumn = r#"{"name":"DefaultV4","type":"string","jsonPath":".spec.ippools.ipv4DefaultEIP"}"#,
     printcolumn = r#"{"name":"DefaultV6","type":"string","jsonPath":".spec.ippools.ipv6DefaultEIP"}"#,
     printcolumn = r#"{"name":"ClusterDefault","type":"boolean","jsonPath":".spec.clusterDefault"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -30,6 +31,29 @@ pub struct EgressGatewaySpec {
     /// Policies that name no gateway use the one gateway with this set.
     #[serde(default)]
     pub cluster_default: bool,
+    /// How many of the gateway's nodes serve an EIP at once.
+    #[serde(default, skip_serializing_if = "GatewayMode::is_active_standby")]
+    pub mode: GatewayMode,
+}
+
+/// `spec.mode` of an EgressGateway.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum GatewayMode {
+    /// One Ready node holds each EIP and the others take over when it
+    /// fails: the only mode in which a node answers ARP/NDP for an EIP.
+    #[default]
+    ActiveStandby,
+    /// Every Ready node holds every EIP at once (BGP announcement only):
+    /// the upstream router spreads replies over them by ECMP and workers
+    /// spread their flows. A node's own address (useNodeIP) stays on one
+    /// node.
+    ActiveActive,
+}
+
+impl GatewayMode {
+    pub fn is_active_standby(&self) -> bool {
+        *self == Self::ActiveStandby
+    }
 }
 
 /// EIP pools. Entries are single addresses, `first-last` ranges or CIDRs.

@@ -15,8 +15,8 @@ mod tunnel;
 
 pub use common::{Condition, LabelSelector, LabelSelectorRequirement};
 pub use gateway::{
-    EgressGateway, EgressGatewaySpec, EgressGatewayStatus, EipStatus, GatewayNodeStatus, IpUsage,
-    Ippools, NodeSelector, PolicyRef,
+    EgressGateway, EgressGatewaySpec, EgressGatewayStatus, EipStatus, GatewayMode,
+    GatewayNodeStatus, IpUsage, Ippools, NodeSelector, PolicyRef,
 };
 pub use policy::{
     AllocatorPolicy, AppliedTo, ClusterAppliedTo, EgressClusterPolicy, EgressClusterPolicySpec,

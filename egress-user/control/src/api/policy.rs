@@ -25,6 +25,7 @@ pub const DEFAULT_PRIORITY: i64 = 1000;
     printcolumn = r#"{"name":"IPv4","type":"string","jsonPath":".status.eip.ipv4"}"#,
     printcolumn = r#"{"name":"IPv6","type":"string","jsonPath":".status.eip.ipv6"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.node"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -72,6 +73,7 @@ pub struct EgressPolicySpec {
     printcolumn = r#"{"name":"IPv4","type":"string","jsonPath":".status.eip.ipv4"}"#,
     printcolumn = r#"{"name":"IPv6","type":"string","jsonPath":".status.eip.ipv6"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.node"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -148,9 +150,12 @@ pub struct ClusterAppliedTo {
 pub struct EgressPolicyStatus {
     #[serde(default)]
     pub eip: PolicyEip,
-    /// The gateway node that carries this policy's traffic.
+    /// The gateway node that carries this policy's traffic (ActiveStandby).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
+    /// The gateway nodes that all carry it at once (ActiveActive), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -18,6 +18,9 @@ pub struct ControllerConfig {
     /// Most ports of one address one worker may hold (rounded up to whole
     /// blocks); policies may cap lower (`spec.maxPortsPerNode`).
     pub max_ports_per_node: u32,
+    /// EIPs are announced by BGP (the controller runs the reflector): an
+    /// ActiveActive gateway is allowed.
+    pub bgp: bool,
 }
 
 impl Default for ControllerConfig {
@@ -27,6 +30,7 @@ impl Default for ControllerConfig {
             first_port: 1024,
             node_ip_ports: DEFAULT_NODE_IP_PORTS,
             max_ports_per_node: DEFAULT_MAX_PORTS_PER_NODE,
+            bgp: false,
         }
     }
 }

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::{
-    EgressGateway, EgressGatewayStatus, EipStatus, GatewayNodeStatus, IpUsage, NodeRecord,
-    PolicyEip, TunnelPhase,
+    EgressGateway, EgressGatewayStatus, EipStatus, GatewayMode, GatewayNodeStatus, IpUsage,
+    NodeRecord, PolicyEip, TunnelPhase,
 };
 use crate::datastore::{Event, Kind, ObjectKey};
 use crate::validate::IpPool;
@@ -17,6 +17,7 @@ use super::conditions::{cond, policy_name, refuse};
 use super::config::{whole_blocks, ControllerConfig};
 use super::plan::{EipMove, FailoverReason, Plan};
 use super::ports::{grant_address, Claim, Holders};
+use super::spread::{previous_spread, spread_units, Spread, SpreadInput};
 use super::unit::{asks_reconfirmation, Allocation, Unit, Units};
 
 /// The worker nodes of each policy's pods (registered ones only).
@@ -48,6 +49,8 @@ struct GatewayNodes<'a> {
 /// gateway's epoch (one more for every unit placed anew or reconfirmed).
 struct Placement<'a> {
     placed: Places,
+    /// ActiveActive units, on every Ready node.
+    spread: Spread,
     load: BTreeMap<&'a str, usize>,
     epoch: u64,
 }
@@ -76,15 +79,37 @@ impl<'a> GatewayPass<'a> {
         let units = self.allocate(pols, plan);
         let mut placement = Placement {
             placed: Places::new(),
+            spread: Spread::new(),
             load: nodes.ready.iter().map(|n| (*n, 0)).collect(),
             epoch: prev.epoch,
         };
+        if self.active_active() {
+            let selected = nodes.all.iter().map(|n| n.name.as_str()).collect();
+            let name = self.name();
+            let input = SpreadInput {
+                gateway: &name,
+                view: self.view,
+                ready: &nodes.ready,
+                selected: &selected,
+            };
+            let before = previous_spread(&prev);
+            placement.spread = spread_units(&input, &units, &before, &mut placement.epoch, plan);
+        }
         self.keep_in_place(&units, &before, &mut placement, plan);
         self.place_the_rest(&units, &before, &nodes, &mut placement, plan);
         self.tell_released(&units, &before, plan);
         self.grant_ports(&units, &placement.placed, plan);
         self.write_gateway_status(&nodes, &units, &placement, plan);
-        self.write_policy_statuses(&units, &placement.placed, plan);
+        self.write_policy_statuses(&units, &placement, plan);
+    }
+
+    fn active_active(&self) -> bool {
+        self.gateway.spec.mode == GatewayMode::ActiveActive
+    }
+
+    /// `u` is on every Ready node (ActiveActive), not on one.
+    fn spreads(&self, u: &Unit) -> bool {
+        self.active_active() && u.node_ip_of.is_none()
     }
 
     fn nodes(&self) -> GatewayNodes<'a> {
@@ -150,7 +175,7 @@ impl<'a> GatewayPass<'a> {
         at: &mut Placement<'_>,
         plan: &mut Plan,
     ) {
-        for u in units.keys() {
+        for u in units.keys().filter(|u| !self.spreads(u)) {
             let Some((node, ep)) = before.get(u) else {
                 continue;
             };
@@ -187,7 +212,7 @@ impl<'a> GatewayPass<'a> {
         plan: &mut Plan,
     ) {
         for (u, ps) in units {
-            if at.placed.contains_key(u) {
+            if at.placed.contains_key(u) || at.spread.contains_key(u) {
                 continue;
             }
             let target = at
@@ -375,11 +400,18 @@ impl<'a> GatewayPass<'a> {
                     .placed
                     .iter()
                     .filter(|(_, (node, _))| *node == n.name)
-                    .map(|(u, (_, ep))| EipStatus {
+                    .map(|(u, (_, ep))| (u, *ep))
+                    .chain(
+                        at.spread
+                            .iter()
+                            .filter(|(_, (on, _))| on.contains(&n.name))
+                            .map(|(u, (_, ep))| (u, *ep)),
+                    )
+                    .map(|(u, epoch)| EipStatus {
                         ipv4: u.v4.clone(),
                         ipv6: u.v6.clone(),
                         policies: units[u].iter().map(|p| p.policy_ref()).collect(),
-                        epoch: *ep,
+                        epoch,
                     })
                     .collect(),
             })
@@ -402,10 +434,14 @@ impl<'a> GatewayPass<'a> {
     }
 
     /// Each placed policy's node and addresses, and whether it is Ready.
-    fn write_policy_statuses(&self, units: &Units<'_, '_>, placed: &Places, plan: &mut Plan) {
+    fn write_policy_statuses(&self, units: &Units<'_, '_>, at: &Placement<'_>, plan: &mut Plan) {
         let name = self.name();
         for (u, ps) in units {
-            let node = placed.get(u).map(|(n, _)| n.clone()).unwrap_or_default();
+            if let Some((nodes, _)) = at.spread.get(u) {
+                write_spread_status(u, nodes, ps, plan);
+                continue;
+            }
+            let node = at.placed.get(u).map(|(n, _)| n.clone()).unwrap_or_default();
             let eip = if u.node_ip_of.is_some() {
                 let ip = |v6| {
                     self.view
@@ -440,6 +476,31 @@ impl<'a> GatewayPass<'a> {
                 st.conditions.push(ready.clone());
             }
         }
+    }
+}
+
+/// The status of the policies of a unit on every node in `nodes`.
+fn write_spread_status(
+    u: &Unit,
+    nodes: &BTreeSet<String>,
+    ps: &[&PolicyView<'_>],
+    plan: &mut Plan,
+) {
+    let list: Vec<String> = nodes.iter().cloned().collect();
+    let ready = cond(
+        "Ready",
+        true,
+        "Assigned",
+        format!("on nodes {} (active-active)", list.join(", ")),
+    );
+    for p in ps {
+        let st = plan.policies.get_mut(&(p.kind, p.key.clone())).unwrap();
+        st.nodes = list.clone();
+        st.eip = PolicyEip {
+            ipv4: u.v4.clone(),
+            ipv6: u.v6.clone(),
+        };
+        st.conditions.push(ready.clone());
     }
 }
 

@@ -12,6 +12,7 @@ mod plan;
 pub mod ports;
 mod reconcile;
 pub(crate) mod run;
+mod spread;
 mod stale;
 mod unit;
 
@@ -31,6 +32,8 @@ pub use run::{
 };
 pub use stale::StaleTunnels;
 
+#[cfg(test)]
+mod spread_tests;
 #[cfg(test)]
 mod takeover_tests;
 #[cfg(test)]

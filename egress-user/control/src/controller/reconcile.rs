@@ -80,7 +80,7 @@ fn check_gateways(gateways: &[&EgressGateway], cfg: &ControllerConfig, plan: &mu
     let mut accepted: Vec<(String, IpPool, IpPool)> = Vec::new();
     for g in gateways {
         let name = g.metadata.name.clone().unwrap_or_default();
-        let problems = gateway_problems(g, &accepted);
+        let problems = gateway_problems(g, cfg, &accepted);
         if problems.is_empty() {
             let (p4, p6) = validate::gateway_pools(&g.spec).expect("validated");
             accepted.push((name.clone(), p4, p6));
@@ -113,9 +113,14 @@ fn check_gateways(gateways: &[&EgressGateway], cfg: &ControllerConfig, plan: &mu
 
 /// What is wrong with `g`'s spec, or with its pools against the older
 /// gateways `accepted` before it.
-fn gateway_problems(g: &EgressGateway, accepted: &[(String, IpPool, IpPool)]) -> Vec<String> {
+fn gateway_problems(
+    g: &EgressGateway,
+    cfg: &ControllerConfig,
+    accepted: &[(String, IpPool, IpPool)],
+) -> Vec<String> {
     let mut problems: Vec<String> = validate::gateway(&g.spec)
         .iter()
+        .chain(&validate::gateway_mode(&g.spec, cfg.bgp))
         .map(|e| e.to_string())
         .collect();
     if problems.is_empty() {

@@ -74,7 +74,7 @@ const GATEWAY_FIELDS: &[&str] = &[
     "epoch",
     "conditions",
 ];
-const POLICY_FIELDS: &[&str] = &["eip", "node", "conditions"];
+const POLICY_FIELDS: &[&str] = &["eip", "node", "nodes", "conditions"];
 const TUNNEL_FIELDS: &[&str] = &["phase", "lastHeartbeatTime"];
 const TUNNEL_GRANT_FIELDS: &[&str] = &["portBlocks", "portBlockSize"];
 
