@@ -84,6 +84,11 @@ pub struct ClusterSpec {
     pub bgp: bool,
     /// Also an FRR upstream router (10.10.0.253, iBGP non-client of the reflector).
     pub upstream_frr: bool,
+    /// With `upstream_frr`: prefixes the fabric routes through the upstream
+    /// router, which then runs zebra and forwards by the routes it learned
+    /// (ECMP over equal paths). Replies to an EIP in one of them reach a
+    /// gateway only as BGP says.
+    pub via_upstream: Vec<String>,
     /// With `bgp`: the reflector runs inside controller 0 (`egress controller
     /// --bgp=true`, as the chart runs it) instead of as `egress reflector`.
     pub reflector_in_controller: bool,
@@ -133,6 +138,7 @@ impl Default for ClusterSpec {
             timers: Timers::default(),
             bgp: false,
             upstream_frr: false,
+            via_upstream: Vec::new(),
             reflector_in_controller: false,
             agent_eviction: None,
             workers_are_gateways: false,
@@ -296,8 +302,16 @@ impl Cluster {
                 .fabric
                 .ip(&["link", "set", "up0", "master", "br0"])?;
             ns.addr("eth0", &format!("{UPSTREAM_IP}/24"))?;
-            let frr =
-                crate::frr::Frr::start(&ns, UPSTREAM_IP, 64512, &[(FABRIC_UNDERLAY_IP, 64512)])?;
+            let peers = [(FABRIC_UNDERLAY_IP, 64512)];
+            let frr = if spec.via_upstream.is_empty() {
+                crate::frr::Frr::start(&ns, UPSTREAM_IP, 64512, &peers)?
+            } else {
+                crate::frr::Frr::start_forwarding(&ns, UPSTREAM_IP, 64512, &peers)?
+            };
+            for prefix in &spec.via_upstream {
+                let via = UPSTREAM_IP.to_string();
+                cluster.topo.fabric.route(&[prefix, "via", &via])?;
+            }
             cluster.upstream = Some(Upstream { frr, ns });
         }
         for i in 0..spec.controllers {
@@ -419,6 +433,9 @@ impl Cluster {
             t.lease.clone(),
         ];
         args.extend(probe_flags(t.probe));
+        if self.spec.bgp {
+            args.push("--bgp-announcements=true".into());
+        }
         args.extend([
             "--metrics-port".into(),
             (CONTROLLER_METRICS_PORT + i as u16).to_string(),

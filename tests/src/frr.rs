@@ -1,7 +1,11 @@
-//! FRR's bgpd as an upstream router in a namespace (no zebra: it only
-//! speaks BGP and keeps its RIB, which is what a test reads).
+//! FRR's bgpd as an upstream router in a namespace: without zebra it only
+//! speaks BGP and keeps its RIB, which is what most tests read; with zebra
+//! ([`Frr::start_forwarding`]) it installs its best paths, several at once
+//! (ECMP), into the namespace's kernel and forwards by them.
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{collections::BTreeSet, net::Ipv4Addr, path::PathBuf, time::Duration};
+
+use serde_json::Value;
 
 use anyhow::{Context, Result};
 
@@ -9,6 +13,7 @@ use crate::{netns::unique_name, process::Proc, Netns};
 
 pub struct Frr {
     proc: Option<Proc>,
+    zebra: Option<Proc>,
     dir: PathBuf,
     ns: String,
 }
@@ -22,6 +27,29 @@ impl Frr {
         asn: u32,
         neighbors: &[(Ipv4Addr, u32)],
     ) -> Result<Self> {
+        Self::start_with(ns, router_id, asn, neighbors, false)
+    }
+
+    /// As [`Frr::start`], with zebra: up to 8 equal iBGP paths of a prefix
+    /// make one multipath route in the namespace's kernel, and the
+    /// namespace forwards.
+    pub fn start_forwarding(
+        ns: &Netns,
+        router_id: Ipv4Addr,
+        asn: u32,
+        neighbors: &[(Ipv4Addr, u32)],
+    ) -> Result<Self> {
+        ns.enable_forwarding()?;
+        Self::start_with(ns, router_id, asn, neighbors, true)
+    }
+
+    fn start_with(
+        ns: &Netns,
+        router_id: Ipv4Addr,
+        asn: u32,
+        neighbors: &[(Ipv4Addr, u32)],
+        zebra: bool,
+    ) -> Result<Self> {
         let dir = std::env::temp_dir().join(unique_name("frr"));
         std::fs::create_dir_all(&dir)?;
         let mut conf = format!(
@@ -31,20 +59,33 @@ impl Frr {
         for (addr, peer_asn) in neighbors {
             conf += &format!(" neighbor {addr} remote-as {peer_asn}\n neighbor {addr} timers 3 9\n neighbor {addr} timers connect 1\n");
         }
+        if zebra {
+            conf += " address-family ipv4 unicast\n  maximum-paths ibgp 8\n exit-address-family\n";
+        }
         conf += " address-family ipv6 unicast\n";
         for (addr, _) in neighbors {
             conf += &format!("  neighbor {addr} activate\n");
         }
         conf += " exit-address-family\n";
         std::fs::write(dir.join("bgpd.conf"), conf)?;
+        std::fs::write(dir.join("zebra.conf"), "hostname upstream\n")?;
         crate::run(&["chown", "-R", "frr:frr", &dir.to_string_lossy()])
             .context("chown to the frr user (is frr installed?)")?;
-        let proc = spawn_bgpd(ns, &dir.to_string_lossy())?;
-        let frr = Self {
-            proc: Some(proc),
+        let d = dir.to_string_lossy().into_owned();
+        let mut frr = Self {
+            proc: None,
+            zebra: None,
             dir,
             ns: ns.name().to_owned(),
         };
+        let zserv = format!("{d}/zserv.api");
+        if zebra {
+            frr.zebra = Some(spawn_zebra(ns, &d, &zserv)?);
+            crate::cluster::wait_until("zebra's zserv socket", Duration::from_secs(15), || {
+                Ok(std::path::Path::new(&zserv).exists())
+            })?;
+        }
+        frr.proc = Some(spawn_bgpd_with(ns, &d, zebra.then_some(zserv.as_str()))?);
         crate::cluster::wait_until("FRR answers vtysh", Duration::from_secs(15), || {
             Ok(frr.vtysh("show bgp summary json").is_ok())
         })?;
@@ -96,6 +137,7 @@ impl Frr {
 impl Drop for Frr {
     fn drop(&mut self) {
         drop(self.proc.take());
+        drop(self.zebra.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -104,13 +146,21 @@ impl Drop for Frr {
 /// socket in `dir` (owned by the frr user), no zebra, no listener of its own
 /// beyond the configured neighbors (`-P 0`: no vty port).
 pub fn spawn_bgpd(ns: &Netns, dir: &str) -> Result<Proc> {
+    spawn_bgpd_with(ns, dir, None)
+}
+
+/// bgpd as [`spawn_bgpd`] starts it, talking to the zebra at `zserv`
+/// when there is one.
+fn spawn_bgpd_with(ns: &Netns, dir: &str, zserv: Option<&str>) -> Result<Proc> {
     let conf = format!("{dir}/bgpd.conf");
     let pid = format!("{dir}/bgpd.pid");
-    ns.spawn(&[
-        "/usr/lib/frr/bgpd",
-        "-f",
-        &conf,
-        "-Z",
+    let zebra: &[&str] = match zserv {
+        Some(z) => &["-z", z],
+        None => &["-Z"],
+    };
+    let mut argv = vec!["/usr/lib/frr/bgpd", "-f", &conf];
+    argv.extend_from_slice(zebra);
+    argv.extend_from_slice(&[
         "-i",
         &pid,
         "--vty_socket",
@@ -121,5 +171,76 @@ pub fn spawn_bgpd(ns: &Netns, dir: &str) -> Result<Proc> {
         "frr",
         "-P",
         "0",
+    ]);
+    ns.spawn(&argv)
+}
+
+/// zebra in the foreground (the guard owns it), its vty socket in `dir`,
+/// serving bgpd on `zserv`.
+fn spawn_zebra(ns: &Netns, dir: &str, zserv: &str) -> Result<Proc> {
+    let conf = format!("{dir}/zebra.conf");
+    let pid = format!("{dir}/zebra.pid");
+    ns.spawn(&[
+        "/usr/lib/frr/zebra",
+        "-f",
+        &conf,
+        "-i",
+        &pid,
+        "-z",
+        zserv,
+        "--vty_socket",
+        dir,
+        "-u",
+        "frr",
+        "-g",
+        "frr",
+        "-P",
+        "0",
     ])
+}
+
+/// The next hops of the kernel's route for `prefix` in `ns` (a multipath
+/// route's, or a nexthop group's members', which is how zebra installs
+/// them), sorted.
+pub fn kernel_next_hops(ns: &Netns, prefix: &str) -> Result<BTreeSet<String>> {
+    let text = ns.exec(&["ip", "-j", "route", "show", prefix])?;
+    let v: Value = serde_json::from_str(text.trim()).context("ip -j route")?;
+    let mut out = BTreeSet::new();
+    for r in v.as_array().into_iter().flatten() {
+        if let Some(nhs) = r["nexthops"].as_array() {
+            out.extend(
+                nhs.iter()
+                    .filter_map(|n| n["gateway"].as_str())
+                    .map(String::from),
+            );
+        } else if let Some(g) = r["gateway"].as_str() {
+            out.insert(g.to_string());
+        } else if let Some(id) = r["nhid"].as_u64() {
+            out.extend(group_gateways(ns, id)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The gateways of kernel nexthop object `id`: a group's members', or its own.
+fn group_gateways(ns: &Netns, id: u64) -> Result<Vec<String>> {
+    let show = |id: u64| -> Result<Value> {
+        let t = ns.exec(&["ip", "-j", "nexthop", "show", "id", &id.to_string()])?;
+        let v: Value = serde_json::from_str(t.trim()).context("ip -j nexthop")?;
+        Ok(v.as_array().and_then(|a| a.first()).cloned().unwrap_or(v))
+    };
+    let nh = show(id)?;
+    let Some(members) = nh["group"].as_array() else {
+        return Ok(nh["gateway"]
+            .as_str()
+            .map(String::from)
+            .into_iter()
+            .collect());
+    };
+    let mut out = Vec::new();
+    for m in members {
+        let g = show(m["id"].as_u64().context("nexthop group member id")?)?;
+        out.extend(g["gateway"].as_str().map(String::from));
+    }
+    Ok(out)
 }

@@ -288,8 +288,9 @@ pub fn gateway_mode(spec: &EgressGatewaySpec, bgp: bool) -> Option<FieldError> {
     (spec.mode == GatewayMode::ActiveActive && !bgp).then(|| {
         err(
             "spec.mode",
-            "ActiveActive needs BGP announcement of the EIPs (the controller runs with --bgp=false, \
-             so EIPs are announced by ARP/NDP, where only one node may answer for an address)",
+            "ActiveActive needs BGP announcement of the EIPs (the controller runs with neither \
+             --bgp=true nor --bgp-announcements=true, so EIPs are announced by ARP/NDP, where \
+             only one node may answer for an address)",
         )
     })
 }

@@ -94,6 +94,10 @@ pub struct ControllerArgs {
     /// (one shared --bgp-cluster-id), the nodes in the datastore are its clients.
     #[arg(long = "bgp", action = clap::ArgAction::Set, default_value_t = false)]
     pub bgp_enabled: bool,
+    /// The agents announce EIPs by BGP (implied by --bgp=true; set it when
+    /// the reflectors run elsewhere): EgressGateways may be ActiveActive.
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = false)]
+    pub bgp_announcements: bool,
     #[command(flatten)]
     pub bgp: super::bgp::BgpArgs,
 }
@@ -141,7 +145,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             first_port: 1024,
             node_ip_ports: args.node_ip_port_range,
             max_ports_per_node: args.max_ports_per_node,
-            bgp: args.bgp_enabled,
+            bgp: args.bgp_enabled || args.bgp_announcements,
         },
         ..Default::default()
     };

@@ -48,12 +48,14 @@ fn columns(kind: Kind) -> &'static [(&'static str, &'static str)] {
             ("V6FREE", "/status/ipUsage/ipv6Free"),
             ("V6TOTAL", "/status/ipUsage/ipv6Total"),
             ("EPOCH", "/status/epoch"),
+            ("MODE", "/spec/mode"),
         ],
         Kind::EgressPolicy | Kind::EgressClusterPolicy => &[
             ("GATEWAY", "/spec/egressGatewayName"),
             ("IPV4", "/status/eip/ipv4"),
             ("IPV6", "/status/eip/ipv6"),
             ("NODE", "/status/node"),
+            ("NODES", "/status/nodes"),
             ("PRIORITY", "/spec/priority"),
         ],
         Kind::EgressTunnel => &[

@@ -52,6 +52,7 @@ use std::{
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
+mod active_active;
 mod agent;
 mod ds_watch;
 mod gateway_kill;
@@ -79,6 +80,12 @@ pub const SCENARIOS: &[&str] = &[
     "agent-restart",
     "gateway-agent-crash",
 ];
+
+/// The active-active scenarios (an ActiveActive gateway in BGP mode, FRR
+/// with zebra as the upstream router), in the order `cargo xtask test`
+/// runs them.
+pub const ACTIVE_ACTIVE_SCENARIOS: &[&str] =
+    &["active-active-kill", "active-active-reflector-restart"];
 
 /// Scenarios run by name only (`cargo xtask e2e NAME`, the failover
 /// benchmark), not by `all`: nothing fails in them.
@@ -283,6 +290,12 @@ impl Outcome {
         v
     }
 
+    /// The verdict: ok when no expectation failed.
+    fn finished(mut self) -> Self {
+        self.ok = self.failures.is_empty();
+        self
+    }
+
     fn check(&mut self, cond: bool, what: impl Into<String>) {
         if !cond {
             let what = what.into();
@@ -324,6 +337,12 @@ pub fn run(bins: &Bins, name: &str, opts: &Options) -> Result<Outcome> {
         "agent-restart" => agent::agent_restart(bins, &opts.with_eviction_at_least(4)),
         "gateway-agent-crash" => agent::gateway_agent_crash(bins, opts),
         "gateway-under-load" => under_load::gateway_under_load(bins, opts),
+        "active-active-kill" => {
+            active_active::active_active(bins, opts, active_active::AaFault::KillGateway)
+        }
+        "active-active-reflector-restart" => {
+            active_active::active_active(bins, opts, active_active::AaFault::RestartReflector)
+        }
         other => bail!(
             "unknown scenario {other:?}; one of: {}",
             SCENARIOS.join(", ")

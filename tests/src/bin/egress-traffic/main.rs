@@ -8,9 +8,11 @@
 //! report line on stdout.
 
 mod arp_watch;
+mod ip_count;
 mod tcp_crr;
 mod tcp_echo;
 mod tcp_open;
+mod udp_flows;
 
 use std::{
     collections::BTreeSet,
@@ -31,6 +33,7 @@ fn usage() -> ! {
         "usage: egress-traffic udp-sink LISTEN | udp-source TARGET [INTERVAL_MS] | \
          tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS] | tcp-open TARGET COUNT | \
          crr-server LISTEN | crr-client TARGET SECONDS [CONCURRENCY] | \
+         udp-flows TARGET FLOWS [INTERVAL_MS] | udp-flows-sink LISTEN | ip-count IFACE DST | \
          arp-watch IFACE TARGET_IP SENDER_IP [INTERVAL_MS]   (stops on SIGTERM; \
          EGRESS_TRAFFIC_DURATION_S limits the run)"
     );
@@ -61,6 +64,15 @@ fn main() {
         Some("tcp-sink") => tcp_sink(addr(1), deadline),
         Some("tcp-source") => tcp_source(addr(1), interval(2), deadline),
         Some("tcp-echo") => tcp_echo::run(addr(1), deadline),
+        Some("udp-flows") => udp_flows::source(
+            addr(1),
+            args.get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage()),
+            interval(3),
+            deadline,
+        ),
+        Some("udp-flows-sink") => udp_flows::sink(addr(1), deadline),
         Some("crr-server") => tcp_crr::server(addr(1), deadline),
         Some("crr-client") => tcp_crr::client(
             addr(1),
@@ -77,6 +89,14 @@ fn main() {
             Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0)),
             deadline,
         )),
+        Some("ip-count") => {
+            let iface = args.get(1).cloned().unwrap_or_else(|| usage());
+            let dst = args
+                .get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage());
+            ip_count::run(&iface, dst, || running(deadline))
+        }
         Some("arp-watch") => {
             let ip = |i: usize| -> std::net::Ipv4Addr {
                 args.get(i)
