@@ -401,6 +401,7 @@ fn many_routes_pack_into_few_updates_within_size_limit() {
         let b = Message::Update(u.clone())
             .to_bytes(CodecOptions {
                 four_octet_as: false,
+                ..CodecOptions::default()
             })
             .expect("fits in 4096 octets");
         assert!(b.len() <= 4096);
