@@ -78,6 +78,8 @@ pub struct AddPathFamilies(u8);
 
 impl AddPathFamilies {
     pub const NONE: AddPathFamilies = AddPathFamilies(0);
+    /// IPv4 and IPv6 unicast.
+    pub const ALL: AddPathFamilies = AddPathFamilies(0b11);
 
     fn bit(f: Family) -> u8 {
         1 << (f as u8)

@@ -5,6 +5,7 @@ use bytes::{Bytes, BytesMut};
 use super::*;
 use crate::types::{AfiSafi, AsPath, Family, Origin, Prefix, AS_TRANS};
 
+mod add_path;
 mod fuzz;
 
 fn p(s: &str) -> Prefix {
@@ -45,6 +46,12 @@ const TWO: CodecOptions = CodecOptions {
     four_octet_as: false,
     add_path_rx: AddPathFamilies::NONE,
     add_path_tx: AddPathFamilies::NONE,
+};
+/// Path ids both ways in both families (RFC 7911).
+const ADD_PATH: CodecOptions = CodecOptions {
+    four_octet_as: true,
+    add_path_rx: AddPathFamilies::ALL,
+    add_path_tx: AddPathFamilies::ALL,
 };
 
 fn roundtrip(m: &Message, opts: CodecOptions) -> Message {

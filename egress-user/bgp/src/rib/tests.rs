@@ -651,5 +651,6 @@ fn a_new_session_gets_its_table_alone_then_joins_the_group() {
     assert_eq!(rib.prefix_counts(ip(late)), (0, 3));
 }
 
+mod add_path;
 mod fresh;
 mod readiness;

@@ -35,6 +35,10 @@ fn seeds() -> Vec<Vec<u8>> {
             MSG_UPDATE,
             &update_body(&[], &good_attrs_plus(&[]), &NLRI_10_1),
         ),
+        Message::Update(add_path::update_with_ids())
+            .to_bytes(ADD_PATH)
+            .unwrap()
+            .to_vec(),
         frame(MSG_ROUTE_REFRESH, &[0, 2, 1, 1]),
         frame(MSG_NOTIFICATION, &[6, 2, 0]),
     ];
@@ -43,11 +47,11 @@ fn seeds() -> Vec<Vec<u8>> {
     v
 }
 
-/// Decodes with both codec options; what decodes must re-encode into
+/// Decodes with each codec option (2- and 4-octet AS, path ids); what decodes must re-encode into
 /// something that decodes (the `decode` target) and, when it decoded
 /// cleanly, keep the round-trip property (the `roundtrip` target).
 pub(crate) fn exercise(data: &[u8]) {
-    for opts in [FOUR, TWO] {
+    for opts in [FOUR, TWO, ADD_PATH] {
         match Message::decode(data, opts) {
             Ok(m) => {
                 if let Ok(b) = m.to_bytes(opts) {
