@@ -19,6 +19,9 @@ use crate::{wait_until, ASN};
 const EIP: &str = "10.200.0.10/32";
 const WAIT: Duration = Duration::from_secs(30);
 
+/// bgpd's paths of the EIP: (next hop, addpathRxId), all multipath, JSON.
+type BgpView = (BTreeSet<(String, u64)>, bool, String);
+
 /// FRR's zebra and bgpd in one namespace, so that bgpd's multipath route
 /// reaches the kernel. Dropped in reverse order: bgpd, then zebra.
 struct FrrWithZebra {
@@ -97,16 +100,19 @@ impl FrrWithZebra {
             .exec(&["vtysh", "--vty_socket", self.dir.path(), "-c", cmd])
     }
 
-    /// The EIP's paths in bgpd: (next hop, addpathRxId), and the raw JSON.
-    fn bgp_paths(&self) -> Result<(BTreeSet<(String, u64)>, String)> {
+    /// The EIP's paths in bgpd: (next hop, addpathRxId), whether bgpd
+    /// has selected them all as multipath, and the raw JSON.
+    fn bgp_paths(&self) -> Result<BgpView> {
         let text = self.vtysh(&format!("show bgp ipv4 unicast {EIP} json"))?;
         let v: Value = serde_json::from_str(&text)?;
         let mut out = BTreeSet::new();
-        for p in v["paths"].as_array().into_iter().flatten() {
+        let paths = v["paths"].as_array().cloned().unwrap_or_default();
+        for p in &paths {
             let nh = p["nexthops"][0]["ip"].as_str().unwrap_or("?").to_string();
             out.insert((nh, p["addpathRxId"].as_u64().unwrap_or(0)));
         }
-        Ok((out, text))
+        let all_multipath = paths.iter().all(|p| p["multipath"] == true);
+        Ok((out, all_multipath, text))
     }
 
     /// The EIP's next hops in the namespace's kernel table, and the raw
@@ -159,10 +165,13 @@ impl FrrWithZebra {
     fn wait_for(&self, want: &[Ipv4Addr], what: &str) -> Result<()> {
         let want: BTreeSet<String> = want.iter().map(|a| a.to_string()).collect();
         wait_until(&format!("{what}: bgpd paths via {want:?}"), WAIT, || {
-            let (paths, text) = self.bgp_paths()?;
+            let (paths, multipath, text) = self.bgp_paths()?;
             let hops: BTreeSet<String> = paths.iter().map(|(nh, _)| nh.clone()).collect();
             let ids: BTreeSet<u64> = paths.iter().map(|(_, id)| *id).collect();
-            let ok = hops == want && ids.len() == paths.len() && paths.len() == want.len();
+            let ok = hops == want
+                && ids.len() == paths.len()
+                && paths.len() == want.len()
+                && (want.len() == 1 || multipath);
             if ok {
                 eprintln!("{what}: bgpd: {text}");
             }

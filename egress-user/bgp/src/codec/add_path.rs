@@ -39,7 +39,7 @@ pub(super) enum Decoded {
 }
 
 pub(super) fn decode(value: &[u8]) -> Result<Decoded, DecodeError> {
-    if value.is_empty() || value.len() % 4 != 0 {
+    if value.is_empty() || !value.len().is_multiple_of(4) {
         return Err(DecodeError::MalformedOpen(
             "ADD-PATH capability length is not a multiple of 4",
         ));
