@@ -819,7 +819,8 @@ impl Rib {
     }
 
     /// The Adj-RIB-Out of a peer: the Loc-RIB as exported to it (prefix,
-    /// next hop and attributes it is told). Empty without a session.
+    /// next hop and attributes it is told). Empty without a session. The
+    /// best paths only: an ADD-PATH peer is told the multipath sets.
     pub fn adj_rib_out(&self, addr: IpAddr) -> Vec<(Prefix, IpAddr, PathAttributes)> {
         let Some(p) = self.peers.get(&addr) else {
             return Vec::new();
