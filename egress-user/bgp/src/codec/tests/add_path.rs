@@ -17,18 +17,27 @@ fn v4_only() -> CodecOptions {
     FOUR.with_add_path(AddPathFamilies::NONE.with(Family::Ipv4Unicast))
 }
 
-#[test]
-fn open_with_add_path_roundtrips_and_is_read_back() {
-    let tuples = vec![
+fn add_path_tuples() -> Vec<AddPathFamily> {
+    vec![
         AddPathFamily::new(Family::Ipv4Unicast, true, false),
         AddPathFamily::new(Family::Ipv6Unicast, true, true),
-    ];
-    let o = Open::new(
+    ]
+}
+
+/// An OPEN offering ADD-PATH Send for IPv4 and both ways for IPv6.
+pub(crate) fn open_with_add_path() -> Open {
+    Open::new(
         65000,
         90,
         Ipv4Addr::new(10, 0, 0, 1),
-        vec![Capability::AddPath(tuples.clone())],
-    );
+        vec![Capability::AddPath(add_path_tuples())],
+    )
+}
+
+#[test]
+fn open_with_add_path_roundtrips_and_is_read_back() {
+    let tuples = add_path_tuples();
+    let o = open_with_add_path();
     let Message::Open(back) = roundtrip(&Message::Open(o.clone()), FOUR) else {
         panic!("not an OPEN")
     };

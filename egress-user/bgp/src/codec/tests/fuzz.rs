@@ -185,7 +185,7 @@ fn roundtrip_corpus_is_clean_and_holds() {
     let c = corpus("roundtrip");
     assert!(c.len() >= 12, "only {} roundtrip seeds", c.len());
     for d in &c {
-        let applied = [FOUR, TWO].map(|o| roundtrip_holds(d, o));
+        let applied = [FOUR, TWO, ADD_PATH].map(|o| roundtrip_holds(d, o));
         assert!(applied.contains(&true), "seed {d:02x?} is not clean");
     }
 }
@@ -242,6 +242,17 @@ fn shared_seeds() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("keepalive", four(Message::Keepalive)),
+        (
+            "open-add-path",
+            four(Message::Open(add_path::open_with_add_path())),
+        ),
+        (
+            "update-add-path",
+            Message::Update(add_path::update_with_ids())
+                .to_bytes(ADD_PATH)
+                .unwrap()
+                .to_vec(),
+        ),
     ]
 }
 
