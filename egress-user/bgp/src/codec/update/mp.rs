@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use bytes::{BufMut, BytesMut};
 
-use super::{decode_prefixes, encode_prefixes, MpReach, MpUnreach, Update};
+use super::nlri::{decode_prefixes, encode_prefixes};
+use super::{MpReach, MpUnreach, Update};
 use crate::codec::reader::Reader;
 use crate::codec::CodecOptions;
 use crate::types::Family;
