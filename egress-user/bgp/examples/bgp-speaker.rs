@@ -8,6 +8,10 @@
 //! rewritten every 50 ms). SIGTERM: stop for restart (connections closed
 //! without NOTIFICATION, so graceful-restart helpers keep our routes);
 //! SIGINT: Cease to every peer. With RUST_LOG set, logs to stderr.
+//! With `command_file`, that file is read (and removed) whenever it
+//! appears, one command a line: `withdraw PREFIX` or
+//! `announce PREFIX NEXT_HOP [LOCAL_PREF]` (a test's way to change what
+//! the speaker announces while it runs).
 //!
 //! ```json
 //! {"asn": 65000, "router_id": "10.0.0.1", "cluster_id": "1.1.1.1",
@@ -69,6 +73,8 @@ struct Config {
     /// Put the best routes in the status file too (costly for big tables).
     #[serde(default = "yes")]
     status_routes: bool,
+    /// Commands to run, written by a test (see the top of this file).
+    command_file: Option<std::path::PathBuf>,
 }
 
 fn default_hold() -> u16 {
@@ -137,8 +143,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut routes: BTreeMap<String, (IpAddr, Option<IpAddr>)> = BTreeMap::new();
     loop {
         tokio::select! {
-            _ = tick.tick(), if c.status_file.is_some() => {
-                let path = c.status_file.as_ref().expect("checked");
+            _ = tick.tick(), if c.status_file.is_some() || c.command_file.is_some() => {
+                if let Some(cmds) = &c.command_file {
+                    run_commands(&h, cmds).await?;
+                }
+                let Some(path) = c.status_file.as_ref() else {
+                    continue;
+                };
                 let tmp = path.with_extension("tmp");
                 let doc = if c.status_routes {
                     serde_json::json!({"status": h.status().await?, "routes": routes})
@@ -177,6 +188,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+}
+
+/// Runs and removes the command file, if there is one.
+async fn run_commands(
+    h: &egress_bgp::speaker::SpeakerHandle,
+    file: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return Ok(());
+    };
+    std::fs::remove_file(file)?;
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["withdraw", p] => h.withdraw(p.parse()?).await?,
+            ["announce", p, nh] => h.announce(p.parse()?, nh.parse()?).await?,
+            ["announce", p, nh, lp] => {
+                h.announce_with_local_pref(p.parse()?, nh.parse()?, lp.parse()?)
+                    .await?
+            }
+            [] => {}
+            _ => return Err(format!("unknown command {line:?}").into()),
+        }
+    }
+    Ok(())
 }
 
 async fn next_change(

@@ -13,7 +13,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::codec::{
-    notif, Capability, CodecOptions, DecodeError, Message, Notification, Open, RouteRefresh, Update,
+    negotiate_add_path, notif, Capability, CodecOptions, DecodeError, Message, Notification, Open,
+    RouteRefresh, Update,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -586,12 +587,24 @@ impl Fsm {
             self.cfg.keepalive_time.min(hold_time / 3).max(1)
         };
         let we_do_4octet = true;
+        let ours = self
+            .cfg
+            .capabilities
+            .iter()
+            .find_map(|c| match c {
+                Capability::AddPath(t) => Some(t.as_slice()),
+                _ => None,
+            })
+            .unwrap_or(&[]);
+        let add_path = negotiate_add_path(ours, open.add_path());
         Ok(Negotiated {
             peer_open: open.clone(),
             hold_time,
             keepalive_time,
             codec: CodecOptions {
                 four_octet_as: we_do_4octet && open.four_octet_as().is_some(),
+                add_path_rx: add_path.receive,
+                add_path_tx: add_path.send,
             },
             peer_asn,
             peer_id: open.bgp_id,

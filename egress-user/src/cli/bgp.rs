@@ -31,7 +31,8 @@ pub struct BgpArgs {
         default_value = "0.0.0.0:179"
     )]
     pub listen: SocketAddr,
-    /// A neighbour: `ADDR,asn=N[,port=N][,client][,passive][,next-hop-self]`. Repeat for more.
+    /// A neighbour: `ADDR,asn=N[,port=N][,client][,passive][,next-hop-self][,no-add-path]`.
+    /// Non-clients are offered ADD-PATH Send unless `no-add-path`. Repeat for more.
     #[arg(long = "bgp-peer", value_parser = parse_peer)]
     pub peers: Vec<PeerSpec>,
     /// Hold time offered in OPEN, seconds (0, or 3 and more).
@@ -60,7 +61,10 @@ pub struct BgpArgs {
     pub long_lived_stale_time: u32,
 }
 
-/// Parses `ADDR,asn=N[,port=N][,client][,passive][,next-hop-self]`.
+/// Parses `ADDR,asn=N[,port=N][,client][,passive][,next-hop-self][,add-path|,no-add-path]`.
+/// Upstream (non-client) peers are offered ADD-PATH Send by default, so a
+/// router with `maximum-paths` gets every gateway of an EIP; clients not,
+/// unless `add-path` is given.
 pub fn parse_peer(s: &str) -> Result<PeerSpec, String> {
     let mut parts = s.split(',');
     let addr: IpAddr = parts
@@ -70,6 +74,7 @@ pub fn parse_peer(s: &str) -> Result<PeerSpec, String> {
         .map_err(|_| format!("peer {s:?}: the first field must be an IP address"))?;
     let mut asn = None;
     let mut spec = PeerSpec::new(addr, 0);
+    let mut add_path = None;
     for part in parts {
         match part.split_once('=') {
             Some(("asn", v)) => {
@@ -86,13 +91,16 @@ pub fn parse_peer(s: &str) -> Result<PeerSpec, String> {
             None if part == "client" => spec.client = true,
             None if part == "passive" => spec.passive = true,
             None if part == "next-hop-self" => spec.next_hop_self = true,
+            None if part == "add-path" => add_path = Some(true),
+            None if part == "no-add-path" => add_path = Some(false),
             _ => {
                 return Err(format!(
-                "peer {s:?}: unknown option {part:?} (asn=, port=, client, passive, next-hop-self)"
+                "peer {s:?}: unknown option {part:?} (asn=, port=, client, passive, next-hop-self, add-path, no-add-path)"
             ))
             }
         }
     }
+    spec.add_path_send = add_path.unwrap_or(!spec.client);
     spec.asn = asn.ok_or_else(|| format!("peer {s:?}: asn=N is required"))?;
     Ok(spec)
 }
@@ -243,6 +251,15 @@ mod tests {
             (p.asn, p.port, p.client, p.passive, p.next_hop_self),
             (65001, 1179, true, true, true)
         );
+    }
+
+    #[test]
+    fn upstream_peers_get_add_path_send_by_default_and_clients_do_not() {
+        let send = |s: &str| parse_peer(s).unwrap().add_path_send;
+        assert!(send("10.0.0.1,asn=65001"));
+        assert!(!send("10.0.0.1,asn=65001,no-add-path"));
+        assert!(!send("10.0.0.1,asn=65000,client"));
+        assert!(send("10.0.0.1,asn=65000,client,add-path"));
     }
 
     #[test]

@@ -31,21 +31,21 @@ pub(crate) fn speaker_bin() -> Result<PathBuf> {
 }
 
 /// A scratch folder, removed on drop; world-writable for FRR's own user.
-struct Dir(PathBuf);
+pub(crate) struct Dir(PathBuf);
 
 impl Dir {
-    fn new(label: &str) -> Result<Dir> {
+    pub(crate) fn new(label: &str) -> Result<Dir> {
         let p = std::env::temp_dir().join(unique_name(label));
         std::fs::create_dir_all(&p)?;
         run(&["chmod", "0777", p.to_str().context("path")?])?;
         Ok(Dir(p))
     }
 
-    fn file(&self, name: &str) -> PathBuf {
+    pub(crate) fn file(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
 
-    fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.0.to_str().expect("utf-8 temp path")
     }
 }
@@ -129,6 +129,8 @@ pub(crate) struct Neighbor {
     pub(crate) addr: Ipv4Addr,
     /// The neighbour is a route reflector client of this router.
     pub(crate) client: bool,
+    /// Ours only: offer it ADD-PATH Send (RFC 7911).
+    pub(crate) add_path: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -152,6 +154,7 @@ impl RouterCfg {
                 .map(|&addr| Neighbor {
                     addr,
                     client: false,
+                    add_path: false,
                 })
                 .collect(),
             announce,
@@ -166,10 +169,15 @@ impl RouterCfg {
         peers: &[Ipv4Addr],
         announce: Vec<String>,
     ) -> Self {
-        let client = |&addr: &Ipv4Addr| Neighbor { addr, client: true };
+        let client = |&addr: &Ipv4Addr| Neighbor {
+            addr,
+            client: true,
+            add_path: false,
+        };
         let peer = |&addr: &Ipv4Addr| Neighbor {
             addr,
             client: false,
+            add_path: false,
         };
         Self {
             me,
@@ -322,6 +330,15 @@ impl Router {
         if let Some(mut p) = self.proc.take() {
             p.kill();
         }
+    }
+
+    /// Ours only: has the running speaker carry out `lines` (see the
+    /// `bgp-speaker` example's `command_file`), written whole at once.
+    pub(crate) fn ours_command(&self, lines: &str) -> Result<()> {
+        let tmp = self.dir.file("commands.tmp");
+        std::fs::write(&tmp, lines)?;
+        std::fs::rename(&tmp, self.dir.file("commands"))?;
+        Ok(())
     }
 
     pub(crate) fn ours_doc(&self) -> Result<Value> {

@@ -11,6 +11,7 @@
 //! with SIGKILL and started again); set BGP_SPEAKER_BIN to use another
 //! build. Every peer's routes are read with its own JSON or CLI output.
 
+mod add_path; // ADD-PATH to an FRR upstream with zebra: an ECMP route
 mod client; // `kind` as a client of our reflector
 mod fleet_restart; // our reflector restarted under 100 light clients
 mod graceful_restart; // graceful restart both ways
@@ -27,6 +28,7 @@ use anyhow::{bail, Context, Result};
 use egress_tests::is_root;
 use serde_json::Value;
 
+use add_path::ecmp_at_frr_through_add_path;
 use client::client_of_our_reflector;
 use fleet_restart::reflector_restart_under_a_fleet;
 use graceful_restart::graceful_restart_both_ways;
@@ -162,6 +164,10 @@ interop!(
     md5_for_peers_added_at_run_time()
 );
 interop!(frr_ipv6_unicast, ipv6_routes_reach_frr());
+interop!(
+    frr_upstream_installs_ecmp_from_add_path,
+    ecmp_at_frr_through_add_path()
+);
 interop!(
     our_reflector_restarts_under_100_clients_without_losing_a_route,
     reflector_restart_under_a_fleet(100)

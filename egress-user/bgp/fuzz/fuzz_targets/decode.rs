@@ -5,12 +5,11 @@
 #![no_main]
 
 use bytes::BytesMut;
-use egress_bgp::codec::{split_frame, CodecOptions, Message};
+use egress_bgp::codec::{split_frame, AddPathFamilies, CodecOptions, Message};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    for four_octet_as in [true, false] {
-        let opts = CodecOptions { four_octet_as };
+    for opts in options() {
         match Message::decode(data, opts) {
             Ok(m) => {
                 if let Ok(b) = m.to_bytes(opts) {
@@ -27,3 +26,13 @@ fuzz_target!(|data: &[u8]| {
         let _ = Message::decode(&frame, CodecOptions::default());
     }
 });
+
+/// 4-octet, 2-octet, and 4-octet with RFC 7911 path ids in both families.
+fn options() -> [CodecOptions; 3] {
+    let four = CodecOptions::default();
+    let two = CodecOptions {
+        four_octet_as: false,
+        ..four
+    };
+    [four, two, four.with_add_path(AddPathFamilies::ALL)]
+}

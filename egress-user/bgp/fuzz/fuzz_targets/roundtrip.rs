@@ -5,12 +5,17 @@
 //! Run: `cd egress-user/bgp/fuzz && cargo +nightly fuzz run roundtrip corpus/roundtrip`
 #![no_main]
 
-use egress_bgp::codec::{CodecOptions, EncodeError, Message};
+use egress_bgp::codec::{AddPathFamilies, CodecOptions, EncodeError, Message};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    for four_octet_as in [true, false] {
-        check(data, CodecOptions { four_octet_as });
+    let four = CodecOptions::default();
+    let two = CodecOptions {
+        four_octet_as: false,
+        ..four
+    };
+    for opts in [four, two, four.with_add_path(AddPathFamilies::ALL)] {
+        check(data, opts);
     }
 });
 

@@ -5,6 +5,7 @@
 //! UPDATE attributes, an RFC 7606 outcome recorded on the [`Update`]; it never
 //! panics.
 
+mod add_path;
 mod as_path;
 mod error;
 mod notification;
@@ -12,6 +13,9 @@ mod open;
 mod reader;
 mod update;
 
+pub use add_path::{
+    negotiate as negotiate_add_path, AddPathFamilies, AddPathFamily, AddPathNegotiated,
+};
 pub use error::DecodeError;
 pub use notification::{notif, Notification, RouteRefresh, RouteRefreshSubtype};
 pub use open::{Capability, GrFamily, GracefulRestartCap, LlgrFamily, Open};
@@ -30,17 +34,35 @@ pub const MSG_NOTIFICATION: u8 = 3;
 pub const MSG_KEEPALIVE: u8 = 4;
 pub const MSG_ROUTE_REFRESH: u8 = 5;
 
-/// What was negotiated on a session and changes how messages are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What was negotiated on a session and changes how messages are read
+/// and written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CodecOptions {
     /// Both sides sent the 4-octet AS capability (RFC 6793).
     pub four_octet_as: bool,
+    /// RFC 7911: families whose NLRI carry path ids in what we decode ...
+    pub add_path_rx: AddPathFamilies,
+    /// ... and in what we encode.
+    pub add_path_tx: AddPathFamilies,
 }
 
 impl Default for CodecOptions {
     fn default() -> Self {
         CodecOptions {
             four_octet_as: true,
+            add_path_rx: AddPathFamilies::NONE,
+            add_path_tx: AddPathFamilies::NONE,
+        }
+    }
+}
+
+impl CodecOptions {
+    /// Path ids both ways in `families` (tests, and a peer's view of us).
+    pub fn with_add_path(self, families: AddPathFamilies) -> CodecOptions {
+        CodecOptions {
+            add_path_rx: families,
+            add_path_tx: families,
+            ..self
         }
     }
 }

@@ -4,6 +4,7 @@ use std::net::Ipv4Addr;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::add_path::{self, AddPathFamily, CAP_ADD_PATH};
 use super::reader::Reader;
 use super::DecodeError;
 use crate::types::{AfiSafi, AS_TRANS};
@@ -53,7 +54,12 @@ pub enum Capability {
     FourOctetAs(u32),
     EnhancedRouteRefresh,
     LongLivedGr(Vec<LlgrFamily>),
-    Unknown { code: u8, value: Bytes },
+    /// RFC 7911: per family, whether the sender sends and receives path ids.
+    AddPath(Vec<AddPathFamily>),
+    Unknown {
+        code: u8,
+        value: Bytes,
+    },
 }
 
 impl Capability {
@@ -104,6 +110,15 @@ impl Capability {
                 }
                 Capability::LongLivedGr(families)
             }
+            CAP_ADD_PATH => match add_path::decode(value)? {
+                add_path::Decoded::Tuples(t) => return Ok(Capability::AddPath(t)),
+                add_path::Decoded::Ignored => {
+                    return Ok(Capability::Unknown {
+                        code,
+                        value: Bytes::copy_from_slice(value),
+                    })
+                }
+            },
             code => {
                 return Ok(Capability::Unknown {
                     code,
@@ -157,6 +172,10 @@ impl Capability {
                     v.put_slice(&t[1..]);
                 }
                 CAP_LONG_LIVED_GR
+            }
+            Capability::AddPath(tuples) => {
+                add_path::encode(tuples, &mut v);
+                CAP_ADD_PATH
             }
             Capability::Unknown { code, value } => {
                 v.put_slice(value);
@@ -225,6 +244,17 @@ impl Open {
             Capability::LongLivedGr(g) => Some(g.as_slice()),
             _ => None,
         })
+    }
+
+    /// The ADD-PATH tuples (RFC 7911); empty without the capability.
+    pub fn add_path(&self) -> &[AddPathFamily] {
+        self.capabilities
+            .iter()
+            .find_map(|c| match c {
+                Capability::AddPath(t) => Some(t.as_slice()),
+                _ => None,
+            })
+            .unwrap_or(&[])
     }
 
     pub fn route_refresh(&self) -> bool {

@@ -5,6 +5,7 @@ use bytes::{Bytes, BytesMut};
 use super::*;
 use crate::types::{AfiSafi, AsPath, Family, Origin, Prefix, AS_TRANS};
 
+mod add_path;
 mod fuzz;
 
 fn p(s: &str) -> Prefix {
@@ -30,6 +31,7 @@ pub(crate) fn ipv6_announce(next_hop: IpAddr, prefix: &str) -> Update {
             next_hop,
             link_local: None,
             nlri: vec![p(prefix)],
+            path_ids: Vec::new(),
         }),
         ..Default::default()
     }
@@ -37,9 +39,19 @@ pub(crate) fn ipv6_announce(next_hop: IpAddr, prefix: &str) -> Update {
 
 const FOUR: CodecOptions = CodecOptions {
     four_octet_as: true,
+    add_path_rx: AddPathFamilies::NONE,
+    add_path_tx: AddPathFamilies::NONE,
 };
 const TWO: CodecOptions = CodecOptions {
     four_octet_as: false,
+    add_path_rx: AddPathFamilies::NONE,
+    add_path_tx: AddPathFamilies::NONE,
+};
+/// Path ids both ways in both families (RFC 7911).
+const ADD_PATH: CodecOptions = CodecOptions {
+    four_octet_as: true,
+    add_path_rx: AddPathFamilies::ALL,
+    add_path_tx: AddPathFamilies::ALL,
 };
 
 fn roundtrip(m: &Message, opts: CodecOptions) -> Message {
@@ -128,6 +140,7 @@ fn full_open() -> Open {
 fn full_update() -> Update {
     Update {
         withdrawn: vec![p("10.9.0.0/16")],
+        withdrawn_ids: vec![],
         attrs: PathAttributes {
             origin: Some(Origin::Egp),
             as_path: AsPath::sequence(&[65001, 4_200_000_000, 65002]),
@@ -149,15 +162,18 @@ fn full_update() -> Update {
             }],
         },
         nlri: vec![p("10.1.0.0/16"), p("192.0.2.10/32"), p("0.0.0.0/0")],
+        nlri_ids: vec![],
         mp_reach: Some(MpReach {
             family: Family::Ipv6Unicast,
             next_hop: "2001:db8::1".parse().unwrap(),
             link_local: Some("fe80::1".parse().unwrap()),
             nlri: vec![p("2001:db8:1::/48"), p("2001:db8::10/128")],
+            path_ids: Vec::new(),
         }),
         mp_unreach: Some(MpUnreach {
             family: Family::Ipv6Unicast,
             withdrawn: vec![p("2001:db8:9::/48")],
+            path_ids: Vec::new(),
         }),
         errors: vec![],
     }

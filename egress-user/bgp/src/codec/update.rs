@@ -12,12 +12,14 @@ use crate::types::{AsPath, Family, Origin, Prefix, AS_TRANS};
 
 mod attrs;
 mod mp;
+mod nlri;
 
 use attrs::{
     decode_aggregator, decode_cluster_list, decode_communities, decode_next_hop, decode_origin,
     decode_originator_id, decode_u32_value,
 };
 use mp::{decode_mp_reach, decode_mp_unreach, mp_reach_value, mp_unreach_value};
+use nlri::{decode_prefixes, encode_prefixes};
 
 pub const ATTR_ORIGIN: u8 = 1;
 pub const ATTR_AS_PATH: u8 = 2;
@@ -79,6 +81,9 @@ pub struct MpReach {
     /// IPv6 link-local next hop, sent after the global one (RFC 2545 3).
     pub link_local: Option<Ipv6Addr>,
     pub nlri: Vec<Prefix>,
+    /// RFC 7911 path id of each prefix in `nlri`, when the session carries
+    /// them for the family; empty otherwise (encoded as 0 if needed).
+    pub path_ids: Vec<u32>,
 }
 
 /// MP_UNREACH_NLRI (RFC 4760 4).
@@ -86,6 +91,8 @@ pub struct MpReach {
 pub struct MpUnreach {
     pub family: Family,
     pub withdrawn: Vec<Prefix>,
+    /// Path id of each prefix in `withdrawn` (see [`MpReach::path_ids`]).
+    pub path_ids: Vec<u32>,
 }
 
 /// What RFC 7606 made of a malformed attribute that did not reset the session.
@@ -101,9 +108,13 @@ pub enum AttrOutcome {
 pub struct Update {
     /// IPv4 unicast withdrawals (IPv6 ones are in `mp_unreach`).
     pub withdrawn: Vec<Prefix>,
+    /// RFC 7911 path id of each of `withdrawn` (see [`MpReach::path_ids`]).
+    pub withdrawn_ids: Vec<u32>,
     pub attrs: PathAttributes,
     /// IPv4 unicast announcements (IPv6 ones are in `mp_reach`).
     pub nlri: Vec<Prefix>,
+    /// Path id of each of `nlri`.
+    pub nlri_ids: Vec<u32>,
     pub mp_reach: Option<MpReach>,
     pub mp_unreach: Option<MpUnreach>,
     /// RFC 7606 outcomes met while decoding; empty for a clean message.
@@ -125,6 +136,7 @@ impl Update {
                 mp_unreach: Some(MpUnreach {
                     family: f,
                     withdrawn: Vec::new(),
+                    path_ids: Vec::new(),
                 }),
                 ..Update::default()
             },
@@ -185,14 +197,18 @@ impl Update {
 
     pub(super) fn decode(body: &[u8], opts: CodecOptions) -> Result<Update, DecodeError> {
         let parts = split_body(body)?;
-        let withdrawn = decode_prefixes(parts.withdrawn, Family::Ipv4Unicast)
-            .ok_or(DecodeError::InvalidNetworkField)?;
-        let nlri = decode_prefixes(parts.nlri, Family::Ipv4Unicast)
-            .ok_or(DecodeError::InvalidNetworkField)?;
+        let v4 = Family::Ipv4Unicast;
+        let ids = opts.add_path_rx.has(v4);
+        let (withdrawn, withdrawn_ids) =
+            decode_prefixes(parts.withdrawn, v4, ids).ok_or(DecodeError::InvalidNetworkField)?;
+        let (nlri, nlri_ids) =
+            decode_prefixes(parts.nlri, v4, ids).ok_or(DecodeError::InvalidNetworkField)?;
 
         let mut u = Update {
             withdrawn,
+            withdrawn_ids,
             nlri,
+            nlri_ids,
             ..Update::default()
         };
         let mut seen = [false; 256];
@@ -207,10 +223,9 @@ impl Update {
     }
 
     pub(super) fn encode_body(&self, opts: CodecOptions, out: &mut BytesMut) {
+        let ids = opts.add_path_tx.has(Family::Ipv4Unicast);
         let mut w = BytesMut::new();
-        for p in &self.withdrawn {
-            encode_prefix(p, &mut w);
-        }
+        encode_prefixes(&self.withdrawn, &self.withdrawn_ids, ids, &mut w);
         out.put_u16(w.len() as u16);
         out.put_slice(&w);
 
@@ -219,9 +234,7 @@ impl Update {
         out.put_u16(attrs.len() as u16);
         out.put_slice(&attrs);
 
-        for p in &self.nlri {
-            encode_prefix(p, out);
-        }
+        encode_prefixes(&self.nlri, &self.nlri_ids, ids, out);
     }
 }
 
@@ -433,10 +446,10 @@ fn decode_attribute(
         ATTR_ORIGINATOR_ID => attrs.originator_id = Some(decode_originator_id(value)?),
         ATTR_CLUSTER_LIST => attrs.cluster_list.extend(decode_cluster_list(value)?),
         ATTR_MP_REACH => {
-            decode_mp_reach(value, u).map_err(|why| malformed(type_code, why, value))?
+            decode_mp_reach(value, opts, u).map_err(|why| malformed(type_code, why, value))?
         }
         ATTR_MP_UNREACH => {
-            decode_mp_unreach(value, u).map_err(|why| malformed(type_code, why, value))?
+            decode_mp_unreach(value, opts, u).map_err(|why| malformed(type_code, why, value))?
         }
         _ => unreachable!("expected_flags covers exactly the known types"),
     }
@@ -499,44 +512,6 @@ fn merge_as4(u: &mut Update, as4: As4Attributes) {
     }
 }
 
-fn decode_prefixes(mut buf: &[u8], family: Family) -> Option<Vec<Prefix>> {
-    let max = match family {
-        Family::Ipv4Unicast => 32,
-        Family::Ipv6Unicast => 128,
-    };
-    let mut out = Vec::new();
-    while let Some((&len, rest)) = buf.split_first() {
-        if len > max {
-            return None;
-        }
-        let n = (len as usize).div_ceil(8);
-        if rest.len() < n {
-            return None;
-        }
-        let (bytes, rest) = rest.split_at(n);
-        buf = rest;
-        let addr = match family {
-            Family::Ipv4Unicast => {
-                let mut o = [0u8; 4];
-                o[..n].copy_from_slice(bytes);
-                IpAddr::from(o)
-            }
-            Family::Ipv6Unicast => {
-                let mut o = [0u8; 16];
-                o[..n].copy_from_slice(bytes);
-                IpAddr::from(o)
-            }
-        };
-        out.push(Prefix::new(addr, len).ok()?);
-    }
-    Some(out)
-}
-
-pub(crate) fn encode_prefix(p: &Prefix, out: &mut BytesMut) {
-    out.put_u8(p.len());
-    out.put_slice(&p.wire_octets());
-}
-
 fn put_attr(out: &mut BytesMut, flags: u8, type_code: u8, value: &[u8]) {
     if value.len() > 255 {
         out.put_u8(flags | FLAG_EXTENDED);
@@ -591,10 +566,15 @@ fn encode_attributes(u: &Update, opts: CodecOptions, out: &mut BytesMut) {
         put_attr(out, FLAG_OPTIONAL, ATTR_CLUSTER_LIST, &v);
     }
     if let Some(r) = &u.mp_reach {
-        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &mp_reach_value(r));
+        put_attr(out, FLAG_OPTIONAL, ATTR_MP_REACH, &mp_reach_value(r, opts));
     }
     if let Some(w) = &u.mp_unreach {
-        put_attr(out, FLAG_OPTIONAL, ATTR_MP_UNREACH, &mp_unreach_value(w));
+        put_attr(
+            out,
+            FLAG_OPTIONAL,
+            ATTR_MP_UNREACH,
+            &mp_unreach_value(w, opts),
+        );
     }
     if !opts.four_octet_as {
         encode_as4_attributes(a, out);

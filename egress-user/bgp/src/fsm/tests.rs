@@ -1,5 +1,5 @@
 use super::*;
-use crate::codec::{Capability, Update};
+use crate::codec::{AddPathFamily, Capability, Update};
 
 fn cfg() -> FsmConfig {
     FsmConfig {
@@ -488,4 +488,46 @@ fn stopping_stops_the_send_hold_timer() {
     let a = f.handle(Event::ManualStop);
     assert!(a.contains(&Action::StopTimer(Timer::SendHold)));
     assert_eq!(f.handle(Event::SendHoldTimerExpires), vec![]);
+}
+
+/// The codec options of a session whose OPENs carried these ADD-PATH
+/// tuples (ours in our OPEN, theirs in the peer's).
+fn negotiated_codec(ours: Vec<AddPathFamily>, theirs: Vec<AddPathFamily>) -> CodecOptions {
+    let mut c = cfg();
+    c.capabilities.push(Capability::AddPath(ours));
+    let mut f = Fsm::new(c);
+    f.handle(Event::ManualStart);
+    f.handle(Event::TcpCrAcked);
+    let open = Open::new(
+        65000,
+        90,
+        Ipv4Addr::new(10, 0, 0, 2),
+        vec![Capability::AddPath(theirs)],
+    );
+    f.handle(Event::BgpOpen(open));
+    let a = f.handle(Event::KeepAliveMsg);
+    let Some(Action::SessionUp(n)) = a.iter().find(|a| matches!(a, Action::SessionUp(_))) else {
+        panic!("no SessionUp in {a:?}")
+    };
+    n.codec
+}
+
+#[test]
+fn add_path_is_negotiated_per_direction_into_the_codec_options() {
+    use crate::codec::AddPathFamilies;
+    use crate::types::Family::{Ipv4Unicast as V4, Ipv6Unicast as V6};
+    let send = |f| AddPathFamily::new(f, true, false);
+    let recv = |f| AddPathFamily::new(f, false, true);
+    let c = negotiated_codec(vec![send(V4), send(V6)], vec![recv(V4), send(V6)]);
+    assert_eq!(c.add_path_tx, AddPathFamilies::NONE.with(V4));
+    assert_eq!(
+        c.add_path_rx,
+        AddPathFamilies::NONE,
+        "we never offered Receive"
+    );
+    let c = negotiated_codec(vec![send(V4)], vec![send(V4)]);
+    assert_eq!(
+        (c.add_path_tx, c.add_path_rx),
+        (AddPathFamilies::NONE, AddPathFamilies::NONE)
+    );
 }

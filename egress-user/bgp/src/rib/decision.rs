@@ -4,7 +4,7 @@
 //! it, so that MED is only compared between routes from the same
 //! neighbouring AS and the result does not depend on the arrival order.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use super::{Route, RouteSource};
 use crate::types::Origin;
@@ -50,9 +50,22 @@ fn keep_min<K: Ord + Copy>(c: &mut Vec<&Route>, key: impl Fn(&Route) -> K) {
 
 /// Chooses the best route for one prefix.
 pub fn select_best<'a>(routes: impl IntoIterator<Item = &'a Route>) -> Option<&'a Route> {
+    let c = equal_until_tie_break(routes);
+    if c.len() <= 1 {
+        return c.first().copied();
+    }
+    c.into_iter().min_by_key(|r| tie_break_key(r))
+}
+
+/// The candidates that tie with the best one on every step before the
+/// final tie-breaks (steps a-f with our own and the LLGR filters): the
+/// multipath set's raw material. The best route is always among them.
+pub(crate) fn equal_until_tie_break<'a>(
+    routes: impl IntoIterator<Item = &'a Route>,
+) -> Vec<&'a Route> {
     let mut c: Vec<&Route> = routes.into_iter().collect();
     if c.len() <= 1 {
-        return c.pop();
+        return c;
     }
     if c.iter().any(|r| !is_llgr_stale(r)) {
         c.retain(|r| !is_llgr_stale(r));
@@ -82,16 +95,18 @@ pub fn select_best<'a>(routes: impl IntoIterator<Item = &'a Route>) -> Option<&'
         _ => 1,
     });
     // f) interior cost to the next hop: not known here, all equal.
-    // g) lowest BGP identifier, ORIGINATOR_ID taking its place
-    keep_min(&mut c, tie_break_id);
-    // RFC 4456 9: then the shorter CLUSTER_LIST
-    keep_min(&mut c, |r| r.attrs.cluster_list.len());
-    // h) lowest peer address
-    keep_min(&mut c, |r| match &r.source {
+    c
+}
+
+/// The final tie-breaks, lowest first: g) BGP identifier with
+/// ORIGINATOR_ID taking its place, then (RFC 4456 9) the shorter
+/// CLUSTER_LIST, h) the lower peer address.
+pub(crate) fn tie_break_key(r: &Route) -> (u32, usize, Option<IpAddr>) {
+    let addr = match &r.source {
         RouteSource::Peer(p) => Some(p.addr),
         RouteSource::Local => None,
-    });
-    c.first().copied()
+    };
+    (tie_break_id(r), r.attrs.cluster_list.len(), addr)
 }
 
 #[cfg(test)]
@@ -117,6 +132,7 @@ mod tests {
             asn: 65000,
             ebgp: false,
             client: false,
+            path_id: u32::from_be_bytes(peer),
         };
         f(&mut attrs, &mut src);
         Route {

@@ -32,6 +32,8 @@ pub(super) struct GroupKey {
     /// With next-hop-self: our address on the session, put as next hop.
     pub(super) next_hop_self: Option<IpAddr>,
     pub(super) llgr: bool,
+    /// Families sent ADD-PATH (RFC 7911): multipath sets, not best routes.
+    pub(super) add_path: crate::codec::AddPathFamilies,
 }
 
 /// Holding the Arc keeps the pointer from being reused while memoized.

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::exports::{Exports, GroupKey};
+use super::paths_out::{exported_set, same_set, PathsPending};
 use super::{out, Route};
 use crate::codec::Update;
 use crate::types::{Prefix, PrefixMap};
@@ -48,6 +49,9 @@ pub(super) struct OutGroup {
     pub(super) key: GroupKey,
     pub(super) members: Vec<IpAddr>,
     pub(super) pending: PrefixMap<Pending>,
+    /// The changes of prefixes in the families the group is sent ADD-PATH
+    /// for (`key.add_path`): whole multipath sets instead of best routes.
+    pub(super) paths: PrefixMap<PathsPending>,
     /// Loc-RIB prefixes exported to the group ...
     pub(super) advertised: usize,
     /// ... of which came from each member (so not sent to it).
@@ -65,9 +69,56 @@ impl OutGroup {
             key,
             members: vec![member],
             pending: PrefixMap::default(),
+            paths: PrefixMap::default(),
             advertised: 0,
             own: HashMap::from([(member, 0)]),
             fresh: false,
+        }
+    }
+
+    /// Whether changes wait to be packed.
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty() || !self.paths.is_empty()
+    }
+
+    /// How many prefixes have changes waiting.
+    pub(super) fn pending_len(&self) -> usize {
+        self.pending.len() + self.paths.len()
+    }
+
+    /// Queues the change of `prefix`'s multipath set from `old` to `new`
+    /// (each best first), for a group sent ADD-PATH in its family.
+    pub(super) fn queue_paths(
+        &mut self,
+        exports: &mut Exports,
+        prefix: Prefix,
+        old: &[Route],
+        new: &[Route],
+    ) {
+        let before = exported_set(exports, old);
+        let after = exported_set(exports, new);
+        if same_set(&before, &after) {
+            return;
+        }
+        self.advertised = (self.advertised + after.len()).saturating_sub(before.len());
+        for f in before.iter().filter_map(|s| s.from) {
+            if let Some(n) = self.own.get_mut(&f) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        for f in after.iter().filter_map(|s| s.from) {
+            if let Some(n) = self.own.get_mut(&f) {
+                *n += 1;
+            }
+        }
+        match self.paths.entry(prefix) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().now = after,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(PathsPending {
+                    was: before,
+                    now: after,
+                });
+            }
         }
     }
 
@@ -131,7 +182,7 @@ impl OutGroup {
     /// at a time is alive as [`Update`]s (a full table costs some 150
     /// octets a prefix before it is encoded to a few).
     pub(super) fn take(&mut self, send: &mut impl FnMut(Outgoing)) {
-        if self.pending.is_empty() {
+        if !self.has_pending() {
             return;
         }
         self.fresh = false;
@@ -139,12 +190,25 @@ impl OutGroup {
             .pending
             .iter()
             .partition(|(_, p)| self.sourced_by_member(p));
+        let (paths_sourced, paths_common): (Vec<_>, Vec<_>) = self
+            .paths
+            .iter()
+            .partition(|(_, p)| p.sources().any(|f| self.own.contains_key(&f)));
+        let common = Changes {
+            best: common,
+            paths: paths_common,
+        };
         self.pack_for(None, self.members.clone(), &common, send);
-        if !sourced.is_empty() {
+        let sourced = Changes {
+            best: sourced,
+            paths: paths_sourced,
+        };
+        if !sourced.best.is_empty() || !sourced.paths.is_empty() {
             self.take_sourced(&sourced, send);
         }
         let big = self.pending.capacity() > 1 << 16;
         self.pending.clear();
+        self.paths.clear();
         if big {
             self.pending.shrink_to(0);
         }
@@ -161,13 +225,16 @@ impl OutGroup {
 
     /// The lists of the `sourced` changes: one for the members that are
     /// the source of none of them, one for each that is.
-    fn take_sourced(&self, sourced: &[(&Prefix, &Pending)], send: &mut impl FnMut(Outgoing)) {
+    fn take_sourced(&self, sourced: &Changes<'_>, send: &mut impl FnMut(Outgoing)) {
         let mut alone: Vec<IpAddr> = Vec::new();
-        for (_, p) in sourced {
-            for f in [p.from, p.was_from].into_iter().flatten() {
-                if !alone.contains(&f) && self.own.contains_key(&f) {
-                    alone.push(f);
-                }
+        let best_sources = sourced
+            .best
+            .iter()
+            .flat_map(|(_, p)| [p.from, p.was_from].into_iter().flatten());
+        let path_sources = sourced.paths.iter().flat_map(|(_, p)| p.sources());
+        for f in best_sources.chain(path_sources) {
+            if !alone.contains(&f) && self.own.contains_key(&f) {
+                alone.push(f);
             }
         }
         let alike: Vec<IpAddr> = self
@@ -191,18 +258,28 @@ impl OutGroup {
         &self,
         member: Option<IpAddr>,
         peers: Vec<IpAddr>,
-        changes: &[(&Prefix, &Pending)],
+        changes: &Changes<'_>,
         send: &mut impl FnMut(Outgoing),
     ) {
-        let updates = out::pack(
-            changes
-                .iter()
-                .filter_map(|(k, p)| p.for_member(member).map(|v| (**k, v.cloned()))),
-        );
+        let mut items: Vec<(out::OutNlri, Option<Arc<out::Exported>>)> = changes
+            .best
+            .iter()
+            .filter_map(|(k, p)| p.for_member(member).map(|v| ((**k, None), v.cloned())))
+            .collect();
+        for (k, p) in &changes.paths {
+            p.for_member(**k, member, &mut items);
+        }
+        let updates = out::pack(items);
         if !updates.is_empty() {
             send(Outgoing { peers, updates });
         }
     }
+}
+
+/// Changes being packed: best routes, and multipath sets (ADD-PATH).
+struct Changes<'a> {
+    best: Vec<(&'a Prefix, &'a Pending)>,
+    paths: Vec<(&'a Prefix, &'a PathsPending)>,
 }
 
 /// Whether a peer can be sent more (see [`super::Rib::take_outgoing_where`]).

@@ -10,7 +10,10 @@
 mod decision;
 mod exports;
 mod group;
+mod multipath;
 mod out;
+mod paths_out;
+mod select;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -21,10 +24,12 @@ use serde::Serialize;
 pub use decision::{select_best, DEFAULT_LOCAL_PREF};
 use exports::Exports;
 use exports::GroupKey;
-use group::{OutGroup, Pending};
+use group::OutGroup;
 pub use group::{Outgoing, Readiness};
 
-use crate::codec::{PathAttributes, Update};
+use multipath::{PathIds, Selection};
+
+use crate::codec::{AddPathFamilies, PathAttributes, Update};
 use crate::reflect::{self, LoopDiscard};
 use crate::types::{AsPath, Family, Origin, Prefix, PrefixMap};
 
@@ -37,6 +42,8 @@ pub struct PeerSource {
     pub ebgp: bool,
     /// A route reflector client of ours.
     pub client: bool,
+    /// The RFC 7911 path id of this peer's routes towards ADD-PATH peers.
+    pub path_id: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,6 +161,8 @@ struct PeerState {
     received: usize,
     /// The update group the peer is in while Established.
     group: Option<u64>,
+    /// Path id of the routes learned from it (see [`PathIds`]).
+    path_id: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -162,6 +171,16 @@ struct SessionInfo {
     local_addr: IpAddr,
     /// Both sides do long-lived graceful restart (RFC 9494).
     llgr: bool,
+}
+
+/// What a session agreed that changes what the RIB sends on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Both sides do long-lived graceful restart (RFC 9494).
+    pub llgr: bool,
+    /// Families we send ADD-PATH in (RFC 7911): the multipath set, each
+    /// path under its path id, instead of the best route.
+    pub add_path: AddPathFamilies,
 }
 
 impl PeerState {
@@ -173,6 +192,7 @@ impl PeerState {
             asn: self.cfg.asn,
             ebgp: false, // filled in by Rib::source_of
             client: self.cfg.client,
+            path_id: self.path_id,
         })
     }
 }
@@ -189,11 +209,12 @@ pub struct Rib {
     deferring: bool,
     /// Prefixes to decide when deferral ends, with their best route
     /// before the first change.
-    dirty: PrefixMap<Option<Route>>,
+    dirty: PrefixMap<Selection>,
     groups: HashMap<u64, OutGroup>,
     next_group: u64,
     /// The exports every group of one key shares.
     exports: HashMap<GroupKey, Exports>,
+    path_ids: PathIds,
 }
 
 /// The exports of the groups with `key`.
@@ -219,6 +240,7 @@ impl Rib {
             groups: HashMap::new(),
             next_group: 0,
             exports: HashMap::new(),
+            path_ids: PathIds::default(),
         }
     }
 
@@ -227,6 +249,7 @@ impl Rib {
     }
 
     pub fn add_peer(&mut self, cfg: PeerConfig) {
+        let path_id = self.path_ids.id_for(cfg.addr);
         self.peers.insert(
             cfg.addr,
             PeerState {
@@ -234,6 +257,7 @@ impl Rib {
                 session: None,
                 received: 0,
                 group: None,
+                path_id,
             },
         );
     }
@@ -262,6 +286,25 @@ impl Rib {
         local_addr: IpAddr,
         llgr: bool,
     ) {
+        let opts = SessionOptions {
+            llgr,
+            ..Default::default()
+        };
+        self.peer_up_with(addr, router_id, local_addr, opts)
+    }
+
+    /// [`Self::peer_up`] with what the session agreed (long-lived GR,
+    /// ADD-PATH families): peers sent ADD-PATH in a family get the
+    /// multipath set of each prefix there, and have update groups of
+    /// their own kind.
+    pub fn peer_up_with(
+        &mut self,
+        addr: IpAddr,
+        router_id: Ipv4Addr,
+        local_addr: IpAddr,
+        opts: SessionOptions,
+    ) {
+        let llgr = opts.llgr;
         let Some(p) = self.peers.get_mut(&addr) else {
             return;
         };
@@ -275,6 +318,7 @@ impl Rib {
             client: p.cfg.client,
             next_hop_self: p.cfg.next_hop_self.then_some(local_addr),
             llgr,
+            add_path: opts.add_path,
         };
         self.leave_group(addr);
         if let Some(id) = self.fresh_group(&key) {
@@ -286,13 +330,7 @@ impl Rib {
         let id = self.new_group(g);
         let g = self.groups.get_mut(&id).expect("just made");
         let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
-        for (prefix, r) in self
-            .candidates
-            .iter()
-            .filter_map(|(k, v)| Some((k, flagged(v)?)))
-        {
-            g.queue(exports, *prefix, None, Some(r));
-        }
+        select::queue_table(g, exports, &self.candidates);
     }
 
     /// A group of `key` whose pending changes are still its whole table.
@@ -312,7 +350,12 @@ impl Rib {
             .pending
             .values()
             .filter(|p| p.value.is_some() && p.from == Some(addr))
-            .count();
+            .count()
+            + g.paths
+                .values()
+                .flat_map(|p| &p.now)
+                .filter(|s| s.from == Some(addr))
+                .count();
         g.members.push(addr);
         g.own.insert(addr, own);
         if let Some(p) = self.peers.get_mut(&addr) {
@@ -356,6 +399,7 @@ impl Rib {
         }
         let mut alone = OutGroup::new(g.key.clone(), addr);
         alone.pending = g.pending.clone();
+        alone.paths = g.paths.clone();
         alone.advertised = g.advertised;
         alone
             .own
@@ -371,7 +415,7 @@ impl Rib {
         ids.sort_unstable();
         for id in ids {
             let g = &self.groups[&id];
-            if !g.pending.is_empty() {
+            if g.has_pending() {
                 continue;
             }
             match first.get(&g.key) {
@@ -425,7 +469,7 @@ impl Rib {
             {
                 continue;
             }
-            let old = flagged(routes).cloned();
+            let old = Selection::of(routes);
             let before = routes.len();
             routes.retain(|r| {
                 !(r.source.peer_addr() == Some(addr)
@@ -464,7 +508,7 @@ impl Rib {
             {
                 continue;
             }
-            let old = flagged(routes).cloned();
+            let old = Selection::of(routes);
             for r in routes.iter_mut() {
                 if r.source.peer_addr() == Some(addr) && !r.stale {
                     r.stale = true;
@@ -495,7 +539,7 @@ impl Rib {
             if !routes.iter().any(gone) {
                 continue;
             }
-            let old = flagged(routes).cloned();
+            let old = Selection::of(routes);
             routes.retain(|r| !gone(r));
             touched.push((*prefix, old));
         }
@@ -607,7 +651,7 @@ impl Rib {
         let Some(routes) = self.candidates.get_mut(&prefix) else {
             return false;
         };
-        let old = flagged(routes).cloned();
+        let old = Selection::of(routes);
         let before = routes.len();
         routes.retain(|r| r.source != RouteSource::Local);
         let removed = routes.len() != before;
@@ -625,7 +669,7 @@ impl Rib {
             .candidates
             .entry(prefix)
             .or_insert_with(|| Vec::with_capacity(1));
-        let old = flagged(routes).cloned();
+        let old = Selection::of(routes);
         match routes.iter_mut().find(|r| r.source.peer_addr() == from) {
             Some(slot) => *slot = route,
             None => {
@@ -642,7 +686,7 @@ impl Rib {
         let Some(routes) = self.candidates.get_mut(&prefix) else {
             return false;
         };
-        let old = flagged(routes).cloned();
+        let old = Selection::of(routes);
         let before = routes.len();
         routes.retain(|r| r.source.peer_addr() != Some(from));
         if routes.len() == before {
@@ -660,7 +704,7 @@ impl Rib {
     pub fn set_deferral(&mut self, on: bool) {
         self.deferring = on;
         if !on {
-            let dirty: Vec<(Prefix, Option<Route>)> = self.dirty.drain().collect();
+            let dirty: Vec<(Prefix, Selection)> = self.dirty.drain().collect();
             for (prefix, old) in dirty {
                 self.recompute(prefix, old);
             }
@@ -669,93 +713,6 @@ impl Rib {
 
     pub fn deferring(&self) -> bool {
         self.deferring
-    }
-
-    /// Runs the decision process for `prefix`, whose best route was `old`
-    /// before the change that calls it.
-    fn recompute(&mut self, prefix: Prefix, old: Option<Route>) {
-        if self.deferring {
-            self.dirty.entry(prefix).or_insert(old);
-            return;
-        }
-        let mut new = None;
-        if let Some(routes) = self.candidates.get_mut(&prefix) {
-            let chosen = select_best(routes.iter()).map(|r| r as *const Route);
-            for r in routes.iter_mut() {
-                r.best = chosen == Some(r as *const Route);
-                if r.best {
-                    new = Some(r.clone());
-                }
-            }
-            if routes.is_empty() {
-                self.candidates.remove(&prefix);
-            }
-        }
-        match (&old, &new) {
-            (None, Some(_)) => self.loc_len += 1,
-            (Some(_), None) => self.loc_len = self.loc_len.saturating_sub(1),
-            _ => {}
-        }
-        if old == new {
-            return;
-        }
-        match &new {
-            Some(r) => {
-                let change = BestChange::Set {
-                    prefix,
-                    next_hop: r.next_hop,
-                    from: r.source.peer_addr(),
-                    local_pref: r.attrs.local_pref,
-                };
-                // Only other attribute or staleness changes: the agent's map
-                // entry stays the same, so do not bother it.
-                let same_for_agent = old.as_ref().is_some_and(|o| {
-                    o.next_hop == r.next_hop
-                        && o.source == r.source
-                        && o.attrs.local_pref == r.attrs.local_pref
-                });
-                if !same_for_agent {
-                    self.best_changes.push(change);
-                }
-            }
-            None => {
-                self.best_changes.push(BestChange::Removed { prefix });
-            }
-        }
-        for g in self.groups.values_mut() {
-            let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
-            g.queue(exports, prefix, old.as_ref(), new.as_ref());
-        }
-    }
-
-    /// RFC 2918: the peer asked for everything again.
-    pub fn refresh(&mut self, addr: IpAddr, family: Family) {
-        let Some(id) = self.split(addr) else {
-            return;
-        };
-        let g = self.groups.get_mut(&id).expect("split");
-        for (prefix, r) in self
-            .candidates
-            .iter()
-            .filter(|(k, _)| k.family() == family)
-            .filter_map(|(k, v)| Some((k, flagged(v)?)))
-        {
-            if g.pending.contains_key(prefix) {
-                continue; // already current
-            }
-            let exports = exports_for(&mut self.exports, &self.cfg, &g.key);
-            if let Some(e) = exports.export(Some(r)) {
-                g.pending.insert(
-                    *prefix,
-                    Pending {
-                        value: Some(e),
-                        from: r.source.peer_addr(),
-                        was_exported: false,
-                        was_from: None,
-                    },
-                );
-            }
-        }
     }
 
     /// Drains the Loc-RIB changes since the last call.
@@ -767,7 +724,7 @@ impl Rib {
     pub fn peers_with_pending(&self) -> Vec<IpAddr> {
         self.groups
             .values()
-            .filter(|g| !g.pending.is_empty())
+            .filter(|g| g.has_pending())
             .flat_map(|g| g.members.iter().copied())
             .collect()
     }
@@ -812,7 +769,7 @@ impl Rib {
         mut send: impl FnMut(Outgoing),
     ) {
         let mut slow = Vec::new();
-        for g in self.groups.values().filter(|g| !g.pending.is_empty()) {
+        for g in self.groups.values().filter(|g| g.has_pending()) {
             let behind: Vec<IpAddr> = g
                 .members
                 .iter()
@@ -842,7 +799,7 @@ impl Rib {
             .get(&addr)
             .and_then(|p| p.group)
             .and_then(|id| self.groups.get(&id))
-            .map_or(0, |g| g.pending.len())
+            .map_or(0, |g| g.pending_len())
     }
 
     pub fn best(&self, prefix: &Prefix) -> Option<&Route> {
@@ -862,7 +819,8 @@ impl Rib {
     }
 
     /// The Adj-RIB-Out of a peer: the Loc-RIB as exported to it (prefix,
-    /// next hop and attributes it is told). Empty without a session.
+    /// next hop and attributes it is told). Empty without a session. The
+    /// best paths only: an ADD-PATH peer is told the multipath sets.
     pub fn adj_rib_out(&self, addr: IpAddr) -> Vec<(Prefix, IpAddr, PathAttributes)> {
         let Some(p) = self.peers.get(&addr) else {
             return Vec::new();

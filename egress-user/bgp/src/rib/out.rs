@@ -77,8 +77,9 @@ pub(crate) fn export(
 }
 
 /// Most prefixes one UPDATE may carry after the attributes; sized from the
-/// longest prefix encoding so the message always fits in 4096 octets.
-fn nlri_budget(family: Family, attrs: &PathAttributes) -> usize {
+/// longest prefix encoding (and its path id, when it has one) so the
+/// message always fits in 4096 octets.
+fn nlri_budget(family: Family, attrs: &PathAttributes, with_ids: bool) -> usize {
     let attr_room: usize = 4096 - 23 - 64; // header, fields, MP_REACH header
     let mut scratch = bytes::BytesMut::new();
     let probe = Update {
@@ -93,92 +94,126 @@ fn nlri_budget(family: Family, attrs: &PathAttributes) -> usize {
     let per_prefix = match family {
         Family::Ipv4Unicast => 5,
         Family::Ipv6Unicast => 17,
-    };
+    } + if with_ids { 4 } else { 0 };
     (attr_room.saturating_sub(size) / per_prefix).max(1)
 }
 
-/// Prefixes sharing one attribute set.
-type Group = (Arc<Exported>, Vec<Prefix>);
+/// A prefix as it goes in NLRI: with a path id toward ADD-PATH peers.
+pub(crate) type OutNlri = (Prefix, Option<u32>);
 
-/// Groups pending changes by attribute set into UPDATE messages.
+/// Prefixes sharing one attribute set.
+type Group = (Arc<Exported>, Vec<OutNlri>);
+
+/// Splits NLRI into prefixes and, when any carries one, their path ids.
+fn split_ids(chunk: &[OutNlri]) -> (Vec<Prefix>, Vec<u32>) {
+    let prefixes = chunk.iter().map(|(p, _)| *p).collect();
+    let ids = if chunk.iter().any(|(_, id)| id.is_some()) {
+        chunk.iter().map(|(_, id)| id.unwrap_or(0)).collect()
+    } else {
+        Vec::new()
+    };
+    (prefixes, ids)
+}
+
+/// Groups pending changes by attribute set into UPDATE messages: each item
+/// is a prefix (with its path id toward ADD-PATH peers) and its export, or
+/// None for a withdrawal.
 pub(crate) fn pack(
-    pending: impl IntoIterator<Item = (Prefix, Option<Arc<Exported>>)>,
+    pending: impl IntoIterator<Item = (OutNlri, Option<Arc<Exported>>)>,
 ) -> Vec<Update> {
-    let mut withdrawn: [Vec<Prefix>; 2] = [Vec::new(), Vec::new()];
+    let mut withdrawn: [Vec<OutNlri>; 2] = [Vec::new(), Vec::new()];
     // Attribute sets are interned per peer, so the pointer identifies one.
     let mut groups: HashMap<(Family, *const Exported), Group, PrefixHash> = HashMap::default();
-    for (prefix, e) in pending {
-        let fam = prefix.family();
+    for (nlri, e) in pending {
+        let fam = nlri.0.family();
         match e {
-            None => withdrawn[fam as usize].push(prefix),
+            None => withdrawn[fam as usize].push(nlri),
             Some(e) => groups
                 .entry((fam, Arc::as_ptr(&e)))
                 .or_insert_with(|| (e.clone(), Vec::new()))
                 .1
-                .push(prefix),
+                .push(nlri),
         }
     }
     let mut out = Vec::new();
     for (fam, list) in Family::ALL.into_iter().zip(withdrawn) {
-        let budget = nlri_budget(fam, &PathAttributes::default());
+        let ids = list.iter().any(|(_, id)| id.is_some());
+        let budget = nlri_budget(fam, &PathAttributes::default(), ids);
         for chunk in list.chunks(budget) {
-            out.push(match fam {
-                Family::Ipv4Unicast => Update {
-                    withdrawn: chunk.to_vec(),
-                    ..Update::default()
-                },
-                Family::Ipv6Unicast => Update {
-                    mp_unreach: Some(MpUnreach {
-                        family: fam,
-                        withdrawn: chunk.to_vec(),
-                    }),
-                    ..Update::default()
-                },
-            });
+            out.push(withdrawal(fam, chunk));
         }
     }
     for ((fam, _), (e, mut list)) in groups {
         list.sort_unstable();
-        let budget = nlri_budget(fam, &e.attrs);
+        let ids = list.iter().any(|(_, id)| id.is_some());
+        let budget = nlri_budget(fam, &e.attrs, ids);
         for chunk in list.chunks(budget) {
-            let mut attrs = e.attrs.clone();
-            let u = match (fam, e.next_hop) {
-                (Family::Ipv4Unicast, IpAddr::V4(nh)) => {
-                    attrs.next_hop = Some(nh);
-                    Update {
-                        attrs,
-                        nlri: chunk.to_vec(),
-                        ..Update::default()
-                    }
-                }
-                // An IPv6 route via an IPv4 next hop (a node with only an
-                // IPv4 tunnel address) travels with the IPv4-mapped form,
-                // as RFC 4798 does; MP_REACH needs a next hop of its family.
-                (Family::Ipv6Unicast, nh) => Update {
-                    attrs,
-                    mp_reach: Some(MpReach {
-                        family: fam,
-                        next_hop: match nh {
-                            IpAddr::V4(a) => IpAddr::V6(a.to_ipv6_mapped()),
-                            v6 => v6,
-                        },
-                        link_local: None,
-                        nlri: chunk.to_vec(),
-                    }),
-                    ..Update::default()
-                },
-                // IPv4 via an IPv6 next hop needs RFC 8950, which is not
-                // negotiated: such routes are not sent.
-                (Family::Ipv4Unicast, IpAddr::V6(_)) => {
-                    tracing::debug!(
-                        routes = chunk.len(),
-                        "IPv4 routes with an IPv6 next hop not sent"
-                    );
-                    continue;
-                }
-            };
-            out.push(u);
+            if let Some(u) = announcement(fam, &e, chunk) {
+                out.push(u);
+            }
         }
     }
     out
+}
+
+fn withdrawal(fam: Family, chunk: &[OutNlri]) -> Update {
+    let (prefixes, ids) = split_ids(chunk);
+    match fam {
+        Family::Ipv4Unicast => Update {
+            withdrawn: prefixes,
+            withdrawn_ids: ids,
+            ..Update::default()
+        },
+        Family::Ipv6Unicast => Update {
+            mp_unreach: Some(MpUnreach {
+                family: fam,
+                withdrawn: prefixes,
+                path_ids: ids,
+            }),
+            ..Update::default()
+        },
+    }
+}
+
+/// One UPDATE announcing `chunk` with `e`; None when it cannot be sent.
+fn announcement(fam: Family, e: &Exported, chunk: &[OutNlri]) -> Option<Update> {
+    let mut attrs = e.attrs.clone();
+    let (prefixes, ids) = split_ids(chunk);
+    Some(match (fam, e.next_hop) {
+        (Family::Ipv4Unicast, IpAddr::V4(nh)) => {
+            attrs.next_hop = Some(nh);
+            Update {
+                attrs,
+                nlri: prefixes,
+                nlri_ids: ids,
+                ..Update::default()
+            }
+        }
+        // An IPv6 route via an IPv4 next hop (a node with only an
+        // IPv4 tunnel address) travels with the IPv4-mapped form,
+        // as RFC 4798 does; MP_REACH needs a next hop of its family.
+        (Family::Ipv6Unicast, nh) => Update {
+            attrs,
+            mp_reach: Some(MpReach {
+                family: fam,
+                next_hop: match nh {
+                    IpAddr::V4(a) => IpAddr::V6(a.to_ipv6_mapped()),
+                    v6 => v6,
+                },
+                link_local: None,
+                nlri: prefixes,
+                path_ids: ids,
+            }),
+            ..Update::default()
+        },
+        // IPv4 via an IPv6 next hop needs RFC 8950, which is not
+        // negotiated: such routes are not sent.
+        (Family::Ipv4Unicast, IpAddr::V6(_)) => {
+            tracing::debug!(
+                routes = chunk.len(),
+                "IPv4 routes with an IPv6 next hop not sent"
+            );
+            return None;
+        }
+    })
 }

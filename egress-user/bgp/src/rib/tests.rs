@@ -401,6 +401,7 @@ fn many_routes_pack_into_few_updates_within_size_limit() {
         let b = Message::Update(u.clone())
             .to_bytes(CodecOptions {
                 four_octet_as: false,
+                ..CodecOptions::default()
             })
             .expect("fits in 4096 octets");
         assert!(b.len() <= 4096);
@@ -650,5 +651,6 @@ fn a_new_session_gets_its_table_alone_then_joins_the_group() {
     assert_eq!(rib.prefix_counts(ip(late)), (0, 3));
 }
 
+mod add_path;
 mod fresh;
 mod readiness;

@@ -50,6 +50,13 @@ pub struct PeerSpec {
     /// TCP-MD5 (RFC 2385) key shared with the peer, at most 80 octets.
     #[serde(default)]
     pub password: Option<String>,
+    /// Offer ADD-PATH Send (RFC 7911) for our families: if the peer can
+    /// receive, it gets every path of the multipath set (ECMP upstream),
+    /// not just the best. Off by default; the reflector turns it on for
+    /// its upstream (non-client) peers. Never for agents, which keep one
+    /// route per prefix.
+    #[serde(default)]
+    pub add_path_send: bool,
 }
 
 fn default_port() -> u16 {
@@ -66,6 +73,7 @@ impl PeerSpec {
             passive: false,
             next_hop_self: false,
             password: None,
+            add_path_send: false,
         }
     }
 }

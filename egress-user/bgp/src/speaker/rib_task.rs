@@ -15,7 +15,7 @@ use super::{OutQueue, PeerSpec, PeerStatus, SessionEntry, SessionMap, SpeakerCon
 use crate::codec::{CodecOptions, GracefulRestartCap, RouteRefresh, RouteRefreshSubtype, Update};
 use crate::fsm::{DownReason, FsmConfig, Negotiated, State};
 use crate::gr::{self, Helper, HelperAction, RestartAction, Restarter};
-use crate::rib::{BestChange, PeerConfig, Rib, RibConfig};
+use crate::rib::{BestChange, PeerConfig, Rib, RibConfig, SessionOptions};
 use crate::types::Family;
 
 mod batches;
@@ -327,7 +327,11 @@ impl RibTask {
         p.helper.set_local_llgr(local_llgr);
         let helper_actions = p.helper.session_up(local_gr.as_ref(), &neg.peer_open);
         tracing::info!(%peer, asn = neg.peer_asn, id = %neg.peer_id, "session established");
-        self.rib.peer_up_llgr(peer, neg.peer_id, local_addr, llgr);
+        let opts = SessionOptions {
+            llgr,
+            add_path: neg.codec.add_path_tx,
+        };
+        self.rib.peer_up_with(peer, neg.peer_id, local_addr, opts);
         self.helper_actions(peer, helper_actions);
         let gr_families = gr::eor_to_wait_for(local_gr.as_ref(), &neg.peer_open);
         let a = self.restarter.peer_up(peer, gr_families);

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use super::msg::{RibMsg, SessionCmd, SessionSetup};
 use super::output::Output;
 use crate::codec::{
-    notif, split_frame, Capability, CodecOptions, Message, Notification, Open, RouteRefreshSubtype,
+    notif, split_frame, AddPathFamily, Capability, CodecOptions, Message, Notification, Open,
+    RouteRefreshSubtype,
 };
 use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, State, Timer};
 use crate::gr;
@@ -196,6 +197,15 @@ impl Session {
             .collect();
         caps.push(Capability::RouteRefresh);
         caps.push(Capability::EnhancedRouteRefresh);
+        if self.setup.spec.add_path_send {
+            // Send only: we keep one path per (prefix, peer) on receipt.
+            let tuples = self.setup.families.iter();
+            caps.push(Capability::AddPath(
+                tuples
+                    .map(|f| AddPathFamily::new(*f, true, false))
+                    .collect(),
+            ));
+        }
         if let Some(g) = &self.setup.graceful_restart {
             let restarting = self.setup.restarting.load(Ordering::Relaxed);
             caps.push(Capability::GracefulRestart(gr::capability(

@@ -10,6 +10,7 @@ use super::*;
 use crate::codec::{CodecOptions, Message, Open};
 use crate::gr::GrConfig;
 
+mod add_path;
 mod slow_peer;
 
 const ASN: u32 = 65000;

@@ -15,7 +15,7 @@ impl Router {
                     .map(|n| {
                         let own = if self.late_peers { None } else { self.password };
                         json!({"address": n.addr.to_string(), "asn": ASN, "client": n.client,
-                            "password": own})
+                            "password": own, "add_path_send": n.add_path})
                     })
                     .collect();
                 let (peers, late_peers) = if self.late_peers {
@@ -36,6 +36,7 @@ impl Router {
                     "late_peers": late_peers,
                     "default_password": if self.late_peers { self.password } else { None },
                     "status_file": self.dir.file("status.json"),
+                    "command_file": self.dir.file("commands"),
                 });
                 std::fs::write(self.dir.file("speaker.json"), doc.to_string())?;
             }

@@ -6,6 +6,8 @@ use crate::types::{AsPath, AsSegment, SegmentKind};
 
 const TWO: CodecOptions = CodecOptions {
     four_octet_as: false,
+    add_path_rx: crate::codec::AddPathFamilies::NONE,
+    add_path_tx: crate::codec::AddPathFamilies::NONE,
 };
 
 const AS4_PATH: u8 = 17;

@@ -35,6 +35,10 @@ fn seeds() -> Vec<Vec<u8>> {
             MSG_UPDATE,
             &update_body(&[], &good_attrs_plus(&[]), &NLRI_10_1),
         ),
+        Message::Update(add_path::update_with_ids())
+            .to_bytes(ADD_PATH)
+            .unwrap()
+            .to_vec(),
         frame(MSG_ROUTE_REFRESH, &[0, 2, 1, 1]),
         frame(MSG_NOTIFICATION, &[6, 2, 0]),
     ];
@@ -43,11 +47,11 @@ fn seeds() -> Vec<Vec<u8>> {
     v
 }
 
-/// Decodes with both codec options; what decodes must re-encode into
+/// Decodes with each codec option (2- and 4-octet AS, path ids); what decodes must re-encode into
 /// something that decodes (the `decode` target) and, when it decoded
 /// cleanly, keep the round-trip property (the `roundtrip` target).
 pub(crate) fn exercise(data: &[u8]) {
-    for opts in [FOUR, TWO] {
+    for opts in [FOUR, TWO, ADD_PATH] {
         match Message::decode(data, opts) {
             Ok(m) => {
                 if let Ok(b) = m.to_bytes(opts) {
@@ -181,7 +185,7 @@ fn roundtrip_corpus_is_clean_and_holds() {
     let c = corpus("roundtrip");
     assert!(c.len() >= 12, "only {} roundtrip seeds", c.len());
     for d in &c {
-        let applied = [FOUR, TWO].map(|o| roundtrip_holds(d, o));
+        let applied = [FOUR, TWO, ADD_PATH].map(|o| roundtrip_holds(d, o));
         assert!(applied.contains(&true), "seed {d:02x?} is not clean");
     }
 }
@@ -238,6 +242,17 @@ fn shared_seeds() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("keepalive", four(Message::Keepalive)),
+        (
+            "open-add-path",
+            four(Message::Open(add_path::open_with_add_path())),
+        ),
+        (
+            "update-add-path",
+            Message::Update(add_path::update_with_ids())
+                .to_bytes(ADD_PATH)
+                .unwrap()
+                .to_vec(),
+        ),
     ]
 }
 

@@ -5,11 +5,17 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use bytes::{BufMut, BytesMut};
 
-use super::{decode_prefixes, encode_prefix, MpReach, MpUnreach, Update};
+use super::nlri::{decode_prefixes, encode_prefixes};
+use super::{MpReach, MpUnreach, Update};
 use crate::codec::reader::Reader;
+use crate::codec::CodecOptions;
 use crate::types::Family;
 
-pub(super) fn decode_mp_reach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
+pub(super) fn decode_mp_reach(
+    value: &[u8],
+    opts: CodecOptions,
+    u: &mut Update,
+) -> Result<(), &'static str> {
     let mut r = Reader::new(value);
     let afi = r.u16().ok_or("truncated")?;
     let safi = r.u8().ok_or("truncated")?;
@@ -37,29 +43,41 @@ pub(super) fn decode_mp_reach(value: &[u8], u: &mut Update) -> Result<(), &'stat
         }
         _ => return Err("next hop length does not fit the family"),
     };
-    let nlri = decode_prefixes(r.rest(), family).ok_or("malformed NLRI")?;
+    let ids = opts.add_path_rx.has(family);
+    let (nlri, path_ids) = decode_prefixes(r.rest(), family, ids).ok_or("malformed NLRI")?;
     u.mp_reach = Some(MpReach {
         family,
         next_hop,
         link_local,
         nlri,
+        path_ids,
     });
     Ok(())
 }
 
-pub(super) fn decode_mp_unreach(value: &[u8], u: &mut Update) -> Result<(), &'static str> {
+pub(super) fn decode_mp_unreach(
+    value: &[u8],
+    opts: CodecOptions,
+    u: &mut Update,
+) -> Result<(), &'static str> {
     let mut r = Reader::new(value);
     let afi = r.u16().ok_or("truncated")?;
     let safi = r.u8().ok_or("truncated")?;
     let Some(family) = Family::from_afi_safi(afi, safi) else {
         return Ok(());
     };
-    let withdrawn = decode_prefixes(r.rest(), family).ok_or("malformed withdrawn routes")?;
-    u.mp_unreach = Some(MpUnreach { family, withdrawn });
+    let ids = opts.add_path_rx.has(family);
+    let (withdrawn, path_ids) =
+        decode_prefixes(r.rest(), family, ids).ok_or("malformed withdrawn routes")?;
+    u.mp_unreach = Some(MpUnreach {
+        family,
+        withdrawn,
+        path_ids,
+    });
     Ok(())
 }
 
-pub(super) fn mp_reach_value(r: &MpReach) -> BytesMut {
+pub(super) fn mp_reach_value(r: &MpReach, opts: CodecOptions) -> BytesMut {
     let mut v = BytesMut::new();
     v.put_u16(r.family.afi());
     v.put_u8(r.family.safi());
@@ -79,18 +97,16 @@ pub(super) fn mp_reach_value(r: &MpReach) -> BytesMut {
         }
     }
     v.put_u8(0);
-    for p in &r.nlri {
-        encode_prefix(p, &mut v);
-    }
+    let ids = opts.add_path_tx.has(r.family);
+    encode_prefixes(&r.nlri, &r.path_ids, ids, &mut v);
     v
 }
 
-pub(super) fn mp_unreach_value(w: &MpUnreach) -> BytesMut {
+pub(super) fn mp_unreach_value(w: &MpUnreach, opts: CodecOptions) -> BytesMut {
     let mut v = BytesMut::new();
     v.put_u16(w.family.afi());
     v.put_u8(w.family.safi());
-    for p in &w.withdrawn {
-        encode_prefix(p, &mut v);
-    }
+    let ids = opts.add_path_tx.has(w.family);
+    encode_prefixes(&w.withdrawn, &w.path_ids, ids, &mut v);
     v
 }
