@@ -55,15 +55,48 @@ fn session_address(n: &NodeRecord) -> Option<IpAddr> {
         .copied()
 }
 
+/// How long a starting reflector waits for the datastore's node list.
+const INITIAL_LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The clients registered now, for the speaker's configuration at start.
+/// A restarting reflector defers route selection until every configured
+/// peer sent End-of-RIB (RFC 4724 4.1): its clients must be among them, or
+/// it would advertise (and send End-of-RIB to the upstream routers, which
+/// then flush what they kept as stale) before the clients that had not
+/// reconnected yet announced their routes again. Empty when the datastore
+/// does not answer in time (the clients are then added as they come, and
+/// the deferral timer bounds the wait).
+pub async fn initial_clients(
+    ds: &dyn Datastore,
+    asn: u32,
+    exclude: &BTreeSet<IpAddr>,
+) -> Vec<PeerSpec> {
+    match tokio::time::timeout(INITIAL_LIST_TIMEOUT, ds.list(Kind::Node)).await {
+        Ok(Ok((objs, _))) => {
+            let nodes: Vec<NodeRecord> = objs.iter().map(|s| node_record(&s.value)).collect();
+            client_peers(&nodes, asn, exclude).into_values().collect()
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "listing nodes before the reflector starts failed; clients come later");
+            Vec::new()
+        }
+        Err(_) => {
+            tracing::warn!("the datastore did not list nodes in time; clients come later");
+            Vec::new()
+        }
+    }
+}
+
 /// Keeps the speaker's client list equal to the registered nodes, for as
-/// long as the task runs.
+/// long as the task runs; `initial` are the clients it was started with.
 pub async fn keep_in_step(
     ds: Arc<dyn Datastore>,
     speaker: SpeakerHandle,
     asn: u32,
     exclude: BTreeSet<IpAddr>,
+    initial: BTreeSet<IpAddr>,
 ) {
-    let mut current: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut current = initial;
     loop {
         let listed = ds.list(Kind::Node).await;
         let rev = match listed {

@@ -207,17 +207,21 @@ async fn start_reflector(
     bgp: &super::bgp::BgpArgs,
     ds: Arc<dyn Datastore>,
 ) -> anyhow::Result<egress_bgp::speaker::Speaker> {
-    let cfg = bgp.speaker_config(None)?;
+    let mut cfg = bgp.speaker_config(None)?;
     let mut exclude: std::collections::BTreeSet<std::net::IpAddr> =
         cfg.peers.iter().map(|p| p.address).collect();
     exclude.insert(std::net::IpAddr::V4(cfg.router_id));
     let asn = cfg.local_asn;
+    let clients = crate::reflector_clients::initial_clients(&*ds, asn, &exclude).await;
+    let initial = clients.iter().map(|p| p.address).collect();
+    cfg.peers.extend(clients);
     let speaker = egress_bgp::speaker::Speaker::start(cfg).await?;
     tokio::spawn(crate::reflector_clients::keep_in_step(
         ds,
         speaker.handle(),
         asn,
         exclude,
+        initial,
     ));
     Ok(speaker)
 }

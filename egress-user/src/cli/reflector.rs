@@ -31,15 +31,30 @@ pub async fn run(args: ReflectorArgs) -> Result<()> {
     exclude.insert(std::net::IpAddr::V4(cfg.router_id));
     exclude.insert(args.bgp.listen.ip());
     let asn = cfg.local_asn;
+    let mut cfg = cfg;
+    let ds = if args.clients_from_datastore {
+        let ds = args.datastore.connect().await?;
+        cfg.peers
+            .extend(crate::reflector_clients::initial_clients(&*ds, asn, &exclude).await);
+        Some(ds)
+    } else {
+        None
+    };
+    let initial = cfg
+        .peers
+        .iter()
+        .filter(|p| p.client)
+        .map(|p| p.address)
+        .collect();
     let speaker = Speaker::start(cfg).await?;
     let handle = speaker.handle();
-    if args.clients_from_datastore {
-        let ds = args.datastore.connect().await?;
+    if let Some(ds) = ds {
         tokio::spawn(crate::reflector_clients::keep_in_step(
             ds,
             handle.clone(),
             asn,
             exclude,
+            initial,
         ));
     }
     let status_handle = handle.clone();

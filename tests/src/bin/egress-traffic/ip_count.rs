@@ -1,13 +1,15 @@
 //! `ip-count IFACE DST`: counts the IPv4 packets arriving on IFACE for the
-//! address DST. A packet socket sees a frame before the interface's TC
-//! programs do, so on a gateway's uplink it counts the replies the
-//! upstream router sent to this gateway, even though the datapath then
+//! address DST. A packet socket for every protocol (`ETH_P_ALL`) sees a
+//! frame before the interface's TC programs do (one for IPv4 alone would
+//! see it only after them), so on a gateway's uplink it counts the replies
+//! the upstream router sent to this gateway, even though the datapath then
 //! steers them into the tunnel and the stack never sees them.
 
 use std::{io, net::Ipv4Addr};
 
 use serde_json::{json, Value};
 
+const ETH_P_ALL: u16 = 0x0003;
 const ETH_P_IP: u16 = 0x0800;
 
 /// Counts until `running` says stop.
@@ -29,10 +31,10 @@ pub fn run(iface: &str, dst: Ipv4Addr, running: impl Fn() -> bool) -> io::Result
             }
             return Err(e);
         }
-        // The socket is bound to ETH_P_IP: the frame holds an IPv4 header
-        // after the Ethernet one; the destination is at offset 16 of it.
+        // An IPv4 header after the Ethernet one; the destination is at
+        // offset 16 of it.
         let n = n as usize;
-        if n >= 14 + 20 && buf[14 + 16..14 + 20] == dst.octets() {
+        if n >= 14 + 20 && buf[12..14] == ETH_P_IP.to_be_bytes() && buf[30..34] == dst.octets() {
             packets += 1;
         }
     }
@@ -56,14 +58,18 @@ fn open(iface: &str) -> io::Result<Fd> {
         if ifindex == 0 {
             return Err(io::Error::other(format!("no interface {iface}")));
         }
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P_IP.to_be()));
+        let fd = libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW,
+            i32::from(ETH_P_ALL.to_be()),
+        );
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         let fd = Fd(fd);
         let mut sll: libc::sockaddr_ll = std::mem::zeroed();
         sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = ETH_P_IP.to_be();
+        sll.sll_protocol = ETH_P_ALL.to_be();
         sll.sll_ifindex = ifindex;
         if libc::bind(
             fd.0,

@@ -33,7 +33,7 @@ fn usage() -> ! {
         "usage: egress-traffic udp-sink LISTEN | udp-source TARGET [INTERVAL_MS] | \
          tcp-sink LISTEN | tcp-source TARGET [INTERVAL_MS] | tcp-open TARGET COUNT | \
          crr-server LISTEN | crr-client TARGET SECONDS [CONCURRENCY] | \
-         udp-flows TARGET FLOWS [INTERVAL_MS] | udp-flows-sink LISTEN | ip-count IFACE DST | \
+         udp-flows TARGET FLOWS [INTERVAL_MS] | udp-flows-sink LISTEN [echo] | ip-count IFACE DST | \
          arp-watch IFACE TARGET_IP SENDER_IP [INTERVAL_MS]   (stops on SIGTERM; \
          EGRESS_TRAFFIC_DURATION_S limits the run)"
     );
@@ -72,7 +72,9 @@ fn main() {
             interval(3),
             deadline,
         ),
-        Some("udp-flows-sink") => udp_flows::sink(addr(1), deadline),
+        Some("udp-flows-sink") => {
+            udp_flows::sink(addr(1), args.get(2).is_some_and(|a| a == "echo"), deadline)
+        }
         Some("crr-server") => tcp_crr::server(addr(1), deadline),
         Some("crr-client") => tcp_crr::client(
             addr(1),

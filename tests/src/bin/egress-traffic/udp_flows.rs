@@ -60,8 +60,14 @@ struct Flow {
     seqs: BTreeSet<u64>,
 }
 
-/// Receives every flow on `listen`; reports each by source.
-pub fn sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<serde_json::Value> {
+/// Receives every flow on `listen`; reports each by source. With `echo`,
+/// sends every datagram back to where it came from (the sources do not
+/// read them: they are there so that replies flow, one flow each way).
+pub fn sink(
+    listen: SocketAddr,
+    echo: bool,
+    deadline: Option<Instant>,
+) -> std::io::Result<serde_json::Value> {
     let sock = UdpSocket::bind(listen)?;
     sock.set_read_timeout(Some(Duration::from_millis(20)))?;
     println!("ready addr={}", sock.local_addr()?);
@@ -77,6 +83,9 @@ pub fn sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<se
                 f.gaps.arrived(Instant::now());
                 f.seqs
                     .insert(u64::from_be_bytes(buf[..8].try_into().unwrap()));
+                if echo {
+                    let _ = sock.send_to(&buf[..n], from);
+                }
             }
             Ok(_) => {}
             Err(e)

@@ -35,7 +35,8 @@ impl AaTraffic {
     pub(super) fn start(cluster: &Cluster, bins: &Bins, opts: &Options) -> Result<Self> {
         let tb = bins.traffic.to_string_lossy().into_owned();
         let srv = &cluster.topo.server;
-        let udp_sink = srv.spawn_ready(&[&tb, "udp-flows-sink", &format!("0.0.0.0:{UDP_PORT}")])?;
+        let listen = format!("0.0.0.0:{UDP_PORT}");
+        let udp_sink = srv.spawn_ready(&[&tb, "udp-flows-sink", &listen, "echo"])?;
         let tcp_sink = srv.spawn_ready(&[&tb, "tcp-sink", &format!("0.0.0.0:{TCP_PORT}")])?;
         let (mut udp, mut tcp) = (Vec::new(), Vec::new());
         let flows = UDP_FLOWS_PER_POD.to_string();
