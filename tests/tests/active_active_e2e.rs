@@ -26,3 +26,9 @@ fn active_active_gateway_kill_moves_only_its_flows() -> anyhow::Result<()> {
 fn active_active_reflector_restart_removes_no_route() -> anyhow::Result<()> {
     scenario("active-active-reflector-restart")
 }
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, FRR"]
+fn active_active_partitioned_gateway_fences_itself() -> anyhow::Result<()> {
+    scenario("active-active-partition")
+}

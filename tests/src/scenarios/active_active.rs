@@ -10,6 +10,10 @@
 //!   hop; then it comes back and takes exactly its flows back.
 //! - `active-active-reflector-restart`: the reflector is killed and started
 //!   again during the traffic; the upstream never loses a next hop.
+//! - `active-active-partition`: one gateway loses the datastore only; it
+//!   fences itself (withdraws the EIP) within the eviction timeout, the
+//!   upstream drops its next hop, and it takes its share back once the
+//!   datastore returns.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -39,6 +43,7 @@ const GATEWAYS: usize = 3;
 pub(super) enum AaFault {
     KillGateway,
     RestartReflector,
+    PartitionGateway,
 }
 
 /// The ActiveActive gateway over the gateway nodes and a policy for the
@@ -137,6 +142,7 @@ pub(super) fn active_active(bins: &Bins, opts: &Options, fault: AaFault) -> Resu
     let name = match fault {
         AaFault::KillGateway => "active-active-kill",
         AaFault::RestartReflector => "active-active-reflector-restart",
+        AaFault::PartitionGateway => "active-active-partition",
     };
     let mut out = Outcome::named(name);
     let mut cluster = stage(bins, opts)?;
@@ -163,6 +169,7 @@ pub(super) fn active_active(bins: &Bins, opts: &Options, fault: AaFault) -> Resu
     let fault_at = Instant::now();
     let dead = match fault {
         AaFault::KillGateway => Some(kill_and_return(&mut cluster, opts, &mut out)?),
+        AaFault::PartitionGateway => Some(partition_and_return(&cluster, opts, &mut out)?),
         AaFault::RestartReflector => {
             restart_reflector(&mut cluster, opts, &mut out)?;
             None
@@ -175,7 +182,20 @@ pub(super) fn active_active(bins: &Bins, opts: &Options, fault: AaFault) -> Resu
         "after the return, flows are not back on the gateways they started on",
     );
     let report = traffic.stop(opts)?;
-    report.check(&mut out, &before, dead.as_deref(), opts, fault_at);
+    // A dead gateway is found by the probes; a partitioned one fences
+    // itself by the heartbeat timeout, its datapath working meanwhile.
+    let dead_bound = match fault {
+        AaFault::PartitionGateway => opts.heartbeat_bound(),
+        _ => opts.probe_bound(),
+    };
+    report.check(
+        &mut out,
+        &before,
+        dead.as_deref(),
+        dead_bound,
+        opts,
+        fault_at,
+    );
     Ok(out.finished())
 }
 
@@ -210,6 +230,59 @@ fn kill_and_return(cluster: &mut Cluster, opts: &Options, out: &mut Outcome) -> 
     let back = Instant::now();
     let returned = wait_until(
         "the upstream takes the returned gateway back",
+        opts.heartbeat_bound() + Duration::from_secs(10),
+        || Ok(upstream_hops(cluster)? == hops_of(cluster, &all)),
+    );
+    out.extra.insert(
+        "return_ms".into(),
+        json!(returned.as_ref().ok().map(|_| ms(back.elapsed()))),
+    );
+    out.check(
+        returned.is_ok(),
+        format!("{name} did not take its share back"),
+    );
+    Ok(cluster.topo.nodes[victim].ip.to_string())
+}
+
+/// Cuts the second gateway from the datastore only: it must fence itself
+/// (stop announcing) within the eviction timeout, and the upstream must drop
+/// its next hop; once the datastore is back it takes its share again.
+fn partition_and_return(cluster: &Cluster, opts: &Options, out: &mut Outcome) -> Result<String> {
+    let all = gateway_indexes();
+    let victim = all[1];
+    let name = cluster.topo.nodes[victim].name.clone();
+    let t0 = Instant::now();
+    super::block_datastore(cluster, victim, true)?;
+    say(&format!(
+        "fault: {name} cut from the datastore; its datapath stays up"
+    ));
+    let bound = opts.eviction() + opts.slack;
+    let silent = wait_until("the partitioned gateway stops announcing", bound, || {
+        Ok(!cluster.announcers(AA_EIP).contains(&victim))
+    });
+    out.extra.insert(
+        "fenced_ms".into(),
+        json!(silent.as_ref().ok().map(|_| ms(t0.elapsed()))),
+    );
+    out.check(
+        silent.is_ok(),
+        format!("{name} kept announcing past the eviction timeout"),
+    );
+    let rest: Vec<usize> = all.iter().copied().filter(|&i| i != victim).collect();
+    let want = hops_of(cluster, &rest);
+    let gone = wait_until("the upstream drops its next hop", bound, || {
+        Ok(upstream_hops(cluster)? == want)
+    });
+    out.detection_ms = gone.as_ref().ok().map(|_| ms(t0.elapsed()));
+    out.check(
+        gone.is_ok(),
+        "the upstream kept the partitioned gateway's next hop",
+    );
+    std::thread::sleep(opts.after);
+    super::block_datastore(cluster, victim, false)?;
+    let back = Instant::now();
+    let returned = wait_until(
+        "the upstream takes the gateway back",
         opts.heartbeat_bound() + Duration::from_secs(10),
         || Ok(upstream_hops(cluster)? == hops_of(cluster, &all)),
     );

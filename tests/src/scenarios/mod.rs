@@ -84,8 +84,11 @@ pub const SCENARIOS: &[&str] = &[
 /// The active-active scenarios (an ActiveActive gateway in BGP mode, FRR
 /// with zebra as the upstream router), in the order `cargo xtask test`
 /// runs them.
-pub const ACTIVE_ACTIVE_SCENARIOS: &[&str] =
-    &["active-active-kill", "active-active-reflector-restart"];
+pub const ACTIVE_ACTIVE_SCENARIOS: &[&str] = &[
+    "active-active-kill",
+    "active-active-reflector-restart",
+    "active-active-partition",
+];
 
 /// Scenarios run by name only (`cargo xtask e2e NAME`, the failover
 /// benchmark), not by `all`: nothing fails in them.
@@ -342,6 +345,9 @@ pub fn run(bins: &Bins, name: &str, opts: &Options) -> Result<Outcome> {
         }
         "active-active-reflector-restart" => {
             active_active::active_active(bins, opts, active_active::AaFault::RestartReflector)
+        }
+        "active-active-partition" => {
+            active_active::active_active(bins, opts, active_active::AaFault::PartitionGateway)
         }
         other => bail!(
             "unknown scenario {other:?}; one of: {}",

@@ -110,13 +110,14 @@ impl FlowsReport {
     }
 
     /// The verdicts: flows of the gateways that lived see at most two probe
-    /// intervals of silence; those of `dead` recover within the probe
-    /// bound; the server sees only the EIP; every TCP connection survives.
+    /// intervals of silence; those of `dead` recover within `dead_bound`;
+    /// the server sees only the EIP; every TCP connection survives.
     pub(super) fn check(
         &self,
         out: &mut Outcome,
         gateway_of: &BTreeMap<u16, String>,
         dead: Option<&str>,
+        dead_bound: Duration,
         opts: &Options,
         fault_at: Instant,
     ) {
@@ -156,7 +157,7 @@ impl FlowsReport {
             lived <= no_loss_ms,
             format!("a flow through a living gateway was silent {lived:.0} ms (> {no_loss_ms} ms)"),
         );
-        let bound = ms(opts.probe_bound()) as f64;
+        let bound = ms(dead_bound) as f64;
         out.check(
             died <= bound,
             format!("a flow of the dead gateway was silent {died:.0} ms (> {bound} ms)"),
