@@ -253,19 +253,64 @@ fn announce_new(
     if !l2 {
         return;
     }
-    for eip in now.difference(before) {
-        let node_ip = desired
-            .owned_eips
-            .iter()
-            .any(|o| o.eip == *eip && o.node_ip);
-        if node_ip {
-            continue;
-        }
-        match crate::datapath::announce::announce_eip(uplink, *eip, 2) {
+    for eip in taken_over_and_answered(desired, before, now) {
+        match crate::datapath::announce::announce_eip(uplink, eip, 2) {
             Ok(()) => tracing::info!(eip = %eip, "took over; announced with gratuitous ARP/NA"),
             Err(e) => {
                 tracing::warn!(eip = %eip, error = %format!("{e:#}"), "gratuitous announcement failed")
             }
         }
+    }
+}
+
+/// The EIPs new in `now` that this node answers ARP/NDP for: not a node's
+/// own address (the kernel answers for it), not an EIP several nodes
+/// hold at once (ActiveActive: BGP alone announces it; a gratuitous ARP
+/// would pull the segment's traffic for it to one holder).
+fn taken_over_and_answered(
+    desired: &DesiredMaps,
+    before: &BTreeSet<IpAddr>,
+    now: &BTreeSet<IpAddr>,
+) -> Vec<IpAddr> {
+    now.difference(before)
+        .filter(|eip| {
+            desired
+                .owned_eips
+                .iter()
+                .any(|o| o.eip == **eip && o.answer_neigh)
+        })
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::OwnedEip;
+
+    #[test]
+    fn only_eips_this_node_answers_for_get_a_gratuitous_announcement() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let owned = |eip: &str, answer_neigh: bool| OwnedEip {
+            eip: ip(eip),
+            answer_neigh,
+            node_ip: false,
+            epoch: 1,
+        };
+        let desired = DesiredMaps {
+            owned_eips: vec![
+                owned("10.10.0.200", true),
+                // shared (ActiveActive) or a node address: no answers
+                owned("10.20.0.1", false),
+                owned("10.10.0.201", true),
+            ],
+            ..Default::default()
+        };
+        let before = [ip("10.10.0.201")].into();
+        let now = [ip("10.10.0.200"), ip("10.20.0.1"), ip("10.10.0.201")].into();
+        assert_eq!(
+            taken_over_and_answered(&desired, &before, &now),
+            [ip("10.10.0.200")]
+        );
     }
 }
