@@ -35,6 +35,10 @@ use flows::{gateway_of_flows, AaTraffic};
 
 /// The EIP: outside the underlay subnet, so only a route finds it.
 pub(super) const AA_EIP: &str = "10.20.0.1";
+/// Its IPv6 pair. The underlay is IPv4, so its paths' next hops are
+/// IPv4-mapped and the upstream cannot forward by them (issue 20); what is
+/// checked is that every holder's /128 reaches the upstream by ADD-PATH.
+const AA_EIP6: &str = "fd00:20::1";
 const AA_PREFIX: &str = "10.20.0.0/24";
 const WORKERS: usize = 2;
 const GATEWAYS: usize = 3;
@@ -53,6 +57,7 @@ fn manifest() -> String {
     format!(
         "apiVersion: egressgateway.egress.dev/v1beta1\nkind: EgressGateway\nmetadata:\n  name: aa\n\
          spec:\n  mode: ActiveActive\n  ippools:\n    ipv4: [\"{AA_EIP}\"]\n    ipv4DefaultEIP: {AA_EIP}\n\
+         \x20   ipv6: [\"{AA_EIP6}\"]\n    ipv6DefaultEIP: \"{AA_EIP6}\"\n\
          \x20 nodeSelector:\n    selector:\n      matchLabels:\n        {k}: \"{v}\"\n---\n\
          apiVersion: egressgateway.egress.dev/v1beta1\nkind: EgressPolicy\nmetadata:\n  name: web\n  namespace: default\n\
          spec:\n  egressGatewayName: aa\n  appliedTo:\n    podSelector:\n      matchLabels:\n        app: web\n\
@@ -94,6 +99,11 @@ fn stage(bins: &Bins, opts: &Options) -> Result<Cluster> {
         Duration::from_secs(30),
         || Ok(upstream_hops(&cluster)? == hops_of(&cluster, &all)),
     )?;
+    wait_until(
+        "the upstream holds every gateway's /128 path",
+        Duration::from_secs(30),
+        || Ok(upstream_v6_paths(&cluster)? == hops_of(&cluster, &all).len()),
+    )?;
     for w in 0..WORKERS {
         wait_until(
             "the workers apply the policy",
@@ -118,6 +128,22 @@ fn hops_of(cluster: &Cluster, nodes: &[usize]) -> BTreeSet<String> {
 fn upstream_hops(cluster: &Cluster) -> Result<BTreeSet<String>> {
     let up = cluster.upstream.as_ref().context("upstream")?;
     crate::frr::kernel_next_hops(&up.ns, &format!("{AA_EIP}/32"))
+}
+
+/// Distinct paths (by ADD-PATH id) of the IPv6 EIP in the upstream's BGP table.
+fn upstream_v6_paths(cluster: &Cluster) -> Result<usize> {
+    let up = cluster.upstream.as_ref().context("upstream")?;
+    let text = up
+        .frr
+        .vtysh(&format!("show bgp ipv6 unicast {AA_EIP6}/128 json"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let ids: BTreeSet<u64> = v["paths"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["addpathRxId"].as_u64())
+        .collect();
+    Ok(ids.len())
 }
 
 /// Counts the replies reaching each gateway's uplink for a while.
