@@ -261,15 +261,17 @@ impl OutGroup {
         changes: &Changes<'_>,
         send: &mut impl FnMut(Outgoing),
     ) {
-        let mut items: Vec<(out::OutNlri, Option<Arc<out::Exported>>)> = changes
+        // Lazily: a full table collected first cost a copy of every item.
+        let best = changes
             .best
             .iter()
-            .filter_map(|(k, p)| p.for_member(member).map(|v| ((**k, None), v.cloned())))
-            .collect();
-        for (k, p) in &changes.paths {
-            p.for_member(**k, member, &mut items);
-        }
-        let updates = out::pack(items);
+            .filter_map(|(k, p)| p.for_member(member).map(|v| ((**k, None), v.cloned())));
+        let paths = changes.paths.iter().flat_map(|(k, p)| {
+            let mut v = Vec::new();
+            p.for_member(**k, member, &mut v);
+            v
+        });
+        let updates = out::pack(best.chain(paths));
         if !updates.is_empty() {
             send(Outgoing { peers, updates });
         }
