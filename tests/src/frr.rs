@@ -152,14 +152,26 @@ pub fn spawn_bgpd(ns: &Netns, dir: &str) -> Result<Proc> {
 /// bgpd as [`spawn_bgpd`] starts it, talking to the zebra at `zserv`
 /// when there is one.
 fn spawn_bgpd_with(ns: &Netns, dir: &str, zserv: Option<&str>) -> Result<Proc> {
-    let conf = format!("{dir}/bgpd.conf");
-    let pid = format!("{dir}/bgpd.pid");
     let zebra: &[&str] = match zserv {
         Some(z) => &["-z", z],
         None => &["-Z"],
     };
-    let mut argv = vec!["/usr/lib/frr/bgpd", "-f", &conf];
-    argv.extend_from_slice(zebra);
+    spawn_daemon(ns, "bgpd", dir, zebra)
+}
+
+/// zebra in the foreground (the guard owns it), serving bgpd on `zserv`.
+fn spawn_zebra(ns: &Netns, dir: &str, zserv: &str) -> Result<Proc> {
+    spawn_daemon(ns, "zebra", dir, &["-z", zserv])
+}
+
+/// FRR daemon `name` in the foreground with `dir/NAME.conf`, its pid file
+/// and vty socket in `dir`, as the frr user, without a vty port.
+fn spawn_daemon(ns: &Netns, name: &str, dir: &str, extra: &[&str]) -> Result<Proc> {
+    let bin = format!("/usr/lib/frr/{name}");
+    let conf = format!("{dir}/{name}.conf");
+    let pid = format!("{dir}/{name}.pid");
+    let mut argv = vec![bin.as_str(), "-f", &conf];
+    argv.extend_from_slice(extra);
     argv.extend_from_slice(&[
         "-i",
         &pid,
@@ -173,30 +185,6 @@ fn spawn_bgpd_with(ns: &Netns, dir: &str, zserv: Option<&str>) -> Result<Proc> {
         "0",
     ]);
     ns.spawn(&argv)
-}
-
-/// zebra in the foreground (the guard owns it), its vty socket in `dir`,
-/// serving bgpd on `zserv`.
-fn spawn_zebra(ns: &Netns, dir: &str, zserv: &str) -> Result<Proc> {
-    let conf = format!("{dir}/zebra.conf");
-    let pid = format!("{dir}/zebra.pid");
-    ns.spawn(&[
-        "/usr/lib/frr/zebra",
-        "-f",
-        &conf,
-        "-i",
-        &pid,
-        "-z",
-        zserv,
-        "--vty_socket",
-        dir,
-        "-u",
-        "frr",
-        "-g",
-        "frr",
-        "-P",
-        "0",
-    ])
 }
 
 /// The next hops of the kernel's route for `prefix` in `ns` (a multipath

@@ -253,11 +253,19 @@ fn kill_and_return(cluster: &mut Cluster, opts: &Options, out: &mut Outcome) -> 
     cluster.topo.restore_node(victim)?;
     let agent = cluster.spawn_agent(victim)?;
     cluster.agents[victim] = Some(agent);
+    share_back(cluster, opts, out, &name)?;
+    Ok(cluster.topo.nodes[victim].ip.to_string())
+}
+
+/// Waits (from now) until the upstream has every gateway's next hop
+/// again: `name` took its share back.
+fn share_back(cluster: &Cluster, opts: &Options, out: &mut Outcome, name: &str) -> Result<()> {
     let back = Instant::now();
+    let all = hops_of(cluster, &gateway_indexes());
     let returned = wait_until(
-        "the upstream takes the returned gateway back",
+        "the upstream takes the gateway back",
         opts.heartbeat_bound() + Duration::from_secs(10),
-        || Ok(upstream_hops(cluster)? == hops_of(cluster, &all)),
+        || Ok(upstream_hops(cluster)? == all),
     );
     out.extra.insert(
         "return_ms".into(),
@@ -267,7 +275,7 @@ fn kill_and_return(cluster: &mut Cluster, opts: &Options, out: &mut Outcome) -> 
         returned.is_ok(),
         format!("{name} did not take its share back"),
     );
-    Ok(cluster.topo.nodes[victim].ip.to_string())
+    Ok(())
 }
 
 /// Cuts the second gateway from the datastore only: it must fence itself
@@ -306,20 +314,7 @@ fn partition_and_return(cluster: &Cluster, opts: &Options, out: &mut Outcome) ->
     );
     std::thread::sleep(opts.after);
     super::block_datastore(cluster, victim, false)?;
-    let back = Instant::now();
-    let returned = wait_until(
-        "the upstream takes the gateway back",
-        opts.heartbeat_bound() + Duration::from_secs(10),
-        || Ok(upstream_hops(cluster)? == hops_of(cluster, &all)),
-    );
-    out.extra.insert(
-        "return_ms".into(),
-        json!(returned.as_ref().ok().map(|_| ms(back.elapsed()))),
-    );
-    out.check(
-        returned.is_ok(),
-        format!("{name} did not take its share back"),
-    );
+    share_back(cluster, opts, out, &name)?;
     Ok(cluster.topo.nodes[victim].ip.to_string())
 }
 

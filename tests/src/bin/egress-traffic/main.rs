@@ -182,17 +182,21 @@ fn udp_sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<se
     }))
 }
 
+/// The wildcard address of `target`'s family, any port: where a source binds.
+fn any_port_for(target: SocketAddr) -> SocketAddr {
+    if target.is_ipv6() {
+        "[::]:0".parse().unwrap()
+    } else {
+        "0.0.0.0:0".parse().unwrap()
+    }
+}
+
 fn udp_source(
     target: SocketAddr,
     interval: Duration,
     deadline: Option<Instant>,
 ) -> std::io::Result<serde_json::Value> {
-    let bind: SocketAddr = if target.is_ipv6() {
-        "[::]:0".parse().unwrap()
-    } else {
-        "0.0.0.0:0".parse().unwrap()
-    };
-    let sock = UdpSocket::bind(bind)?;
+    let sock = UdpSocket::bind(any_port_for(target))?;
     println!("ready");
     let mut seq = 0u64;
     let mut send_errors = 0u64;

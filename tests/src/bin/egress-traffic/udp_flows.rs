@@ -20,11 +20,7 @@ pub fn source(
     interval: Duration,
     deadline: Option<Instant>,
 ) -> std::io::Result<serde_json::Value> {
-    let bind: SocketAddr = if target.is_ipv6() {
-        "[::]:0".parse().unwrap()
-    } else {
-        "0.0.0.0:0".parse().unwrap()
-    };
+    let bind = super::any_port_for(target);
     let socks = (0..flows)
         .map(|_| UdpSocket::bind(bind))
         .collect::<std::io::Result<Vec<_>>>()?;
