@@ -38,18 +38,17 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Buckets per gateway in `t`, for tests and for the operator's view.
-pub fn buckets_of(t: &GatewaySpread, gateway: Ipv4Addr) -> usize {
-    t.tunnel_ips
-        .iter()
-        .filter(|ip| **ip == gateway.octets())
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use egress_common::policy::SPREAD_WAYS;
+
+    fn buckets_of(t: &GatewaySpread, gateway: Ipv4Addr) -> usize {
+        t.tunnel_ips
+            .iter()
+            .filter(|ip| **ip == gateway.octets())
+            .count()
+    }
 
     fn gw(i: u8) -> Ipv4Addr {
         Ipv4Addr::new(192, 168, 0, i)

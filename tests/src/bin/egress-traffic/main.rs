@@ -123,6 +123,15 @@ fn running(deadline: Option<Instant>) -> bool {
     !STOP.load(Ordering::SeqCst) && deadline.is_none_or(|d| Instant::now() < d)
 }
 
+/// A read that found nothing within its timeout (or was interrupted):
+/// the loop goes on.
+fn nothing_yet(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+    )
+}
+
 /// Largest time between two consecutive arrivals, in milliseconds.
 struct GapMeter {
     last: Option<Instant>,
@@ -163,11 +172,7 @@ fn udp_sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<se
                 sources.insert(from.ip().to_string());
             }
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if nothing_yet(&e) => {}
             Err(e) => return Err(e),
         }
     }
@@ -243,11 +248,7 @@ fn tcp_sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<se
                         *closed = true;
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if nothing_yet(&e) => {}
                 Err(_) => *closed = true,
             }
         }

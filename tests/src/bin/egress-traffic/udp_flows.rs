@@ -6,12 +6,11 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::ErrorKind,
     net::{SocketAddr, UdpSocket},
     time::{Duration, Instant},
 };
 
-use super::{running, GapMeter};
+use super::{nothing_yet, running, GapMeter};
 
 /// `flows` sockets, each sending a numbered datagram every `interval`.
 pub fn source(
@@ -84,11 +83,7 @@ pub fn sink(
                 }
             }
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if nothing_yet(&e) => {}
             Err(e) => return Err(e),
         }
     }
