@@ -4,8 +4,11 @@
 //! worst, and in how many runs the TCP connection survived. Then
 //! `gateway-under-load` with the defaults (`LOAD_RUNS` runs): every CPU
 //! busy, then a saturating flow through the gateway, and the false
-//! failovers they caused (`false_failovers_under_load`, must be 0). The
-//! last line is one JSON object.
+//! failovers they caused (`false_failovers_under_load`, must be 0). Then
+//! `active-active-kill` with the defaults (`AA_RUNS` runs, issue 17): the
+//! largest silence of the flows through the surviving gateways and of
+//! those through the killed one, beside the probe detection time, under
+//! keys prefixed `aa_`. The last line is one JSON object.
 //!
 //! The probe flags go to the controllers and, when `egress agent` has them,
 //! to the agents (`agent_probe_flags`). Whether probes actually moved the
@@ -34,6 +37,7 @@ const TARGET_GAP_MS: f64 = 1000.0;
 /// The target for the default timers' median gap.
 const TARGET_DEFAULT_MEDIAN_MS: f64 = 300.0;
 const LOAD_RUNS: usize = 2;
+const AA_RUNS: usize = 3;
 
 fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
@@ -114,6 +118,14 @@ pub fn run(root: &Path) -> Result<()> {
         &default_opts,
     );
     let load = load_figures(&load_runs);
+    let aa_runs = series(
+        &bins,
+        "active-active-kill",
+        "active-active, default timers",
+        AA_RUNS,
+        &default_opts,
+    );
+    let aa = aa_figures(&aa_runs);
     let (dm, dw, ddet) = stats(&default_runs);
     let (fm, fw, fdet) = stats(&fast_runs);
     let all: Vec<&Outcome> = default_runs.iter().chain(&fast_runs).collect();
@@ -123,8 +135,9 @@ pub fn run(root: &Path) -> Result<()> {
     let target_met = fw.is_some_and(|w| w < TARGET_GAP_MS)
         && survived == all.len()
         && default_met
-        && load.false_failovers == Some(0);
-    let summary = json!({
+        && load.false_failovers == Some(0)
+        && aa.met();
+    let mut summary = json!({
         "bench": "failover",
         "scenario": "gateway-kill",
         "runs": RUNS,
@@ -152,14 +165,19 @@ pub fn run(root: &Path) -> Result<()> {
         "load_cpu_busy_min": load.cpu_busy_min,
         "target_met": target_met,
     });
+    summary
+        .as_object_mut()
+        .expect("an object")
+        .extend(aa.json());
     println!("{summary}");
     if !target_met {
         bail!(
-            "target not met: default median gap {:?} ms (target < {TARGET_DEFAULT_MEDIAN_MS} ms), false failovers under load {:?} (target 0), fast-probe worst gap {:?} ms (target < {TARGET_GAP_MS} ms), TCP survived {survived}/{}{}",
+            "target not met: default median gap {:?} ms (target < {TARGET_DEFAULT_MEDIAN_MS} ms), false failovers under load {:?} (target 0), fast-probe worst gap {:?} ms (target < {TARGET_GAP_MS} ms), TCP survived {survived}/{}; active-active: {}{}",
             round(dm),
             load.false_failovers,
             round(fw),
             all.len(),
+            aa.verdict(),
             if fdet.is_some_and(|d| d < 15000.0) {
                 ""
             } else {
@@ -203,5 +221,98 @@ fn load_figures(runs: &[Outcome]) -> LoadFigures {
                 .as_f64()
         }),
         cpu_busy_min: min(&|o| o.extra.get("load_cpu_cpu_busy")?.as_f64()),
+    }
+}
+
+/// The active-active series: the worst silence of the flows that kept
+/// their gateway, the median and worst of those that lost it, against the
+/// issue's targets (two probe intervals; detection + 100 ms).
+struct AaFigures {
+    runs: usize,
+    ok_runs: usize,
+    survivors_worst: Option<f64>,
+    dead_median: Option<f64>,
+    dead_worst: Option<f64>,
+    tcp_survived: usize,
+    upstream_withdraw_median: Option<f64>,
+    probe: (u64, u32),
+}
+
+fn aa_figures(runs: &[Outcome]) -> AaFigures {
+    let each = |key: &str| -> Vec<f64> {
+        runs.iter()
+            .filter_map(|o| o.extra.get(key).and_then(serde_json::Value::as_f64))
+            .collect()
+    };
+    // A run that measured nothing has no finite worst case.
+    let worst = |v: &[f64]| {
+        (v.len() == runs.len())
+            .then(|| v.iter().copied().reduce(f64::max))
+            .flatten()
+    };
+    let survivors = each("surviving_flows_gap_ms");
+    let mut dead = each("dead_gateway_flows_gap_ms");
+    AaFigures {
+        runs: runs.len(),
+        ok_runs: runs.iter().filter(|o| o.ok).count(),
+        survivors_worst: worst(&survivors),
+        dead_worst: worst(&dead),
+        dead_median: median(&mut dead),
+        tcp_survived: runs.iter().filter(|o| o.tcp_survived).count(),
+        upstream_withdraw_median: median(&mut each("upstream_withdraw_ms")),
+        probe: scenarios::default_probe(),
+    }
+}
+
+impl AaFigures {
+    fn detect_ms(&self) -> u64 {
+        self.probe.0 * u64::from(self.probe.1)
+    }
+    fn survivors_target_ms(&self) -> f64 {
+        2.0 * self.probe.0 as f64
+    }
+    fn dead_target_ms(&self) -> f64 {
+        (self.detect_ms() + 100) as f64
+    }
+    fn met(&self) -> bool {
+        self.ok_runs == self.runs
+            && self.tcp_survived == self.runs
+            && self
+                .survivors_worst
+                .is_some_and(|w| w <= self.survivors_target_ms())
+            && self.dead_worst.is_some_and(|w| w <= self.dead_target_ms())
+    }
+    fn verdict(&self) -> String {
+        format!(
+            "{} of {} runs passed, survivors' worst silence {:?} ms (target <= {}), dead gateway's worst {:?} ms (target <= {}), TCP kept in {} runs",
+            self.ok_runs,
+            self.runs,
+            self.survivors_worst.map(f64::round),
+            self.survivors_target_ms(),
+            self.dead_worst.map(f64::round),
+            self.dead_target_ms(),
+            self.tcp_survived,
+        )
+    }
+    fn json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let round = |v: Option<f64>| v.map(|x| x.round() as u64);
+        let v = json!({
+            "aa_scenario": "active-active-kill",
+            "aa_runs": self.runs,
+            "aa_ok_runs": self.ok_runs,
+            "aa_gap_survivors_ms_worst": round(self.survivors_worst),
+            "aa_gap_dead_ms_median": round(self.dead_median),
+            "aa_gap_dead_ms_worst": round(self.dead_worst),
+            "aa_tcp_survived_runs": self.tcp_survived,
+            "aa_upstream_withdraw_ms_median": round(self.upstream_withdraw_median),
+            "aa_probe_detect_ms": self.detect_ms(),
+            "aa_target_survivors_ms": self.survivors_target_ms(),
+            "aa_target_dead_ms": self.dead_target_ms(),
+            "aa_target_met": self.met(),
+        });
+        match v {
+            serde_json::Value::Object(m) => m,
+            _ => unreachable!("json! of an object"),
+        }
     }
 }
