@@ -7,6 +7,8 @@
 //!   forward, worker reply.
 //! - `uplink`: `uplink_ingress`, ingress on a gateway's uplink; reply
 //!   steering, with `neigh` (ARP/NDP answers) and `probe` (probe answers).
+//! - `uplink_xdp`: `uplink_xdp`, XDP on a gateway's uplink; the common
+//!   reply steered back out with `XDP_TX`, everything else to `uplink`.
 //! - `count`: `tc_count`, the smallest program (packets and bytes).
 #![no_std]
 #![no_main]
@@ -35,6 +37,7 @@ mod probe;
 mod tcp;
 mod tunnel;
 mod uplink;
+mod uplink_xdp;
 mod verdict;
 mod vxlan;
 

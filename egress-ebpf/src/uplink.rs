@@ -140,7 +140,7 @@ fn try_uplink_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
 /// A steering key. The block and the zero padding after it are written as
 /// one 32-bit word (a `[0; 2]` literal is a `memset` call in BPF; see `mem`).
 #[inline(always)]
-fn steer_key(eip: &Addr, block: u16) -> SteerKey {
+pub fn steer_key(eip: &Addr, block: u16) -> SteerKey {
     let mut k = core::mem::MaybeUninit::<SteerKey>::uninit();
     let p = k.as_mut_ptr();
     // SAFETY: every byte is written before assume_init; `block` and `_pad`
@@ -171,55 +171,81 @@ fn steer_v4_from_cache(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
     if bs == 0 || cfg.gateway_epoch == 0 {
         return None;
     }
-    let l4 = ETH_LEN + core::mem::size_of::<Ipv4Hdr>();
-    // The full parse wants the whole transport header (TCP's 20 bytes,
-    // UDP's 8); so does this. The smaller bound is checked here.
-    let d = ctx.data();
-    if d + l4 + core::mem::size_of::<UdpHdr>() > ctx.data_end() {
-        return None;
-    }
-    let ip = d + ETH_LEN;
-    // SAFETY: every access below lies in `d .. d + l4 + 8`, checked above.
-    let (proto, saddr, daddr, ports) = unsafe {
-        if pkt::load16(d + core::mem::offset_of!(EthHdr, proto))
-            != u16::from_ne_bytes(ETH_P_IP.to_be_bytes())
-        {
-            return None;
-        }
-        // Version/IHL, TOS | ..., flags and fragment offset | TTL, protocol.
-        let w0 = pkt::load32(ip).to_ne_bytes();
-        let w1 = pkt::load32(ip + 4).to_ne_bytes();
-        let w2 = pkt::load32(ip + 8).to_ne_bytes();
-        if w0[0] != 0x45 || u16::from_be_bytes([w1[2], w1[3]]) & 0x3fff != 0 {
-            return None;
-        }
-        (
-            w2[1],
-            pkt::load32(ip + IPV4_SADDR),
-            pkt::load32(ip + IPV4_DADDR),
-            pkt::load32(d + l4).to_ne_bytes(),
-        )
-    };
-    match proto {
-        IPPROTO_TCP if d + l4 + TCP_LEN > ctx.data_end() => return None,
-        IPPROTO_TCP | IPPROTO_UDP => {}
-        _ => return None,
-    }
-    let sport = u16::from_be_bytes([ports[0], ports[1]]);
-    let dport = u16::from_be_bytes([ports[2], ports[3]]);
-    let (flags, worker) = cached_steering_v4(daddr, dport / bs, cfg.gateway_epoch)?;
+    let r = PlainReplyV4::read(ctx.data(), ctx.data_end())?;
+    let (flags, worker) = cached_steering_v4(r.daddr, r.dport / bs, cfg.gateway_epoch)?;
     if flags & STEER_LOCAL != 0 {
         return None;
     }
-    // As `vxlan::flow_entropy` computes it from the parsed flow, so a flow
-    // keeps its outer source port whichever path its packets take.
-    let prefix = crate::mem::V4_MAPPED_PREFIX[2];
-    let entropy = crate::vxlan::entropy(
-        prefix ^ saddr,
-        prefix ^ daddr,
-        u32::from(sport) << 16 | u32::from(dport),
-    );
-    encap(ctx, cfg, worker, entropy).ok()
+    encap(ctx, cfg, worker, r.entropy()).ok()
+}
+
+/// The headers of an IPv4 TCP or UDP packet without IP options that is
+/// not a fragment: the replies both the TC and the XDP fast paths steer
+/// from their headers alone. Addresses are words in memory order.
+pub struct PlainReplyV4 {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+impl PlainReplyV4 {
+    /// Reads the frame `d .. end` (an Ethernet frame), read as packet
+    /// words; `None` for anything else.
+    #[inline(always)]
+    pub fn read(d: usize, end: usize) -> Option<Self> {
+        let l4 = ETH_LEN + core::mem::size_of::<Ipv4Hdr>();
+        // The full parse wants the whole transport header (TCP's 20 bytes,
+        // UDP's 8); so does this. The smaller bound is checked here.
+        if d + l4 + core::mem::size_of::<UdpHdr>() > end {
+            return None;
+        }
+        let ip = d + ETH_LEN;
+        // SAFETY: every access below lies in `d .. d + l4 + 8`, checked above.
+        let (proto, saddr, daddr, ports) = unsafe {
+            if pkt::load16(d + core::mem::offset_of!(EthHdr, proto))
+                != u16::from_ne_bytes(ETH_P_IP.to_be_bytes())
+            {
+                return None;
+            }
+            // Version/IHL, TOS | ..., flags and fragment offset | TTL, protocol.
+            let w0 = pkt::load32(ip).to_ne_bytes();
+            let w1 = pkt::load32(ip + 4).to_ne_bytes();
+            let w2 = pkt::load32(ip + 8).to_ne_bytes();
+            if w0[0] != 0x45 || u16::from_be_bytes([w1[2], w1[3]]) & 0x3fff != 0 {
+                return None;
+            }
+            (
+                w2[1],
+                pkt::load32(ip + IPV4_SADDR),
+                pkt::load32(ip + IPV4_DADDR),
+                pkt::load32(d + l4).to_ne_bytes(),
+            )
+        };
+        match proto {
+            IPPROTO_TCP if d + l4 + TCP_LEN > end => return None,
+            IPPROTO_TCP | IPPROTO_UDP => {}
+            _ => return None,
+        }
+        Some(Self {
+            saddr,
+            daddr,
+            sport: u16::from_be_bytes([ports[0], ports[1]]),
+            dport: u16::from_be_bytes([ports[2], ports[3]]),
+        })
+    }
+
+    /// As `vxlan::flow_entropy` computes it from the parsed flow, so a flow
+    /// keeps its outer source port whichever path its packets take.
+    #[inline(always)]
+    pub fn entropy(&self) -> u32 {
+        let prefix = crate::mem::V4_MAPPED_PREFIX[2];
+        crate::vxlan::entropy(
+            prefix ^ self.saddr,
+            prefix ^ self.daddr,
+            u32::from(self.sport) << 16 | u32::from(self.dport),
+        )
+    }
 }
 
 /// A reply to an owned EIP, to the worker that holds its port's block:

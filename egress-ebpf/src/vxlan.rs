@@ -31,8 +31,8 @@ use core::mem::{offset_of, size_of};
 use crate::{ctx::fold, hdr::*, pkt, verdict::Packed};
 
 /// Outer IPv4 + UDP + VXLAN, and the inner Ethernet header that follows.
-const OUTER_LEN: usize = 20 + 8 + 8;
-const GROW: usize = OUTER_LEN + ETH_LEN;
+pub const OUTER_LEN: usize = 20 + 8 + 8;
+pub const GROW: usize = OUTER_LEN + ETH_LEN;
 const AF_INET: u8 = 2;
 
 /// A remote tunnel endpoint's next hop.
@@ -53,13 +53,13 @@ static TUNNEL_HOPS: PerCpuArray<Hop, { crate::cache::SLOTS }> = PerCpuArray::new
 
 /// The outer headers, in wire order.
 #[repr(C)]
-struct Outer {
-    eth: EthHdr,
-    ip: Ipv4Hdr,
-    udp: UdpHdr,
-    vxlan_flags: [u8; 4],
-    vni: [u8; 4],
-    inner_eth: EthHdr,
+pub struct Outer {
+    pub eth: EthHdr,
+    pub ip: Ipv4Hdr,
+    pub udp: UdpHdr,
+    pub vxlan_flags: [u8; 4],
+    pub vni: [u8; 4],
+    pub inner_eth: EthHdr,
 }
 
 /// The outer UDP source port's seed for a flow: the same for every packet
@@ -290,7 +290,7 @@ fn outer_ip_checksum(ip_len: u16, s: [u8; 4], r: [u8; 4]) -> u16 {
 /// # Safety
 /// As `move_inner_eth`.
 #[inline(always)]
-unsafe fn write_outer_ip(d: usize, ip_len: u16, s: [u8; 4], r: [u8; 4]) {
+pub unsafe fn write_outer_ip(d: usize, ip_len: u16, s: [u8; 4], r: [u8; 4]) {
     let w = u32::from_ne_bytes;
     let ip = d + offset_of!(Outer, ip);
     let len = ip_len.to_be_bytes();
@@ -311,7 +311,7 @@ unsafe fn write_outer_ip(d: usize, ip_len: u16, s: [u8; 4], r: [u8; 4]) {
 /// # Safety
 /// As `move_inner_eth`.
 #[inline(always)]
-unsafe fn write_outer_udp_vxlan(d: usize, udp_len: u16, sport: u16, cfg: &DatapathConfig) {
+pub unsafe fn write_outer_udp_vxlan(d: usize, udp_len: u16, sport: u16, cfg: &DatapathConfig) {
     let w = u32::from_ne_bytes;
     let (len, sport) = (udp_len.to_be_bytes(), sport.to_be_bytes());
     let dport = cfg.vxlan_port.to_be_bytes();

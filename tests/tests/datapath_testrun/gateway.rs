@@ -95,7 +95,7 @@ fn gateway_answers_arp_for_owned_eips_only() -> anyhow::Result<()> {
 }
 
 /// A broadcast ARP request from the server for `tpa`.
-fn arp_request(tpa: Ipv4Addr) -> Vec<u8> {
+pub(crate) fn arp_request(tpa: Ipv4Addr) -> Vec<u8> {
     let mut v = Vec::new();
     v.extend_from_slice(&[0xff; 6]);
     v.extend_from_slice(&PEER_MAC);

@@ -10,6 +10,7 @@ mod testrun;
 
 mod fail_closed;
 mod gateway;
+mod gateway_xdp;
 mod port_blocks;
 mod slots;
 mod spread;
