@@ -46,6 +46,9 @@ pub const ROUTES: &str = "ROUTES";
 pub const POD_LINKS: &str = "POD_LINKS";
 /// Per-CPU array: `nat::NAT_EVENT_*` -> `TrafficCounter`.
 pub const NAT_EVENTS: &str = "NAT_EVENTS";
+/// Per-CPU array (one slot): `TrafficCounter` of the replies the gateway's
+/// XDP program sent back out with `XDP_TX` (the TC path's are not counted).
+pub const XDP_REPLIES: &str = "XDP_REPLIES";
 
 /// Every map userspace pins, in the order it creates them.
 pub const PINNED_MAPS: &[&str] = &[
@@ -66,12 +69,14 @@ pub const PINNED_MAPS: &[&str] = &[
     ROUTES,
     POD_LINKS,
     NAT_EVENTS,
+    XDP_REPLIES,
 ];
 
 /// Programs in the object.
 pub const PROG_WORKER_EGRESS: &str = "worker_egress";
 pub const PROG_TUNNEL_INGRESS: &str = "tunnel_ingress";
 pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
+pub const PROG_UPLINK_XDP: &str = "uplink_xdp";
 
 /// Map capacities: the eBPF object declares its maps with these, and
 /// userspace sizes its diffs by them (the agent may resize `NAT_*` at load).

@@ -646,6 +646,11 @@ impl Cluster {
         node.ns.spawn_logged(&argv, &format!("agent-{}", node.name))
     }
 
+    /// The extra agent flags of the agents started from now on.
+    pub fn set_agent_args(&mut self, args: &[&str]) {
+        self.spec.agent_args = args.iter().map(|a| a.to_string()).collect();
+    }
+
     /// Kills node `i`'s agent and starts it again without waiting for it to
     /// be ready (its "ready node=" line, after it registered).
     pub fn restart_agent_unready(&mut self, i: usize) -> Result<()> {

@@ -20,6 +20,7 @@ mod process;
 pub mod scenarios;
 mod test_run;
 pub mod topology;
+pub mod veth_xdp;
 
 pub use netns::{link_veth, unique_name, Netns, PinDir};
 pub use process::{run, Proc, LOG_DIR_VAR};
@@ -74,7 +75,8 @@ pub fn metric_sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<
 }
 
 pub use test_run::{
-    run_classifier, run_classifier_complete, run_classifier_with, run_xdp, TEST_CHECKSUM_COMPLETE,
+    run_classifier, run_classifier_complete, run_classifier_with, run_xdp, run_xdp_live,
+    TEST_CHECKSUM_COMPLETE,
 };
 
 /// True when this process can create namespaces and load BPF programs.

@@ -97,6 +97,24 @@ struct TestAttr {
     _pad: u32,
 }
 
+/// bpf(BPF_PROG_TEST_RUN, attr).
+fn prog_test_run(attr: &mut TestAttr) -> std::io::Result<()> {
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    // SAFETY: attr is a valid bpf_attr prefix whose buffers outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            attr as *mut TestAttr,
+            std::mem::size_of::<TestAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn test_run(
     prog: &str,
     fd: i32,
@@ -104,7 +122,6 @@ fn test_run(
     flags: u32,
     ctx: Option<&[u32]>,
 ) -> Result<(u32, Vec<u8>)> {
-    const BPF_PROG_TEST_RUN: libc::c_long = 10;
     let mut out = vec![0u8; pkt.len() + 256];
     let mut attr = TestAttr {
         prog_fd: fd as u32,
@@ -120,17 +137,7 @@ fn test_run(
         attr.ctx_in = c.as_ptr() as u64;
         attr.ctx_size_in = std::mem::size_of_val(c) as u32;
     }
-    // SAFETY: attr is a valid bpf_attr prefix whose buffers outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestAttr,
-            std::mem::size_of::<TestAttr>(),
-        )
-    };
-    if rc < 0 {
-        let err = std::io::Error::last_os_error();
+    if let Err(err) = prog_test_run(&mut attr) {
         if err.raw_os_error() == Some(libc::EBADMSG) {
             bail!("{prog}: skb->csum no longer sums the packet the program left (EBADMSG)");
         }
@@ -138,4 +145,32 @@ fn test_run(
     }
     out.truncate(attr.data_size_out as usize);
     Ok((attr.retval, out))
+}
+
+/// `BPF_F_TEST_XDP_LIVE_FRAMES` (Linux 5.18): the frames are not handed
+/// back but sent on: `XDP_TX` out of the device they "arrived" on.
+const TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+
+/// Runs the XDP program `fd` on `repeat` copies of `frame` as if they
+/// arrived on `ifindex` of the calling thread's namespace, in live-frames
+/// mode: what it sends with `XDP_TX` leaves by that device for real, in
+/// batches of `batch`. A traffic generator: returns the kernel's time
+/// per frame (ns).
+pub fn run_xdp_live(fd: i32, frame: &[u8], ifindex: u32, repeat: u32, batch: u32) -> Result<u32> {
+    let md: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+    let mut attr = TestAttr {
+        prog_fd: fd as u32,
+        data_size_in: frame.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        repeat,
+        ctx_in: md.as_ptr() as u64,
+        ctx_size_in: std::mem::size_of_val(&md) as u32,
+        flags: TEST_XDP_LIVE_FRAMES,
+        batch_size: batch,
+        ..TestAttr::default()
+    };
+    if let Err(err) = prog_test_run(&mut attr) {
+        bail!("BPF_PROG_TEST_RUN (live frames): {err}");
+    }
+    Ok(attr.duration)
 }

@@ -35,6 +35,8 @@ pub struct AgentFacts {
     pub heartbeat_renewal_age: Option<std::time::Duration>,
     /// The node's BGP speaker (None: BGP off).
     pub bgp: Option<egress_bgp::speaker::Status>,
+    /// The gateway's replies leave by the XDP program (else by TC alone).
+    pub uplink_xdp: bool,
 }
 
 /// Renders the metrics in Prometheus' text format.
@@ -45,6 +47,7 @@ pub fn render(pin_dir: &Path, facts: &AgentFacts) -> String {
     register_drops(&mut reg, pin_dir);
     register_nat(&mut reg, pin_dir);
     register_node_state(&mut reg, facts);
+    register_reply_path(&mut reg, pin_dir, facts);
     if let Some(status) = &facts.bgp {
         crate::bgp_metrics::register(&mut reg, status);
     }
@@ -207,6 +210,26 @@ fn register_node_state(reg: &mut Registry, facts: &AgentFacts) {
             "heartbeat_renewal_age_seconds",
             "Seconds since this node last renewed its heartbeat in the datastore",
             g,
+        );
+    }
+}
+
+/// `uplink_xdp`: whether the XDP reply path is attached, and
+/// `xdp_replies`: the replies it sent (the TC path's are not in it).
+fn register_reply_path(reg: &mut Registry, pin_dir: &Path, facts: &AgentFacts) {
+    register_gauge(
+        reg,
+        "uplink_xdp",
+        "1 when the gateway's common replies leave by the native XDP program on the uplink, 0 when by TC alone (the agent's /state says why)",
+        i64::from(facts.uplink_xdp),
+    );
+    if let Ok(c) = crate::datapath::stats::read_xdp_replies(pin_dir) {
+        let packets = Counter::<u64>::default();
+        packets.inc_by(c.packets);
+        reg.register(
+            "xdp_replies",
+            "Replies the gateway's XDP program encapsulated and sent back out of the uplink",
+            packets,
         );
     }
 }

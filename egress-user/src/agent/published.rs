@@ -43,6 +43,8 @@ pub(super) struct Published {
     pub(super) over_capacity: Vec<egress_control::api::PolicyOverCapacity>,
     /// What this run took over from the previous one's pinned state.
     pub(super) resumed: Resumed,
+    /// Which program sends the gateway's common replies back out, and why.
+    pub(super) uplink_reply_path: Option<crate::datapath::uplink_xdp::ReplyPath>,
     /// When the heartbeat was last renewed (for the metrics).
     #[serde(skip)]
     pub(super) last_renewal: Option<std::time::Instant>,
@@ -90,6 +92,7 @@ pub(super) fn admin_handler(
                         watch_batches: p.watch_batches,
                         bgp_learned_routes: learned.map(|l| l.lock().unwrap().len()).unwrap_or(0),
                         heartbeat_renewal_age: p.last_renewal.map(|t| t.elapsed()),
+                        uplink_xdp: p.uplink_reply_path.as_ref().is_some_and(|r| r.is_xdp()),
                         bgp,
                     };
                     Response::ok(

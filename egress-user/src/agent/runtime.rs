@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     admin,
-    datapath::{lease, links, Datapath, PinnedMaps},
+    datapath::{lease, links, uplink_xdp, Datapath, PinnedMaps},
     node::{vxlan, watch::LinkWatch},
     EBPF_OBJECT,
 };
@@ -56,7 +56,10 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
         Some(cfg) => Some(super::bgp::AgentBgp::start(cfg, tunnel_ip).await?),
         None => None,
     };
-    let published = Arc::new(Mutex::new(Published::default()));
+    let published = Arc::new(Mutex::new(Published {
+        uplink_reply_path: Some(edge.reply_path.clone()),
+        ..Published::default()
+    }));
     let learned = bgp.as_ref().map(|b| b.learned());
     let speaker = bgp.as_ref().map(|b| b.handle().clone());
     let handler = admin_handler(
@@ -134,6 +137,7 @@ struct Edge {
     dp: Datapath,
     facts: NodeFacts,
     node_ipv6: Option<Ipv6Addr>,
+    reply_path: uplink_xdp::ReplyPath,
 }
 
 /// Loads the object, ensures the VXLAN device and attaches the tunnel and
@@ -165,6 +169,13 @@ async fn attach_edge(
         .or_else(|| uplink_addr::node_ipv6(&uplink_addrs));
     links::attach_ingress(&mut dp, PROG_TUNNEL_INGRESS, &s.vxlan.name, vxlan_ifindex)?;
     links::attach_ingress(&mut dp, PROG_UPLINK_INGRESS, &s.uplink, uplink.index)?;
+    let reply_path = uplink_xdp::attach(&mut dp, s.uplink_xdp, &s.uplink, uplink.index);
+    tracing::info!(
+        path = reply_path.path,
+        driver = ?reply_path.driver,
+        reason = %reply_path.reason,
+        "gateway reply path on the uplink"
+    );
     let facts = NodeFacts {
         tunnel_ip,
         vxlan_ifindex,
@@ -184,6 +195,7 @@ async fn attach_edge(
             dp,
             facts,
             node_ipv6,
+            reply_path,
         },
     ))
 }

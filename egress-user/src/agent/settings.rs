@@ -31,6 +31,8 @@ pub struct AgentSettings {
     pub timers: FailoverTimers,
     /// Answer ARP/NDP and send gratuitous announcements for owned EIPs.
     pub l2_announce: bool,
+    /// Whether the gateway's common replies may take the XDP program.
+    pub uplink_xdp: crate::datapath::uplink_xdp::UplinkXdpMode,
     pub pin_dir: PathBuf,
     /// Sizes of the maps the agent creates (the NAT tables).
     pub map_sizes: crate::datapath::MapSizes,

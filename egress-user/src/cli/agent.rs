@@ -94,6 +94,12 @@ pub struct AgentArgs {
     /// Do not answer ARP/NDP for owned EIPs (BGP mode only).
     #[arg(long)]
     pub no_l2_announce: bool,
+    /// The gateway's reply path on the uplink: `auto` runs it in native
+    /// XDP where the driver takes it (not on a veth), `native` tries XDP
+    /// on any device, `off` keeps TC only. TC stays the fallback; /state
+    /// says which was chosen and why.
+    #[arg(long, value_enum, env = "EGRESS_UPLINK_XDP", default_value = "auto")]
+    pub uplink_xdp: crate::datapath::uplink_xdp::UplinkXdpMode,
     /// Admin endpoint: /healthz, /readyz, /state.
     #[arg(long, env = "EGRESS_ADMIN_ADDR", default_value = "127.0.0.1:9465")]
     pub admin_addr: SocketAddr,
@@ -261,6 +267,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         extra_cidrs: args.extra_cidrs.clone(),
         timers,
         l2_announce: !args.no_l2_announce,
+        uplink_xdp: args.uplink_xdp,
         pin_dir: args.pin_dir.clone(),
         map_sizes: crate::datapath::MapSizes {
             nat_entries: args.nat_table_size,

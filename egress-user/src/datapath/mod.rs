@@ -17,6 +17,7 @@ pub mod links;
 pub mod loader;
 pub mod stats;
 pub mod translate;
+pub mod uplink_xdp;
 
 pub use apply::{apply, ApplyError, ApplyReport, MapSource, PinnedMaps};
 pub use desired::{

@@ -33,6 +33,12 @@ pub fn read_nat_events(pin_dir: &Path) -> anyhow::Result<Vec<(&'static str, Traf
     read_counters(pin_dir, egress_common::maps::NAT_EVENTS, &NAT_EVENT_NAMES)
 }
 
+/// Replies the gateway's XDP program sent back out (`XDP_REPLIES`).
+pub fn read_xdp_replies(pin_dir: &Path) -> anyhow::Result<TrafficCounter> {
+    let c = read_counters(pin_dir, egress_common::maps::XDP_REPLIES, &["xdp_tx"])?;
+    Ok(c.into_iter().next().map(|(_, c)| c).unwrap_or_default())
+}
+
 /// The per-CPU array `map` of counters, one named slot each.
 fn read_counters(
     pin_dir: &Path,
@@ -162,8 +168,9 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
     ];
     // Their readers open the pin themselves (and fail if it does not
     // open): only whether the pin exists is asked here.
-    let pins: [(&str, &str, PinSection); 5] = [
+    let pins: [(&str, &str, PinSection); 6] = [
         (DROPS, "drops", drops_json),
+        (XDP_REPLIES, "xdp_replies", xdp_replies_json),
         (NAT_EVENTS, "nat_events", nat_events_json),
         (POLICY_STATS, "policy_stats", policy_stats_json),
         (ANNOUNCE_UNTIL, "announce_lease_ms", announce_lease_json),
@@ -331,6 +338,12 @@ fn nat_events_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
         .map(|(n, c)| (n.to_string(), json!(c.packets)))
         .collect();
     Ok(e.into())
+}
+
+/// Replies sent back out by the gateway's XDP program.
+fn xdp_replies_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let c = read_xdp_replies(pin_dir)?;
+    Ok(json!({ "packets": c.packets, "bytes": c.bytes }))
 }
 
 /// Packets and bytes per policy id and direction.

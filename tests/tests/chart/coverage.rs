@@ -96,6 +96,7 @@ fn every_value_changes_the_output() {
         ("agent.pinDir", json!("/sys/fs/bpf/other"), json!({})),
         ("agent.uplink", json!("ens5"), json!({})),
         ("agent.natTableSize", json!(65536), json!({})),
+        ("agent.uplinkXdp", json!("off"), json!({})),
         (
             "agent.resources",
             json!({"requests": {"cpu": "1"}}),
@@ -267,6 +268,7 @@ const AGENT_FLAGS: &[&str] = &[
     "probe-interval-ms",
     "tunnel-monitor-period",
     "tunnel-update-period",
+    "uplink-xdp",
     "vxlan-id",
     "vxlan-port",
 ];

@@ -305,3 +305,19 @@ fn the_nat_table_size_is_bounded_as_the_agent_bounds_it() {
         assert_eq!(schema_errors(&v).is_empty(), ok, "natTableSize {size}");
     }
 }
+
+/// `agent.uplinkXdp` takes the agent's three modes and nothing else.
+#[test]
+fn the_uplink_xdp_mode_is_one_the_agent_knows() {
+    for (mode, ok) in [
+        ("auto", true),
+        ("native", true),
+        ("off", true),
+        ("generic", false),
+        ("", false),
+    ] {
+        let mut v = default_values();
+        set(&mut v, "agent.uplinkXdp", json!(mode));
+        assert_eq!(schema_errors(&v).is_empty(), ok, "uplinkXdp {mode:?}");
+    }
+}

@@ -1,0 +1,131 @@
+//! Issue 21, point 5: the gateway's reply path in native XDP, chosen by
+//! the agent (etcd, controller, agents in namespaces). With
+//! `--uplink-xdp=native` every agent attaches `uplink_xdp` to its uplink in
+//! driver mode, the EIP owner's replies leave by `XDP_TX` (its counter
+//! grows, the pod still sees its connection work), a restarted agent takes
+//! the pinned link over in place, and an agent restarted with the default
+//! `auto` on a veth uplink detaches it and says why, the TC path serving
+//! the replies from then on.
+//!
+//! The fabric's ports get an `XDP_PASS` program: a veth's `XDP_TX` frames
+//! are only received where its peer runs XDP; and the server sends full
+//! checksums, as packets off a wire have them (see `egress_tests::veth_xdp`;
+//! a real NIC needs neither).
+
+use anyhow::{Context, Result};
+use egress_tests::{
+    cluster::{pod_source_seen, Cluster, ClusterSpec},
+    egress_bin, metric_sample,
+    veth_xdp::{ifindex, tx_checksum_off, PeerProgram, Verdict},
+};
+use serde_json::Value;
+
+/// The reply path an agent reports in `/state`.
+fn reply_path(cluster: &Cluster, i: usize) -> Result<Value> {
+    Ok(cluster.agent_state(i)?["uplink_reply_path"].clone())
+}
+
+/// `egress_xdp_replies_total` of agent `i`.
+fn xdp_replies(cluster: &Cluster, i: usize) -> Result<f64> {
+    let text = cluster.agent_http(i, "/metrics")?;
+    metric_sample(&text, "egress_xdp_replies_total", &[]).context("no egress_xdp_replies_total")
+}
+
+/// The XDP program attached to node `i`'s uplink, and its mode as the
+/// kernel reports it (`ip -d link`: 1 driver, 2 generic).
+fn attached_xdp(cluster: &Cluster, i: usize) -> Result<Option<(u64, u64)>> {
+    let n = &cluster.topo.nodes[i];
+    let out = n.ns.ip(&["-j", "-d", "link", "show", "dev", &n.uplink])?;
+    let v: Value = serde_json::from_str(&out)?;
+    let xdp = &v[0]["xdp"];
+    Ok(xdp["prog"]["id"]
+        .as_u64()
+        .map(|id| (id, xdp["mode"].as_u64().unwrap_or(0))))
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
+    let spec = ClusterSpec {
+        agent_args: vec!["--uplink-xdp=native".into()],
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    let _peers = cluster
+        .topo
+        .nodes
+        .iter()
+        .map(|n| PeerProgram::attach(&cluster.topo.fabric, &n.fabric_port, Verdict::Pass))
+        .collect::<Result<Vec<_>>>()?;
+    tx_checksum_off(&cluster.topo.server, "eth0")?;
+    let (eip, owner) = cluster.examples_up_and_checked()?;
+
+    for i in [0, owner] {
+        let p = reply_path(&cluster, i)?;
+        assert_eq!(p["path"], "xdp", "node {i}: {p}");
+        assert_eq!(p["driver"], "veth", "node {i}: {p}");
+        let (_, mode) = attached_xdp(&cluster, i)?.context("no XDP program on the uplink")?;
+        assert_eq!(mode, 1, "node {i}: attached in driver mode");
+    }
+    // The example traffic's replies went out by XDP_TX: the counter moved,
+    // and more connections move it further.
+    let before = xdp_replies(&cluster, owner)?;
+    assert!(before > 0.0, "no reply left by XDP before");
+    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
+    let after = xdp_replies(&cluster, owner)?;
+    assert!(after > before, "XDP replies {before} -> {after}");
+
+    // A restart takes the pinned link over: the program is swapped in place.
+    let (old_prog, _) = attached_xdp(&cluster, owner)?.context("XDP before the restart")?;
+    cluster.kill_agent(owner);
+    cluster.agents[owner] = Some(cluster.spawn_agent(owner)?);
+    let p = reply_path(&cluster, owner)?;
+    assert_eq!(p["path"], "xdp", "{p}");
+    assert!(
+        p["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("taken over"),
+        "{p}"
+    );
+    let (new_prog, mode) = attached_xdp(&cluster, owner)?.context("XDP after the restart")?;
+    assert_ne!(new_prog, old_prog, "the new agent's program is attached");
+    assert_eq!(mode, 1);
+    cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP after the restart")?;
+    let after_restart = xdp_replies(&cluster, owner)?;
+    assert!(
+        after_restart > after,
+        "XDP replies {after} -> {after_restart}"
+    );
+
+    // `auto` on a veth: TC alone, the link gone, the reason given.
+    cluster.set_agent_args(&[]);
+    cluster.kill_agent(owner);
+    cluster.agents[owner] = Some(cluster.spawn_agent(owner)?);
+    let p = reply_path(&cluster, owner)?;
+    assert_eq!(p["path"], "tc", "{p}");
+    assert_eq!(p["mode"], "auto", "{p}");
+    assert!(
+        p["reason"].as_str().unwrap_or_default().contains("veth"),
+        "{p}"
+    );
+    assert_eq!(attached_xdp(&cluster, owner)?, None, "XDP left attached");
+    let pin = egress_user::datapath::uplink_xdp::pin_path(
+        cluster.pin_dir(owner),
+        ifindex(
+            &cluster.topo.nodes[owner].ns,
+            &cluster.topo.nodes[owner].uplink,
+        )?,
+    );
+    assert!(!pin.exists(), "{} left behind", pin.display());
+    let metrics = cluster.agent_http(owner, "/metrics")?;
+    assert_eq!(metric_sample(&metrics, "egress_uplink_xdp", &[]), Some(0.0));
+    let tc_before = xdp_replies(&cluster, owner)?;
+    cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP by the TC path")?;
+    assert_eq!(
+        xdp_replies(&cluster, owner)?,
+        tc_before,
+        "a reply left by XDP"
+    );
+    Ok(())
+}
