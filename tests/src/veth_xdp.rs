@@ -106,6 +106,18 @@ pub fn tx_checksum_off(ns: &Netns, dev: &str) -> Result<()> {
     })
 }
 
+/// GRO on `dev` in `ns`: on a veth without an XDP program this gives its
+/// receive ring NAPI, so that frames its peer sends it with XDP are taken
+/// in (and built into skbs) instead of dropped.
+pub fn gro_on(ns: &Netns, dev: &str) -> Result<()> {
+    const ETHTOOL_SGRO: u32 = 0x2c;
+    let dev = dev.to_owned();
+    ns.enter(move || {
+        let mut value = [ETHTOOL_SGRO, 1u32];
+        ethtool(&dev, value.as_mut_ptr().cast())
+    })
+}
+
 /// The veth `dev`'s ethtool statistics (`ethtool -S`) by name.
 pub fn stats(ns: &Netns, dev: &str) -> Result<std::collections::BTreeMap<String, u64>> {
     let dev = dev.to_owned();

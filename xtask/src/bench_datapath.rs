@@ -1,5 +1,5 @@
 //! `cargo xtask bench datapath`: builds the eBPF object, runs the datapath
-//! benchmark (tests/tests/datapath_bench.rs, needs root) and prints its
+//! benchmark (tests/tests/datapath_bench/, needs root) and prints its
 //! output; the last line is one JSON object with every figure.
 
 use std::{

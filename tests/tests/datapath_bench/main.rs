@@ -32,6 +32,11 @@
 //!    arrive, and short TCP connections per second (`egress-traffic
 //!    crr-client`: connect, 64-byte request and reply, close, four at a
 //!    time); five rounds in which the modes take turns, medians.
+//! 3. The gateway's reply path on one CPU, native XDP against TC: replies
+//!    per second through a veth whose far end sends and sinks by XDP
+//!    (`reply_rate`); five rounds taking turns, medians.
+
+mod reply_rate;
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
@@ -800,6 +805,7 @@ fn bench_datapath() -> Result<()> {
         least.reply
     );
     let t = throughputs()?;
+    let rr = reply_rate::reply_rates()?;
     let [(tcp_e, udp_e), (tcp_i, udp_i), (tcp_d, udp_d)] =
         [0, 1, 2].map(|m| (t[m].tcp_gbps, t[m].udp64_mpps));
     let [crr_e, crr_i, crr_d] = [0, 1, 2].map(|m| t[m].crr_per_s);
@@ -828,6 +834,19 @@ fn bench_datapath() -> Result<()> {
             "iptables": t[1].crr_failed,
             "direct": t[2].crr_failed,
         },
+        // The gateway's reply path on one CPU (sender and sink included).
+        "gateway_reply_xdp_mpps": r2(rr.xdp_mpps),
+        "gateway_reply_tc_mpps": r2(rr.tc_mpps),
+        "ratio_xdp_vs_tc_reply_rate": r2(rr.xdp_mpps / rr.tc_mpps),
+        "gateway_reply_ns_per_packet": {
+            "xdp": r2(1e3 / rr.xdp_mpps),
+            "tc": r2(1e3 / rr.tc_mpps),
+        },
+        "gateway_reply_delivered_worst": {
+            "xdp": r2(rr.xdp_delivered),
+            "tc": r2(rr.tc_delivered),
+        },
+        "reply_rate_rounds": reply_rate::ROUNDS,
         "crr_clients": CRR_CLIENTS,
         "testrun_runs": RUNS,
         "throughput_rounds": ROUNDS,
@@ -875,6 +894,25 @@ fn bench_datapath() -> Result<()> {
 
 /// Only the per-packet costs, `EGRESS_BENCH_RUNS` runs each (default
 /// 200,000): a quick loop for work on the programs.
+/// Only the gateway's reply rate, XDP against TC: a quick loop for work on
+/// `uplink_xdp`.
+#[test]
+#[ignore = "benchmark: needs root"]
+fn bench_reply_rate() -> Result<()> {
+    let r = reply_rate::reply_rates()?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "gateway_reply_xdp_mpps": r.xdp_mpps,
+            "gateway_reply_tc_mpps": r.tc_mpps,
+            "ratio_xdp_vs_tc_reply_rate": r.xdp_mpps / r.tc_mpps,
+            "delivered_worst": [r.xdp_delivered, r.tc_delivered],
+            "xdp_replies_counted": [r.xdp_counted, r.tc_counted],
+        })
+    );
+    Ok(())
+}
+
 #[test]
 #[ignore = "benchmark: needs root"]
 fn bench_program_costs() -> Result<()> {
