@@ -46,9 +46,12 @@ pub const ROUTES: &str = "ROUTES";
 pub const POD_LINKS: &str = "POD_LINKS";
 /// Per-CPU array: `nat::NAT_EVENT_*` -> `TrafficCounter`.
 pub const NAT_EVENTS: &str = "NAT_EVENTS";
-/// Per-CPU array (one slot): `TrafficCounter` of the replies the gateway's
-/// XDP program sent back out with `XDP_TX` (the TC path's are not counted).
-pub const XDP_REPLIES: &str = "XDP_REPLIES";
+/// Per-CPU array: `TrafficCounter` of what the gateway's XDP program sent
+/// back out with `XDP_TX`, by path (`XDP_TX_PATHS`; the TC paths' are
+/// not counted).
+pub const XDP_TX_COUNT: &str = "XDP_TX_COUNT";
+/// The slots of `XDP_TX_COUNT`: steered replies, decapsulated forwards.
+pub const XDP_TX_PATHS: [&str; 2] = ["reply", "forward"];
 
 /// Every map userspace pins, in the order it creates them.
 pub const PINNED_MAPS: &[&str] = &[
@@ -69,7 +72,7 @@ pub const PINNED_MAPS: &[&str] = &[
     ROUTES,
     POD_LINKS,
     NAT_EVENTS,
-    XDP_REPLIES,
+    XDP_TX_COUNT,
 ];
 
 /// Programs in the object.

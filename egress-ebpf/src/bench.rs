@@ -15,11 +15,16 @@
 //! them.
 
 use aya_ebpf::{
-    bindings::{bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, TC_ACT_OK},
+    bindings::{
+        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup as FibParams,
+        xdp_action::{XDP_ABORTED, XDP_TX},
+        TC_ACT_OK,
+    },
     btf_maps::{Array, PerCpuArray},
     helpers::generated::{bpf_fib_lookup, bpf_redirect},
-    macros::{btf_map, classifier},
-    programs::TcContext,
+    macros::{btf_map, classifier, xdp},
+    programs::{TcContext, XdpContext},
 };
 
 use crate::{
@@ -61,6 +66,36 @@ fn restore(ctx: &TcContext) -> bool {
     // overlap (a plain assignment would be a byte-loop `memmove` call).
     unsafe { core::ptr::copy_nonoverlapping(tpl, p, 1) };
     true
+}
+
+/// Bytes of the frame the XDP traffic generator writes back each time.
+pub const BENCH_FRAME_LEN: usize = 128;
+
+#[btf_map]
+static BENCH_FRAME: Array<[u64; BENCH_FRAME_LEN / 8], 1> = Array::new();
+
+/// The reply-rate benchmark's traffic generator (BPF_PROG_TEST_RUN in
+/// live-frames mode): sends its frame out with `XDP_TX`. A live frame's
+/// page comes back to the generator with whatever the receivers wrote in
+/// it (a forward decrements the TTL in place), so its first
+/// `BENCH_FRAME_LEN` bytes are written from `BENCH_FRAME` each time.
+#[xdp]
+pub fn bench_xdp_send(ctx: XdpContext) -> u32 {
+    let (d, end) = (ctx.data(), ctx.data_end());
+    let Some(tpl) = BENCH_FRAME.get(0) else {
+        return XDP_ABORTED;
+    };
+    let mut i = 0;
+    while i < BENCH_FRAME_LEN / 8 {
+        if d + 8 * (i + 1) > end {
+            break;
+        }
+        // SAFETY: `d + 8i .. d + 8i + 8` is inside the frame (checked).
+        unsafe { crate::pkt::store32(d + 8 * i, tpl[i] as u32) };
+        unsafe { crate::pkt::store32(d + 8 * i + 4, (tpl[i] >> 32) as u32) };
+        i += 1;
+    }
+    XDP_TX
 }
 
 #[classifier]

@@ -8,7 +8,9 @@
 //! - `uplink`: `uplink_ingress`, ingress on a gateway's uplink; reply
 //!   steering, with `neigh` (ARP/NDP answers) and `probe` (probe answers).
 //! - `uplink_xdp`: `uplink_xdp`, XDP on a gateway's uplink; the common
-//!   reply steered back out with `XDP_TX`, everything else to `uplink`.
+//!   reply steered back out with `XDP_TX`, and with `xdp_forward` the
+//!   common forward decapsulated and sent out; everything else to `uplink`
+//!   (and the VXLAN device).
 //! - `count`: `tc_count`, the smallest program (packets and bytes).
 #![no_std]
 #![no_main]
@@ -40,6 +42,7 @@ mod uplink;
 mod uplink_xdp;
 mod verdict;
 mod vxlan;
+mod xdp_forward;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -7,7 +7,9 @@
 //! whose neighbour is not resolved or that lies behind another device, a
 //! frame too large for the tunnel) is passed on to `uplink_ingress`, the
 //! TC program, which decides it as it always has; so does every packet
-//! this program would drop, so drops stay counted in one place.
+//! this program would drop, so drops stay counted in one place. The
+//! gateway's forward (a worker's VXLAN packet from an owned EIP, out to
+//! the server) is taken here too: `xdp_forward`.
 
 use aya_ebpf::{
     bindings::{
@@ -22,6 +24,7 @@ use aya_ebpf::{
 };
 use egress_common::{
     config::{DatapathConfig, CFG_GATEWAY},
+    maps::XDP_TX_PATHS,
     steering::STEER_LOCAL,
     TrafficCounter,
 };
@@ -54,17 +57,31 @@ pub struct XdpHop {
 #[btf_map]
 static XDP_HOPS: PerCpuArray<XdpHop, { crate::cache::SLOTS }> = PerCpuArray::new();
 
-/// Replies this program sent back out by `XDP_TX` (packets, bytes of the
-/// encapsulated frames).
+/// What this program sent back out by `XDP_TX` (packets, bytes as sent),
+/// by path: `egress_common::maps::XDP_TX_PATHS`.
 #[btf_map]
-pub static XDP_REPLIES: PerCpuArray<TrafficCounter, 1> = PerCpuArray::new();
+pub static XDP_TX_COUNT: PerCpuArray<TrafficCounter, { XDP_TX_PATHS.len() }> = PerCpuArray::new();
+
+pub const TX_REPLY: u32 = 0;
+pub const TX_FORWARD: u32 = 1;
+
+/// Counts the frame `ctx` holds now under `path`.
+#[inline(always)]
+pub fn count_tx(path: u32, ctx: &XdpContext) {
+    if let Some(c) = XDP_TX_COUNT.get_ptr_mut(path) {
+        // SAFETY: this CPU's slot.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += (ctx.data_end() - ctx.data()) as u64;
+        }
+    }
+}
 
 #[xdp]
 pub fn uplink_xdp(ctx: XdpContext) -> u32 {
     uplink_xdp_verdict(&ctx)
 }
 
-/// The program's verdict (also run by the benchmark's `bench_gateway_reply_xdp`).
 #[inline(always)]
 pub fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
     try_uplink_xdp(ctx).unwrap_or(XDP_PASS)
@@ -76,6 +93,9 @@ fn try_uplink_xdp(ctx: &XdpContext) -> Option<u32> {
     let bs = cfg.port_block_size;
     if cfg.flags & CFG_GATEWAY == 0 || bs == 0 || cfg.gateway_epoch == 0 {
         return None;
+    }
+    if crate::xdp_forward::is_tunnel_packet(ctx, cfg) {
+        return crate::xdp_forward::forward(ctx, cfg);
     }
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
     if cfg.tunnel_mtu != 0 && frame_len > u32::from(cfg.tunnel_mtu) + ETH_LEN as u32 {
@@ -183,13 +203,7 @@ fn encapsulate(
         write_outer_ip(d, ip_len, cfg.node_tunnel_ip, remote);
         write_outer_udp_vxlan(d, ip_len - 20, sport, cfg);
     }
-    if let Some(c) = XDP_REPLIES.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot.
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += u64::from(frame_len) + HEAD as u64;
-        }
-    }
+    count_tx(TX_REPLY, ctx);
     Some(XDP_TX)
 }
 

@@ -22,7 +22,6 @@ use crate::Netns;
 pub enum Verdict {
     Drop = 1,
     Pass = 2,
-    Tx = 3,
 }
 
 fn bpf(cmd: libc::c_long, attr: &mut [u64], what: &str) -> Result<OwnedFd> {

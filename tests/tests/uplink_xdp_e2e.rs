@@ -1,16 +1,17 @@
 //! Issue 21, point 5: the gateway's reply path in native XDP, chosen by
 //! the agent (etcd, controller, agents in namespaces). With
 //! `--uplink-xdp=native` every agent attaches `uplink_xdp` to its uplink in
-//! driver mode, the EIP owner's replies leave by `XDP_TX` (its counter
-//! grows, the pod still sees its connection work), a restarted agent takes
+//! driver mode, the EIP owner's forwards and replies leave by `XDP_TX`
+//! (its counters grow, the pod still sees its connection work), a
+//! restarted agent takes
 //! the pinned link over in place, and an agent restarted with the default
 //! `auto` on a veth uplink detaches it and says why, the TC path serving
 //! the replies from then on.
 //!
 //! The fabric's ports get an `XDP_PASS` program: a veth's `XDP_TX` frames
-//! are only received where its peer runs XDP; and the server sends full
-//! checksums, as packets off a wire have them (see `egress_tests::veth_xdp`;
-//! a real NIC needs neither).
+//! are only received where its peer runs XDP; and the server and the pods
+//! send full checksums, as packets off a wire have them (see
+//! `egress_tests::veth_xdp`; a real NIC needs neither).
 
 use anyhow::{Context, Result};
 use egress_tests::{
@@ -25,10 +26,14 @@ fn reply_path(cluster: &Cluster, i: usize) -> Result<Value> {
     Ok(cluster.agent_state(i)?["uplink_reply_path"].clone())
 }
 
-/// `egress_xdp_replies_total` of agent `i`.
-fn xdp_replies(cluster: &Cluster, i: usize) -> Result<f64> {
+/// `egress_xdp_tx_total` of agent `i`: (replies, forwards).
+fn xdp_tx(cluster: &Cluster, i: usize) -> Result<(f64, f64)> {
     let text = cluster.agent_http(i, "/metrics")?;
-    metric_sample(&text, "egress_xdp_replies_total", &[]).context("no egress_xdp_replies_total")
+    let path = |p: &str| {
+        metric_sample(&text, "egress_xdp_tx_total", &[("path", p)])
+            .with_context(|| format!("no egress_xdp_tx_total{{path={p:?}}}"))
+    };
+    Ok((path("reply")?, path("forward")?))
 }
 
 /// The XDP program attached to node `i`'s uplink, and its mode as the
@@ -58,6 +63,11 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
         .map(|n| PeerProgram::attach(&cluster.topo.fabric, &n.fabric_port, Verdict::Pass))
         .collect::<Result<Vec<_>>>()?;
     tx_checksum_off(&cluster.topo.server, "eth0")?;
+    for n in &cluster.topo.nodes {
+        for p in &n.pods {
+            tx_checksum_off(&p.ns, "eth0")?;
+        }
+    }
     let (eip, owner) = cluster.examples_up_and_checked()?;
 
     for i in [0, owner] {
@@ -67,13 +77,19 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
         let (_, mode) = attached_xdp(&cluster, i)?.context("no XDP program on the uplink")?;
         assert_eq!(mode, 1, "node {i}: attached in driver mode");
     }
-    // The example traffic's replies went out by XDP_TX: the counter moved,
-    // and more connections move it further.
-    let before = xdp_replies(&cluster, owner)?;
-    assert!(before > 0.0, "no reply left by XDP before");
+    // The example traffic went both ways by XDP_TX: the counters moved,
+    // and more connections move them further.
+    let before = xdp_tx(&cluster, owner)?;
+    assert!(
+        before.0 > 0.0 && before.1 > 0.0,
+        "nothing left by XDP before: {before:?}"
+    );
     assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
-    let after = xdp_replies(&cluster, owner)?;
-    assert!(after > before, "XDP replies {before} -> {after}");
+    let after = xdp_tx(&cluster, owner)?;
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "XDP {before:?} -> {after:?}"
+    );
 
     // A restart takes the pinned link over: the program is swapped in place.
     let (old_prog, _) = attached_xdp(&cluster, owner)?.context("XDP before the restart")?;
@@ -92,10 +108,10 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
     assert_ne!(new_prog, old_prog, "the new agent's program is attached");
     assert_eq!(mode, 1);
     cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP after the restart")?;
-    let after_restart = xdp_replies(&cluster, owner)?;
+    let after_restart = xdp_tx(&cluster, owner)?;
     assert!(
-        after_restart > after,
-        "XDP replies {after} -> {after_restart}"
+        after_restart.0 > after.0 && after_restart.1 > after.1,
+        "XDP {after:?} -> {after_restart:?}"
     );
 
     // `auto` on a veth: TC alone, the link gone, the reason given.
@@ -120,12 +136,8 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
     assert!(!pin.exists(), "{} left behind", pin.display());
     let metrics = cluster.agent_http(owner, "/metrics")?;
     assert_eq!(metric_sample(&metrics, "egress_uplink_xdp", &[]), Some(0.0));
-    let tc_before = xdp_replies(&cluster, owner)?;
+    let tc_before = xdp_tx(&cluster, owner)?;
     cluster.wait_pod_source(0, 0, &eip, "p11 leaves with the EIP by the TC path")?;
-    assert_eq!(
-        xdp_replies(&cluster, owner)?,
-        tc_before,
-        "a reply left by XDP"
-    );
+    assert_eq!(xdp_tx(&cluster, owner)?, tc_before, "a packet left by XDP");
     Ok(())
 }

@@ -214,23 +214,26 @@ fn register_node_state(reg: &mut Registry, facts: &AgentFacts) {
     }
 }
 
-/// `uplink_xdp`: whether the XDP reply path is attached, and
-/// `xdp_replies`: the replies it sent (the TC path's are not in it).
+/// `uplink_xdp`: whether the XDP program is attached, and `xdp_tx`: what
+/// it sent, by path (the TC paths' packets are not in it).
 fn register_reply_path(reg: &mut Registry, pin_dir: &Path, facts: &AgentFacts) {
     register_gauge(
         reg,
         "uplink_xdp",
-        "1 when the gateway's common replies leave by the native XDP program on the uplink, 0 when by TC alone (the agent's /state says why)",
+        "1 when the gateway's common replies and forwards leave by the native XDP program on the uplink, 0 when by TC alone (the agent's /state says why)",
         i64::from(facts.uplink_xdp),
     );
-    if let Ok(c) = crate::datapath::stats::read_xdp_replies(pin_dir) {
-        let packets = Counter::<u64>::default();
-        packets.inc_by(c.packets);
-        reg.register(
-            "xdp_replies",
-            "Replies the gateway's XDP program encapsulated and sent back out of the uplink",
-            packets,
-        );
+    let sent = Family::<Labels, Counter>::default();
+    reg.register(
+        "xdp_tx",
+        "Packets the gateway's XDP program sent back out of the uplink, by path: reply (steered to a worker, encapsulated), forward (decapsulated, to the server)",
+        sent.clone(),
+    );
+    if let Ok(t) = crate::datapath::stats::read_xdp_tx(pin_dir) {
+        for (path, c) in t {
+            sent.get_or_create(&vec![("path".to_string(), path.to_string())])
+                .inc_by(c.packets);
+        }
     }
 }
 

@@ -33,10 +33,11 @@ pub fn read_nat_events(pin_dir: &Path) -> anyhow::Result<Vec<(&'static str, Traf
     read_counters(pin_dir, egress_common::maps::NAT_EVENTS, &NAT_EVENT_NAMES)
 }
 
-/// Replies the gateway's XDP program sent back out (`XDP_REPLIES`).
-pub fn read_xdp_replies(pin_dir: &Path) -> anyhow::Result<TrafficCounter> {
-    let c = read_counters(pin_dir, egress_common::maps::XDP_REPLIES, &["xdp_tx"])?;
-    Ok(c.into_iter().next().map(|(_, c)| c).unwrap_or_default())
+/// What the gateway's XDP program sent back out (`XDP_TX_COUNT`), by
+/// path: `XDP_TX_PATHS` order (replies, forwards).
+pub fn read_xdp_tx(pin_dir: &Path) -> anyhow::Result<Vec<(&'static str, TrafficCounter)>> {
+    use egress_common::maps::{XDP_TX_COUNT, XDP_TX_PATHS};
+    read_counters(pin_dir, XDP_TX_COUNT, &XDP_TX_PATHS)
 }
 
 /// The per-CPU array `map` of counters, one named slot each.
@@ -170,7 +171,7 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
     // open): only whether the pin exists is asked here.
     let pins: [(&str, &str, PinSection); 6] = [
         (DROPS, "drops", drops_json),
-        (XDP_REPLIES, "xdp_replies", xdp_replies_json),
+        (XDP_TX_COUNT, "xdp_tx", xdp_tx_json),
         (NAT_EVENTS, "nat_events", nat_events_json),
         (POLICY_STATS, "policy_stats", policy_stats_json),
         (ANNOUNCE_UNTIL, "announce_lease_ms", announce_lease_json),
@@ -319,7 +320,12 @@ fn routes_json(m: aya::maps::Map) -> anyhow::Result<serde_json::Value> {
 
 /// Packets and bytes dropped, by reason.
 fn drops_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let d: serde_json::Map<String, serde_json::Value> = read_drops(pin_dir)?
+    Ok(named_counters_json(read_drops(pin_dir)?))
+}
+
+/// `{name: {packets, bytes}}`.
+fn named_counters_json(counters: Vec<(&'static str, TrafficCounter)>) -> serde_json::Value {
+    let m: serde_json::Map<String, serde_json::Value> = counters
         .into_iter()
         .map(|(n, c)| {
             (
@@ -328,7 +334,7 @@ fn drops_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
             )
         })
         .collect();
-    Ok(d.into())
+    m.into()
 }
 
 /// Packets per NAT event.
@@ -340,10 +346,9 @@ fn nat_events_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
     Ok(e.into())
 }
 
-/// Replies sent back out by the gateway's XDP program.
-fn xdp_replies_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let c = read_xdp_replies(pin_dir)?;
-    Ok(json!({ "packets": c.packets, "bytes": c.bytes }))
+/// What the gateway's XDP program sent back out, by path.
+fn xdp_tx_json(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    Ok(named_counters_json(read_xdp_tx(pin_dir)?))
 }
 
 /// Packets and bytes per policy id and direction.

@@ -32,9 +32,11 @@
 //!    arrive, and short TCP connections per second (`egress-traffic
 //!    crr-client`: connect, 64-byte request and reply, close, four at a
 //!    time); five rounds in which the modes take turns, medians.
-//! 3. The gateway's reply path on one CPU, native XDP against TC: replies
-//!    per second through a veth whose far end sends and sinks by XDP
-//!    (`reply_rate`); five rounds taking turns, medians.
+//! 3. The gateway's reply and forward paths on one CPU, native XDP against
+//!    TC: packets per second through a veth whose far end sends and sinks
+//!    by XDP (`reply_rate`); five rounds taking turns, medians.
+
+#![recursion_limit = "256"]
 
 mod reply_rate;
 
@@ -805,7 +807,9 @@ fn bench_datapath() -> Result<()> {
         least.reply
     );
     let t = throughputs()?;
-    let rr = reply_rate::reply_rates()?;
+    let g = reply_rate::gateway_rates()?;
+    let rr = &g.reply;
+    let fw = &g.forward;
     let [(tcp_e, udp_e), (tcp_i, udp_i), (tcp_d, udp_d)] =
         [0, 1, 2].map(|m| (t[m].tcp_gbps, t[m].udp64_mpps));
     let [crr_e, crr_i, crr_d] = [0, 1, 2].map(|m| t[m].crr_per_s);
@@ -845,6 +849,13 @@ fn bench_datapath() -> Result<()> {
         "gateway_reply_delivered_worst": {
             "xdp": r2(rr.xdp_delivered),
             "tc": r2(rr.tc_delivered),
+        },
+        "gateway_forward_xdp_mpps": r2(fw.xdp_mpps),
+        "gateway_forward_tc_mpps": r2(fw.tc_mpps),
+        "ratio_xdp_vs_tc_forward_rate": r2(fw.xdp_mpps / fw.tc_mpps),
+        "gateway_forward_delivered_worst": {
+            "xdp": r2(fw.xdp_delivered),
+            "tc": r2(fw.tc_delivered),
         },
         "reply_rate_rounds": reply_rate::ROUNDS,
         "crr_clients": CRR_CLIENTS,
@@ -899,15 +910,18 @@ fn bench_datapath() -> Result<()> {
 #[test]
 #[ignore = "benchmark: needs root"]
 fn bench_reply_rate() -> Result<()> {
-    let r = reply_rate::reply_rates()?;
+    let g = reply_rate::gateway_rates()?;
+    let (r, f) = (&g.reply, &g.forward);
     println!(
         "{}",
         serde_json::json!({
             "gateway_reply_xdp_mpps": r.xdp_mpps,
             "gateway_reply_tc_mpps": r.tc_mpps,
             "ratio_xdp_vs_tc_reply_rate": r.xdp_mpps / r.tc_mpps,
-            "delivered_worst": [r.xdp_delivered, r.tc_delivered],
-            "xdp_replies_counted": [r.xdp_counted, r.tc_counted],
+            "gateway_forward_xdp_mpps": f.xdp_mpps,
+            "gateway_forward_tc_mpps": f.tc_mpps,
+            "ratio_xdp_vs_tc_forward_rate": f.xdp_mpps / f.tc_mpps,
+            "delivered_worst": [r.xdp_delivered, r.tc_delivered, f.xdp_delivered, f.tc_delivered],
         })
     );
     Ok(())

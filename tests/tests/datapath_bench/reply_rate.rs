@@ -15,7 +15,7 @@
 //! sink (the same in both beds) and the gateway's path (the difference).
 
 use std::{
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd},
     time::Instant,
 };
 
@@ -42,11 +42,16 @@ struct ReplyBed {
     _dp: Datapath,
     _pin: PinDir,
     _sink: PeerProgram,
-    sender: OwnedFd,
+    /// The benchmark object, for its traffic generator `bench_xdp_send`.
+    sender: std::sync::Mutex<aya::Ebpf>,
     wire_ifindex: u32,
-    frame: Vec<u8>,
+    /// A reply to the EIP, and a worker's packet through the tunnel.
+    frames: [Vec<u8>; 2],
     pins: PathBuf,
 }
+
+const REPLY: usize = 0;
+const FORWARD: usize = 1;
 
 fn mac_text(m: [u8; 6]) -> String {
     m.map(|b| format!("{b:02x}")).join(":")
@@ -57,12 +62,16 @@ fn reply_bed(xdp: bool) -> Result<ReplyBed> {
     let wire = Netns::new("xwire")?;
     link_veth(&gw, "eth1", &wire, "eth0")?;
     gw.addr("eth1", "203.0.113.2/24")?;
+    // The gateway's tunnel endpoint, where workers send.
+    gw.addr("eth1", "10.100.0.11/32")?;
     wire.addr("eth0", "203.0.113.1/24")?;
     gw.enable_forwarding()?;
     let (wire_ifindex, wire_mac) = link_info(&wire, "eth0")?;
     // The worker's tunnel address lies behind the wire, as on a one-NIC node.
     gw.permanent_neighbour("eth1", "203.0.113.1", &mac_text(wire_mac))?;
     gw.route(&["10.100.0.21/32", "via", "203.0.113.1", "dev", "eth1"])?;
+    // And so is the server, to which the forward goes.
+    gw.permanent_neighbour("eth1", SRV, &mac_text(wire_mac))?;
     gw.ip(&[
         "link", "add", VXLAN, "type", "vxlan", "external", "dstport", "4789",
     ])?;
@@ -87,11 +96,29 @@ fn reply_bed(xdp: bool) -> Result<ReplyBed> {
         gro_on(&gw, "eth1")?;
     }
     let sink = PeerProgram::attach(&wire, "eth0", Verdict::Drop)?;
-    let mut frame = Vec::new();
+    let mut reply = Vec::new();
     PacketBuilder::ethernet2(wire_mac, uplink.1)
         .ipv4(ip4(SRV).octets(), ip4(EIP).octets(), 64)
         .udp(5201, 5 * BLOCK_SIZE + 7)
-        .write(&mut frame, &[0u8; 22])?;
+        .write(&mut reply, &[0u8; 22])?;
+    let mut inner = vec![0x08, 0, 0, 0, 0, 0, 7, 0];
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0x21], [2, 0, 0, 0, 0, 0x11])
+        .ipv4(ip4(EIP).octets(), ip4(SRV).octets(), 64)
+        .udp(5 * BLOCK_SIZE + 7, 5201)
+        .write(&mut inner, &[0u8; 22])?;
+    let mut forward = Vec::new();
+    PacketBuilder::ethernet2(wire_mac, uplink.1)
+        .ipv4([10, 100, 0, 21], [10, 100, 0, 11], 64)
+        .udp(0xc001, 4789)
+        .write(&mut forward, &inner)?;
+    // No outer UDP checksum, as the workers send it (RFC 7348).
+    forward[40..42].fill(0);
+    let mut sender = aya::EbpfLoader::new().load(&bench_object()?)?;
+    let p: &mut aya::programs::Xdp = sender
+        .program_mut("bench_xdp_send")
+        .context("bench_xdp_send")?
+        .try_into()?;
+    p.load()?;
     Ok(ReplyBed {
         wire,
         _gw: gw,
@@ -99,9 +126,9 @@ fn reply_bed(xdp: bool) -> Result<ReplyBed> {
         pins: pin.path().to_owned(),
         _pin: pin,
         _sink: sink,
-        sender: veth_xdp::load(Verdict::Tx)?,
+        sender: std::sync::Mutex::new(sender),
         wire_ifindex,
-        frame,
+        frames: [reply, forward],
     })
 }
 
@@ -114,15 +141,29 @@ impl ReplyBed {
         ))
     }
 
-    /// One run: (replies back, seconds from the first frame sent to the
-    /// last reply sunk).
-    fn run(&self) -> Result<(u64, f64)> {
+    /// One run of `frames[kind]`: (packets back, seconds from the first
+    /// frame sent to the last one sunk).
+    fn run(&self, kind: usize) -> Result<(u64, f64)> {
         let before = self.sunk()?;
-        let (fd, frame, ifindex) = (
-            self.sender.as_raw_fd(),
-            self.frame.clone(),
-            self.wire_ifindex,
-        );
+        let frame = self.frames[kind].clone();
+        let fd = {
+            let mut sender = self.sender.lock().unwrap();
+            let mut tpl = [0u8; 128];
+            tpl[..frame.len()].copy_from_slice(&frame);
+            let mut words = [0u64; 16];
+            for (w, b) in words.iter_mut().zip(tpl.chunks(8)) {
+                *w = u64::from_ne_bytes(b.try_into().unwrap());
+            }
+            let mut m: aya::maps::Array<_, [u64; 16]> =
+                aya::maps::Array::try_from(sender.map_mut("BENCH_FRAME").context("BENCH_FRAME")?)?;
+            m.set(0, words, 0)?;
+            let p: &mut aya::programs::Xdp = sender
+                .program_mut("bench_xdp_send")
+                .context("bench_xdp_send")?
+                .try_into()?;
+            p.fd()?.as_fd().as_raw_fd()
+        };
+        let ifindex = self.wire_ifindex;
         let start = Instant::now();
         self.wire.enter(move || {
             pin_to_cpu(CPU)?;
@@ -155,64 +196,76 @@ fn pin_to_cpu(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// Each path's figures: medians over the rounds.
-pub struct ReplyRates {
+/// One direction's figures, medians over the rounds.
+pub struct Rates {
     pub xdp_mpps: f64,
     pub tc_mpps: f64,
-    /// Replies back over frames sent, worst run, per path.
+    /// Packets back over frames sent, worst run, per path.
     pub xdp_delivered: f64,
     pub tc_delivered: f64,
-    /// Replies `uplink_xdp` counted in the XDP bed, and in the TC bed
-    /// (none: it is not attached there).
-    pub xdp_counted: u64,
-    pub tc_counted: u64,
 }
 
-pub fn reply_rates() -> Result<ReplyRates> {
+/// The reply's and the forward's rates.
+pub struct GatewayRates {
+    pub reply: Rates,
+    pub forward: Rates,
+}
+
+pub fn gateway_rates() -> Result<GatewayRates> {
     let beds = [reply_bed(true)?, reply_bed(false)?];
-    let mut mpps = [Vec::new(), Vec::new()];
-    let mut delivered = [1.0f64, 1.0];
+    // [kind][bed]: each round's rate.
+    let mut mpps = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let mut delivered = [[1.0f64; 2]; 2];
     for round in 0..ROUNDS {
-        for (i, bed) in beds.iter().enumerate() {
-            let (n, s) = bed.run()?;
-            mpps[i].push(n as f64 / s / 1e6);
-            delivered[i] = delivered[i].min(n as f64 / f64::from(FRAMES));
+        for kind in [REPLY, FORWARD] {
+            for (i, bed) in beds.iter().enumerate() {
+                let (n, s) = bed.run(kind)?;
+                mpps[kind][i].push(n as f64 / s / 1e6);
+                delivered[kind][i] = delivered[kind][i].min(n as f64 / f64::from(FRAMES));
+            }
         }
         eprintln!(
-            "round {round}: gateway replies on one CPU: xdp {:.3} Mpps, tc {:.3} Mpps",
-            mpps[0][round], mpps[1][round]
+            "round {round}: gateway on one CPU: replies xdp {:.3} Mpps, tc {:.3}; \
+             forwards xdp {:.3}, tc {:.3}",
+            mpps[REPLY][0][round],
+            mpps[REPLY][1][round],
+            mpps[FORWARD][0][round],
+            mpps[FORWARD][1][round]
         );
     }
-    let counted = |bed: &ReplyBed| -> Result<u64> {
-        Ok(egress_user::datapath::stats::read_xdp_replies(&bed.pins)
-            .context("XDP_REPLIES")?
-            .packets)
-    };
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let r = ReplyRates {
-        xdp_mpps: med(&mut mpps[0]),
-        tc_mpps: med(&mut mpps[1]),
-        xdp_delivered: delivered[0],
-        tc_delivered: delivered[1],
-        xdp_counted: counted(&beds[0])?,
-        tc_counted: counted(&beds[1])?,
-    };
-    // The figures must be of the paths they name.
+    // The figures must be of the paths they name: every packet of the
+    // XDP bed counted by `uplink_xdp` on its path, none of the TC bed's.
     let sent = u64::from(FRAMES) * ROUNDS as u64;
+    let counted = |bed: &ReplyBed| -> Result<Vec<u64>> {
+        let c = egress_user::datapath::stats::read_xdp_tx(&bed.pins).context("XDP_TX_COUNT")?;
+        Ok(c.iter().map(|(_, c)| c.packets).collect())
+    };
+    let (x, t) = (counted(&beds[0])?, counted(&beds[1])?);
     ensure!(
-        r.xdp_counted >= sent * 9 / 10 && r.tc_counted == 0,
-        "XDP replies counted: {} in the XDP bed (of {sent} sent), {} in the TC bed",
-        r.xdp_counted,
-        r.tc_counted
+        x.iter().all(|n| *n >= sent * 9 / 10) && t.iter().all(|n| *n == 0),
+        "XDP_TX counted (reply, forward): {x:?} in the XDP bed (of {sent} each), {t:?} in the TC bed"
     );
-    ensure!(
-        r.xdp_delivered > 0.9 && r.tc_delivered > 0.9,
-        "replies lost: xdp delivered {:.3}, tc {:.3}",
-        r.xdp_delivered,
-        r.tc_delivered
-    );
-    Ok(r)
+    let mut rates = |kind: usize| -> Result<Rates> {
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let [x, t] = delivered[kind];
+        ensure!(
+            x > 0.9 && t > 0.9,
+            "{} lost: xdp delivered {x:.3}, tc {t:.3}",
+            ["replies", "forwards"][kind]
+        );
+        let [mx, mt] = &mut mpps[kind];
+        Ok(Rates {
+            xdp_mpps: med(mx),
+            tc_mpps: med(mt),
+            xdp_delivered: x,
+            tc_delivered: t,
+        })
+    };
+    Ok(GatewayRates {
+        reply: rates(REPLY)?,
+        forward: rates(FORWARD)?,
+    })
 }

@@ -5,20 +5,20 @@
 use crate::{gateway::arp_request, testrun::*, worker::outer_vxlan};
 use egress_tests::{run_xdp, Netns};
 
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
+pub(crate) const XDP_PASS: u32 = 2;
+pub(crate) const XDP_TX: u32 = 3;
 const NEXT_HOP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x31, 0x31];
 
 /// A namespace whose `up0` is on the underlay (10.100.0.21/24) and the
 /// fixture's maps, replies of the EIP's block steered to `other_worker`.
-struct Gateway {
-    ns: Netns,
-    ifindex: u32,
-    other_worker: Ipv4Addr,
+pub(crate) struct Gateway {
+    pub(crate) ns: Netns,
+    pub(crate) ifindex: u32,
+    pub(crate) other_worker: Ipv4Addr,
 }
 
 impl Gateway {
-    fn new() -> anyhow::Result<Self> {
+    pub(crate) fn new() -> anyhow::Result<Self> {
         let ns = Netns::new("xdpgw")?;
         ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
         ns.ip(&["link", "set", "up1", "up"])?;
@@ -36,7 +36,7 @@ impl Gateway {
         })
     }
 
-    fn desired(&self) -> DesiredMaps {
+    pub(crate) fn desired(&self) -> DesiredMaps {
         let mut d = desired();
         d.config.uplink_ifindex = self.ifindex;
         d.reply_steering[0].worker_tunnel_ip = self.other_worker;
@@ -53,7 +53,7 @@ impl Gateway {
         c
     }
 
-    fn uplink_mac(&self) -> anyhow::Result<[u8; 6]> {
+    pub(crate) fn uplink_mac(&self) -> anyhow::Result<[u8; 6]> {
         let link: serde_json::Value =
             serde_json::from_str(&self.ns.ip(&["-j", "link", "show", "dev", "up0"])?)?;
         let s = link[0]["address"].as_str().unwrap_or_default();
@@ -63,6 +63,23 @@ impl Gateway {
             .collect::<Result<_, _>>()?;
         b.try_into().map_err(|_| anyhow::anyhow!("MAC {s}"))
     }
+}
+
+/// Runs `uplink_xdp` on `pkt` arriving on `ifindex` and asserts it was
+/// passed on as it came (`what` names the case).
+pub(crate) fn passed_untouched(
+    fx: &mut Fixture,
+    ifindex: u32,
+    what: &str,
+    pkt: &[u8],
+) -> anyhow::Result<()> {
+    let (rc, out) = run_xdp(&mut fx.dp.ebpf, "uplink_xdp", pkt, ifindex)?;
+    assert_eq!(
+        (rc, out.as_slice()),
+        (XDP_PASS, pkt),
+        "{what}: passed untouched"
+    );
+    Ok(())
 }
 
 #[test]
@@ -128,15 +145,7 @@ fn xdp_passes_everything_else_to_tc_untouched() -> anyhow::Result<()> {
     let mut neighbour = gw.neighbour_command();
     gw.ns.enter(move || {
         let mut fx = fixture_with(&d)?;
-        let mut pass = |what: &str, pkt: &[u8]| -> anyhow::Result<()> {
-            let (rc, out) = run_xdp(&mut fx.dp.ebpf, "uplink_xdp", pkt, ifindex)?;
-            assert_eq!(
-                (rc, out.as_slice()),
-                (XDP_PASS, pkt),
-                "{what}: passed untouched"
-            );
-            Ok(())
-        };
+        let mut pass = |what: &str, pkt: &[u8]| passed_untouched(&mut fx, ifindex, what, pkt);
         pass("no neighbour entry for the next hop yet", &steered)?;
         let big = udp4(SERVER, EIP, 53, BLOCK * BLOCK_SIZE + 1, &[7; 1500 - 28]);
         pass("larger than the tunnel's MTU", &big)?;

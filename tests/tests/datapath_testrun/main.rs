@@ -11,6 +11,7 @@ mod testrun;
 mod fail_closed;
 mod gateway;
 mod gateway_xdp;
+mod gateway_xdp_forward;
 mod port_blocks;
 mod slots;
 mod spread;
