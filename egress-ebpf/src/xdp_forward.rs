@@ -85,9 +85,19 @@ fn read_inner(d: usize, end: usize, cfg: &DatapathConfig) -> Option<Inner> {
         return None;
     }
     let ip = d + INNER_IP;
+    let outer = d + offset_of!(Outer, ip);
     let v = cfg.vni.to_be_bytes();
     // SAFETY: every access lies in `d .. d + INNER_L4 + 8`, checked above.
     let (w0, w1, w2, saddr, daddr, ports) = unsafe {
+        // The outer header as `Outer` lays it out (no options), UDP, and
+        // not a fragment: a first fragment holds only part of the frame.
+        let o0 = pkt::load32(outer).to_ne_bytes();
+        let o1 = pkt::load32(outer + 4).to_ne_bytes();
+        let o2 = pkt::load32(outer + 8).to_ne_bytes();
+        if o0[0] != 0x45 || u16::from_be_bytes([o1[2], o1[3]]) & 0x3fff != 0 || o2[1] != IPPROTO_UDP
+        {
+            return None;
+        }
         if pkt::load32(d + offset_of!(Outer, vxlan_flags)) != u32::from_ne_bytes([0x08, 0, 0, 0])
             || pkt::load32(d + offset_of!(Outer, vni)) != u32::from_ne_bytes([v[1], v[2], v[3], 0])
             || pkt::load16(d + offset_of!(Outer, inner_eth) + offset_of!(EthHdr, proto))

@@ -115,6 +115,12 @@ fn xdp_leaves_every_other_tunnel_packet_to_the_kernel() -> anyhow::Result<()> {
         let mut frag = inner.clone();
         frag[14 + 6] |= 0x20;
         pass("an inner fragment", &tunnelled(&frag))?;
+        let mut outer_frag = tunnelled(&inner);
+        outer_frag[14 + 6] |= 0x20;
+        pass("a first fragment of the outer packet", &outer_frag)?;
+        let mut options = tunnelled(&inner);
+        options[14] = 0x46;
+        pass("an outer header with options", &options)?;
         let router = std::process::Command::new("ip")
             .args(["-n", &ns, "neigh", "replace", ROUTER, "lladdr", ROUTER_MAC])
             .args(["dev", "up0"])
