@@ -86,6 +86,22 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
     );
     assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
     let after = xdp_tx(&cluster, owner)?;
+    // The operator's view of the same counters.
+    let egress = egress_bin()?;
+    let (egress, pin) = (
+        egress.to_str().unwrap(),
+        cluster.pin_dir(owner).to_str().unwrap(),
+    );
+    let json = egress_tests::run(&[egress, "inspect", "--pin-dir", pin, "--json"])?;
+    let v: Value = serde_json::from_str(&json)?;
+    for path in ["reply", "forward"] {
+        let n = v["datapath"]["xdp_tx"][path]["packets"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(n > 0, "inspect: no {path} sent by XDP: {json}");
+    }
+    let table = egress_tests::run(&[egress, "inspect", "--pin-dir", pin])?;
+    assert!(table.contains("SENT BY XDP"), "{table}");
     assert!(
         after.0 > before.0 && after.1 > before.1,
         "XDP {before:?} -> {after:?}"

@@ -131,7 +131,8 @@ fn print_datapath(dp: &serde_json::Value) {
     );
     print_policy_counters(dp);
     print_nat_events(dp);
-    print_drops(dp);
+    print_packets_and_bytes(dp, "DROPS", "drops");
+    print_packets_and_bytes(dp, "SENT BY XDP", "xdp_tx");
 }
 
 /// A JSON value as a table cell: strings without their quotes.
@@ -234,12 +235,12 @@ fn print_nat_events(dp: &serde_json::Value) {
     }
 }
 
-/// Packets and bytes dropped, by reason.
-fn print_drops(dp: &serde_json::Value) {
-    let Some(d) = dp.get("drops").and_then(|v| v.as_object()) else {
+/// Packets and bytes by name: the drops by reason, what XDP sent by path.
+fn print_packets_and_bytes(dp: &serde_json::Value, title: &str, key: &str) {
+    let Some(d) = dp.get(key).and_then(|v| v.as_object()) else {
         return;
     };
-    println!("\nDROPS");
+    println!("\n{title}");
     for (reason, c) in d {
         println!(
             "  {:<20} {:>12} {:>14}",
