@@ -838,6 +838,14 @@ fn bench_datapath() -> Result<()> {
             "iptables": t[1].crr_failed,
             "direct": t[2].crr_failed,
         },
+        // The targets' ratios, from figures of this run: a path's cost net
+        // of the floor over the least its path can cost (as the two keys
+        // below report them).
+        "ratio_established_vs_least": r2((c.est - c.floor) / least.worker),
+        "ratio_first_vs_least": r2((c.first - c.floor) / least.worker),
+        "ratio_tcp_vs_direct": r2(tcp_e / tcp_d),
+        "ratio_udp64_vs_direct": r2(udp_e / udp_d),
+        "ratio_conn_rate_vs_iptables": r2(crr_e / crr_i),
         // The gateway's reply path on one CPU (sender and sink included).
         "gateway_reply_xdp_mpps": r2(rr.xdp_mpps),
         "gateway_reply_tc_mpps": r2(rr.tc_mpps),
