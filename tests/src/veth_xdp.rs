@@ -98,11 +98,7 @@ pub fn ifindex(ns: &Netns, dev: &str) -> Result<u32> {
 /// `XDP_TX` loses that state and its receiver finds the checksum wrong.
 pub fn tx_checksum_off(ns: &Netns, dev: &str) -> Result<()> {
     const ETHTOOL_STXCSUM: u32 = 0x17;
-    let dev = dev.to_owned();
-    ns.enter(move || {
-        let mut value = [ETHTOOL_STXCSUM, 0u32];
-        ethtool(&dev, value.as_mut_ptr().cast())
-    })
+    ethtool_set(ns, dev, ETHTOOL_STXCSUM, 0)
 }
 
 /// GRO on `dev` in `ns`: on a veth without an XDP program this gives its
@@ -110,9 +106,14 @@ pub fn tx_checksum_off(ns: &Netns, dev: &str) -> Result<()> {
 /// in (and built into skbs) instead of dropped.
 pub fn gro_on(ns: &Netns, dev: &str) -> Result<()> {
     const ETHTOOL_SGRO: u32 = 0x2c;
+    ethtool_set(ns, dev, ETHTOOL_SGRO, 1)
+}
+
+/// One ethtool setting of the `struct ethtool_value` kind (`cmd`, `data`).
+fn ethtool_set(ns: &Netns, dev: &str, cmd: u32, data: u32) -> Result<()> {
     let dev = dev.to_owned();
     ns.enter(move || {
-        let mut value = [ETHTOOL_SGRO, 1u32];
+        let mut value = [cmd, data];
         ethtool(&dev, value.as_mut_ptr().cast())
     })
 }

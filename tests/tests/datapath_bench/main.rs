@@ -303,6 +303,27 @@ fn egress_packets(pins: &std::path::Path) -> Result<u64> {
         .map_or(0, |s| s.egress_packets))
 }
 
+/// Single runs of `worker_egress` (median ns): each run must translate
+/// (policy counter) and the last must leave in our VXLAN headers.
+fn translated_runs(
+    dp: &mut Datapath,
+    pins: &std::path::Path,
+    what: &str,
+    template: &[u8],
+    runs: u32,
+    patch: impl FnMut(u32, &mut [u8]),
+) -> Result<f64> {
+    let before = egress_packets(pins)?;
+    let (ns, out) = single_runs(dp, "worker_egress", template, REDIRECT, runs, patch)?;
+    let counted = egress_packets(pins)? - before;
+    anyhow::ensure!(
+        counted == u64::from(runs),
+        "{what}: {counted} of {runs} runs translated"
+    );
+    anyhow::ensure!(encapsulated(&out), "{what}: not encapsulated");
+    Ok(ns)
+}
+
 /// The frame left the program in our own VXLAN headers (to the VXLAN port).
 fn encapsulated(out: &[u8]) -> bool {
     out.len() == 64 + 50 && out[36..38] == 4789u16.to_be_bytes()
@@ -356,12 +377,11 @@ fn program_costs(runs: u32) -> Result<Costs> {
         // destination (so no (destination, port) pair runs out of EIP
         // ports). Each run must translate (policy counter), the last must
         // leave in our VXLAN headers, the flows must be in the NAT table.
-        let before = egress_packets(&pin_path)?;
-        let (first, out) = single_runs(
+        let first = translated_runs(
             &mut dp,
-            "worker_egress",
+            &pin_path,
+            "first packet",
             &new_flow,
-            REDIRECT,
             runs,
             |i, b| {
                 let d = (0x6440_0000u32 + i + 1).to_be_bytes(); // 100.64.0.0/11 (the repeat runs use 100.96.0.0/11)
@@ -369,12 +389,6 @@ fn program_costs(runs: u32) -> Result<Costs> {
                 b[14 + 20..14 + 22].copy_from_slice(&((i % 50000) as u16 + 1024).to_be_bytes());
             },
         )?;
-        let counted = egress_packets(&pin_path)? - before;
-        anyhow::ensure!(
-            counted == u64::from(runs),
-            "first packet: {counted} of {runs} runs translated"
-        );
-        anyhow::ensure!(encapsulated(&out), "first packet: not encapsulated");
         let nat: HashMap<_, NatKey, NatEntry> =
             HashMap::try_from(dp.ebpf.map("NAT_FWD").context("NAT_FWD")?)?;
         let flows = nat.keys().count() as u64;
@@ -384,21 +398,7 @@ fn program_costs(runs: u32) -> Result<Costs> {
         );
 
         // Worker, established flow: the same packet every run.
-        let before = egress_packets(&pin_path)?;
-        let (est, out) = single_runs(
-            &mut dp,
-            "worker_egress",
-            &est_pkt,
-            REDIRECT,
-            runs,
-            |_, _| {},
-        )?;
-        let counted = egress_packets(&pin_path)? - before;
-        anyhow::ensure!(
-            counted == u64::from(runs),
-            "established: {counted} of {runs} runs translated"
-        );
-        anyhow::ensure!(encapsulated(&out), "established: not encapsulated");
+        let est = translated_runs(&mut dp, &pin_path, "established", &est_pkt, runs, |_, _| {})?;
 
         // Gateway, forward: a decapsulated packet from the EIP, out by the
         // FIB. The last output must be forwarded once (TTL 63, the
