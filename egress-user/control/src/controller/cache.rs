@@ -64,9 +64,12 @@ fn tunnel_change(old: &EgressTunnel, new: &EgressTunnel) -> TunnelChange {
     }
 }
 
-/// The view plus the watches that keep it current.
+/// The view plus the watches that keep it current, and what the
+/// controller's passes over it keep for one another.
 pub struct ViewCache {
     pub view: ClusterView,
+    /// Reset with the view: a new list starts from nothing kept.
+    pub memo: super::ReconcileMemo,
     watches: SelectAll<WatchStream>,
     /// Events a [`Pending`] probe took, applied first by the next batch
     /// (`None`: the watches ended).
@@ -112,6 +115,7 @@ impl ViewCache {
         view.generations.touch_all();
         Ok(Self {
             view,
+            memo: Default::default(),
             watches,
             stash: VecDeque::new(),
         })

@@ -16,7 +16,7 @@ use crate::view::{ClusterView, PolicyView};
 use super::conditions::{cond, policy_name, refuse};
 use super::config::{whole_blocks, ControllerConfig};
 use super::plan::{EipMove, FailoverReason, Plan};
-use super::ports::{grant_address, Claim, Holders};
+use super::ports::{grant_address, Claim, GrantMemo, Holders};
 use super::spread::{previous_spread, spread_units, Spread, SpreadInput};
 use super::unit::{asks_reconfirmation, Allocation, Unit, Units};
 
@@ -71,8 +71,9 @@ impl<'a> GatewayPass<'a> {
     }
 
     /// Plans the gateway's status, its policies' placement and the port
-    /// blocks of its addresses; `pols` in order of precedence.
-    pub fn run(&self, pols: &[&PolicyView<'_>], plan: &mut Plan) {
+    /// blocks of its addresses; `pols` in order of precedence. `memo` holds
+    /// the last pass's grants of addresses whose inputs are unchanged.
+    pub fn run(&self, pols: &[&PolicyView<'_>], memo: &mut GrantMemo, plan: &mut Plan) {
         let prev = self.gateway.status.clone().unwrap_or_default();
         let nodes = self.nodes();
         let before = previous_places(&prev);
@@ -98,7 +99,7 @@ impl<'a> GatewayPass<'a> {
         self.keep_in_place(&units, &before, &mut placement, plan);
         self.place_the_rest(&units, &before, &nodes, &mut placement, plan);
         self.tell_released(&units, &before, plan);
-        self.grant_ports(&units, &placement.placed, plan);
+        self.grant_ports(&units, &placement.placed, memo, plan);
         self.write_gateway_status(&nodes, &units, &placement, plan);
         self.write_policy_statuses(&units, &placement, plan);
     }
@@ -306,7 +307,13 @@ impl<'a> GatewayPass<'a> {
     /// Port blocks per (address, worker), by use (see `grants`): an EIP's
     /// from the first port on, a node address's only from the reserved
     /// range.
-    fn grant_ports(&self, units: &Units<'_, '_>, placed: &Places, plan: &mut Plan) {
+    fn grant_ports(
+        &self,
+        units: &Units<'_, '_>,
+        placed: &Places,
+        memo: &mut GrantMemo,
+        plan: &mut Plan,
+    ) {
         let cfg = self.cfg;
         let eip_blocks = whole_blocks(cfg.first_port, u16::MAX, cfg.port_block_size);
         let node_ip_blocks = whole_blocks(
@@ -328,7 +335,7 @@ impl<'a> GatewayPass<'a> {
                 eip_blocks.clone()
             };
             let d = demand.get(addr).unwrap_or(&none);
-            grant_address(&holders, cfg, &name, addr, range, d, plan);
+            grant_address(&holders, cfg, &name, addr, range, d, memo, plan);
         }
     }
 

@@ -25,7 +25,7 @@ pub use config::{
 };
 pub use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 pub use plan::{EipMove, FailoverReason, Plan, TunnelGrants};
-pub use reconcile::reconcile;
+pub use reconcile::{reconcile, reconcile_with, ReconcileMemo};
 pub use run::{
     gateway_eligible, run_controller, run_controller_with_stats, tick_cached_report, write_plan,
     write_plan_stored, LoopStats, RunConfig, TickReport, ELECTION, MANAGER, PORT_BLOCK_MANAGER,

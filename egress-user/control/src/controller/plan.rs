@@ -112,12 +112,14 @@ impl TunnelGrants {
     }
 }
 
-/// One (address, worker) after the pass, for metrics.
+/// One (address, worker) after the pass, for metrics. The names are shared
+/// (tens of thousands of facts per pass at a thousand nodes, most of them
+/// copied from the last pass).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PortFact {
-    pub gateway: String,
-    pub eip: String,
-    pub node: String,
+    pub gateway: std::sync::Arc<str>,
+    pub eip: std::sync::Arc<str>,
+    pub node: std::sync::Arc<str>,
     /// Blocks held, the draining ones included.
     pub granted: u32,
     pub draining: u32,

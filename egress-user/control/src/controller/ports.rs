@@ -5,7 +5,9 @@
 //! into the plan: grants, Events when an address runs out, and the facts
 //! the metrics show.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+use std::sync::Arc;
 
 use crate::api::{EgressTunnelStatus, EipPortBlocks, EipPortUse};
 use crate::datastore::{Event, Kind, ObjectKey};
@@ -15,6 +17,8 @@ use super::grants::{plan_address, Holding, WorkerPorts};
 use super::plan::Plan;
 pub use super::plan::{AddressFact, PortFact, PortFacts};
 use crate::view::ClusterView;
+use memo::AddressOutcome;
+pub use memo::GrantMemo;
 
 /// A policy's claim on an address at a worker: its name and its cap (ports).
 /// The name is shared: one policy claims at every worker of every address.
@@ -55,12 +59,12 @@ pub fn cap_of(claims: &[Claim], cfg: &ControllerConfig) -> (u16, Option<String>)
 /// 1,024 addresses x 1,000 tunnels per pass at the benchmark's large size,
 /// seconds of CPU per change).
 pub struct Holders<'a> {
-    status: BTreeMap<&'a str, &'a EgressTunnelStatus>,
+    status: HashMap<&'a str, &'a EgressTunnelStatus>,
     /// (node, address) -> that node's blocks and reported use of the address.
-    blocks: BTreeMap<(&'a str, &'a str), &'a EipPortBlocks>,
-    usage: BTreeMap<(&'a str, &'a str), &'a EipPortUse>,
+    blocks: HashMap<(&'a str, &'a str), &'a EipPortBlocks>,
+    usage: HashMap<(&'a str, &'a str), &'a EipPortUse>,
     /// address -> the nodes with an entry for it (blocks, or refused).
-    of_addr: BTreeMap<&'a str, Vec<&'a str>>,
+    of_addr: HashMap<&'a str, Vec<&'a str>>,
     /// The addresses some worker holds blocks of.
     held: std::collections::BTreeSet<&'a str>,
 }
@@ -68,10 +72,10 @@ pub struct Holders<'a> {
 impl<'a> Holders<'a> {
     pub fn new(view: &'a ClusterView, gw: &str) -> Self {
         let mut out = Self {
-            status: BTreeMap::new(),
-            blocks: BTreeMap::new(),
-            usage: BTreeMap::new(),
-            of_addr: BTreeMap::new(),
+            status: HashMap::new(),
+            blocks: HashMap::new(),
+            usage: HashMap::new(),
+            of_addr: HashMap::new(),
             held: Default::default(),
         };
         for t in &view.tunnels {
@@ -106,20 +110,30 @@ impl<'a> Holders<'a> {
     }
 }
 
+/// The workers of `addr` with a status: those holding blocks of it and
+/// those with demand for it, in name order.
+fn workers_of<'h>(
+    holders: &Holders<'h>,
+    addr: &str,
+    demand: &BTreeMap<&'h str, Vec<Claim>>,
+) -> BTreeSet<&'h str> {
+    let holding = holders.of_addr.get(addr).into_iter().flatten().copied();
+    holding
+        .chain(demand.keys().copied())
+        .filter(|n| holders.status.contains_key(n))
+        .collect()
+}
+
 /// What every worker holds and reports for `addr` of the holders' gateway.
 fn standings(
     holders: &Holders<'_>,
     addr: &str,
+    nodes: &BTreeSet<&str>,
     demand: &BTreeMap<&str, Vec<Claim>>,
     cfg: &ControllerConfig,
 ) -> BTreeMap<String, WorkerPorts> {
     let mut out = BTreeMap::new();
-    let holding = holders.of_addr.get(addr).into_iter().flatten().copied();
-    let nodes: std::collections::BTreeSet<&str> = holding.chain(demand.keys().copied()).collect();
-    for node in nodes {
-        if !holders.status.contains_key(node) {
-            continue;
-        }
+    for &node in nodes {
         let held = holders.blocks_of(node, addr);
         let claims = demand.get(node);
         let usage = holders.usage.get(&(node, addr));
@@ -138,7 +152,43 @@ fn standings(
     out
 }
 
-/// Runs the grant rule for one address and writes the plan.
+/// A hash of everything [`decide`] reads for `addr`: the range, the
+/// settings, and each worker's grant, report and claims.
+fn fingerprint(
+    holders: &Holders<'_>,
+    cfg: &ControllerConfig,
+    addr: &str,
+    range: &std::ops::Range<u16>,
+    nodes: &BTreeSet<&str>,
+    demand: &BTreeMap<&str, Vec<Claim>>,
+) -> u128 {
+    let mut h = memo::Fingerprint::new();
+    (
+        range.start,
+        range.end,
+        cfg.port_block_size,
+        cfg.max_ports_per_node,
+    )
+        .hash(&mut h);
+    for &node in nodes {
+        node.hash(&mut h);
+        holders
+            .blocks_of(node, addr)
+            .map(|b| (&b.blocks, &b.draining, b.exhausted))
+            .hash(&mut h);
+        holders
+            .usage
+            .get(&(node, addr))
+            .map(|u| (u.in_use, &u.released))
+            .hash(&mut h);
+        demand.get(node).hash(&mut h);
+    }
+    h.finish128()
+}
+
+/// Runs the grant rule for one address and writes the plan; an address
+/// whose inputs have not changed since the last pass gets what they gave
+/// then, from `memo`, without being decided again.
 #[allow(clippy::too_many_arguments)]
 pub fn grant_address(
     holders: &Holders<'_>,
@@ -147,33 +197,56 @@ pub fn grant_address(
     addr: &str,
     range: std::ops::Range<u16>,
     demand: &BTreeMap<&str, Vec<Claim>>,
+    memo: &mut GrantMemo,
     plan: &mut Plan,
 ) {
-    let workers = standings(holders, addr, demand, cfg);
+    let nodes = workers_of(holders, addr, demand);
+    let print = fingerprint(holders, cfg, addr, &range, &nodes, demand);
+    let outcome = memo.outcome(gw, addr, print, || {
+        decide(holders, cfg, gw, addr, range, &nodes, demand)
+    });
+    outcome.add_to(cfg, plan);
+}
+
+/// The grant rule for one address, and everything it puts into a plan.
+fn decide(
+    holders: &Holders<'_>,
+    cfg: &ControllerConfig,
+    gw: &str,
+    addr: &str,
+    range: std::ops::Range<u16>,
+    nodes: &BTreeSet<&str>,
+    demand: &BTreeMap<&str, Vec<Claim>>,
+) -> AddressOutcome {
+    let workers = standings(holders, addr, nodes, demand, cfg);
     let holdings = plan_address(range.clone(), cfg.port_block_size, &workers);
     let used: usize = holdings.values().map(|h| h.held.len()).sum();
     let total = range.len() as u32;
-    plan.addresses.push(AddressFact {
-        gateway: gw.into(),
-        eip: addr.into(),
-        total,
-        free: total.saturating_sub(used as u32),
-    });
+    let (gw_name, eip): (Arc<str>, Arc<str>) = (gw.into(), addr.into());
+    let mut out = AddressOutcome {
+        fact: AddressFact {
+            gateway: gw.into(),
+            eip: addr.into(),
+            total,
+            free: total.saturating_sub(used as u32),
+        },
+        ..Default::default()
+    };
     for (node, h) in holdings {
         let s = &workers[&node];
         let was_refused = holders.blocks_of(&node, addr).is_some_and(|b| b.exhausted);
         if h.refused && !was_refused {
-            plan.events
+            out.events
                 .push(exhausted_event(gw, addr, &node, &h, s, cfg, total, used));
         }
         let quota_reached = demand
             .get(node.as_str())
             .and_then(|c| cap_of(c, cfg).1)
             .filter(|_| h.wanted > s.cap);
-        plan.ports.push(PortFact {
-            gateway: gw.into(),
-            eip: addr.into(),
-            node: node.clone(),
+        out.ports.push(PortFact {
+            gateway: gw_name.clone(),
+            eip: eip.clone(),
+            node: node.as_str().into(),
             granted: h.held.len() as u32,
             draining: h.draining.len() as u32,
             in_use: s.in_use,
@@ -184,18 +257,16 @@ pub fn grant_address(
         if h.held.is_empty() && !s.demand {
             continue;
         }
-        let Some(t) = plan.tunnels.get_mut(&node) else {
-            continue;
-        };
-        t.port_block_size = cfg.port_block_size;
-        t.port_blocks.push(EipPortBlocks {
+        let grant = EipPortBlocks {
             gateway: gw.into(),
             eip: addr.into(),
             blocks: h.held,
             draining: h.draining,
             exhausted: h.refused,
-        });
+        };
+        out.grants.push((node, grant));
     }
+    out
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -224,6 +295,8 @@ fn exhausted_event(
         ),
     )
 }
+
+mod memo;
 
 #[cfg(test)]
 mod tests;

@@ -17,6 +17,7 @@ use super::conditions::{cond, refuse};
 use super::config::ControllerConfig;
 use super::gateway_pass::{GatewayPass, WorkersOf};
 use super::plan::{Plan, TunnelGrants};
+use super::ports::GrantMemo;
 
 /// The IPv4 and IPv6 pools of each valid gateway.
 type Pools = BTreeMap<String, (IpPool, IpPool)>;
@@ -24,8 +25,25 @@ type Pools = BTreeMap<String, (IpPool, IpPool)>;
 /// The valid policies of each valid gateway, in order of precedence.
 type PoliciesOf<'p, 'v> = BTreeMap<String, Vec<&'p PolicyView<'v>>>;
 
-/// Runs every decision of the controller once.
+/// What a pass keeps for the next one, to skip work whose inputs did not
+/// change. It never changes a decision: a pass with it plans exactly what
+/// a pass without it would.
+#[derive(Debug, Default)]
+pub struct ReconcileMemo {
+    pub grants: GrantMemo,
+}
+
+/// Runs every decision of the controller once, from nothing kept.
 pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
+    reconcile_with(view, cfg, &mut ReconcileMemo::default())
+}
+
+/// [`reconcile`], reusing what earlier passes kept in `memo`.
+pub fn reconcile_with(
+    view: &ClusterView,
+    cfg: &ControllerConfig,
+    memo: &mut ReconcileMemo,
+) -> Plan {
     let mut plan = Plan::default();
     let policies = view.policy_views();
     plan_tunnels(view, &mut plan);
@@ -48,8 +66,10 @@ pub fn reconcile(view: &ClusterView, cfg: &ControllerConfig) -> Plan {
             v6,
             workers_of: &workers_of,
         };
-        pass.run(by_gw.get(&name).map_or(&[], Vec::as_slice), &mut plan);
+        let pols = by_gw.get(&name).map_or(&[][..], Vec::as_slice);
+        pass.run(pols, &mut memo.grants, &mut plan);
     }
+    memo.grants.end_pass();
     for t in plan.tunnels.values_mut() {
         t.port_blocks.sort();
     }

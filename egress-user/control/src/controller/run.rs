@@ -20,7 +20,7 @@ use super::cache::ViewCache;
 use super::config::ControllerConfig;
 use super::heartbeat;
 use super::plan::{EipMove, FailoverReason, Plan, PortFacts, TunnelGrants};
-use super::reconcile::reconcile;
+use super::reconcile::reconcile_with;
 use super::stale::StaleTunnels;
 use crate::view::ClusterView;
 
@@ -316,7 +316,7 @@ pub async fn tick_cached_report(
     let changes = heartbeat::changes(monitor, &cache.view, &eligible, now, timeout);
     let mut n = write_phases(ds, cache, &changes).await?;
     let t = std::time::Instant::now();
-    let plan = reconcile(&cache.view, &cfg.controller);
+    let plan = reconcile_with(&cache.view, &cfg.controller, &mut cache.memo);
     let reconciled = t.elapsed();
     let written = write_plan_stored(ds, &cache.view, &plan).await?;
     tracing::debug!(

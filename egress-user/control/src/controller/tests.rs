@@ -199,9 +199,19 @@ pub(crate) async fn pass(ds: &MemoryDatastore) -> Plan {
     pass_with(ds, &ControllerConfig::default()).await
 }
 
+thread_local! {
+    /// What this test's passes kept for one another, as the leader keeps it.
+    static MEMO: std::cell::RefCell<ReconcileMemo> = Default::default();
+}
+
+/// One pass from the datastore, written. Every test's passes also run with
+/// a memo kept across them (as the leader's loop runs them), which must
+/// plan exactly what a pass from nothing plans.
 pub(crate) async fn pass_with(ds: &MemoryDatastore, cfg: &ControllerConfig) -> Plan {
     let view = load_view(ds).await.unwrap();
     let plan = reconcile(&view, cfg);
+    let kept = MEMO.with_borrow_mut(|memo| reconcile_with(&view, cfg, memo));
+    assert_eq!(kept, plan, "a pass with the memo planned otherwise");
     write_plan(ds, &view, &plan).await.unwrap();
     plan
 }

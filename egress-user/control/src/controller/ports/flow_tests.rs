@@ -103,7 +103,41 @@ async fn a_policy_quota_caps_the_grant_and_is_reported() {
     report(&ds, "w1", 1000).await;
     let plan = pass(&ds).await;
     assert_eq!(held(&grants(&ds).await, "w1"), vec![16, 17]);
-    let fact = plan.ports.iter().find(|f| f.node == "w1").unwrap();
+    let fact = plan.ports.iter().find(|f| &*f.node == "w1").unwrap();
     assert_eq!(fact.quota_reached.as_deref(), Some("default/p"));
     assert!(!fact.refused);
+}
+
+#[tokio::test]
+async fn an_address_whose_inputs_are_unchanged_is_not_decided_again() {
+    use crate::controller::{reconcile, reconcile_with, ControllerConfig, ReconcileMemo};
+    use crate::view::load_view;
+    let ds = one_eip_gateway(&["w1", "w2"])
+        .g1_policy("p", 1, json!({}), "web")
+        .pod("a", "web", "w1", "10.244.1.2")
+        .pod("b", "web", "w2", "10.244.2.2")
+        .create()
+        .await;
+    pass(&ds).await;
+    let cfg = ControllerConfig::default();
+    let mut memo = ReconcileMemo::default();
+    let view = load_view(&ds).await.unwrap();
+    let first = reconcile_with(&view, &cfg, &mut memo);
+    let decided = memo.grants.decided;
+    assert!(decided >= 1, "the EIP's grants were decided");
+    assert_eq!(memo.grants.reused, 0);
+    let again = reconcile_with(&view, &cfg, &mut memo);
+    assert_eq!(again, first);
+    assert_eq!(
+        memo.grants.decided, decided,
+        "nothing changed: nothing decided again"
+    );
+    assert_eq!(memo.grants.reused, decided);
+    // w1's report changes the EIP's inputs: decided again, and grown.
+    report(&ds, "w1", 100).await;
+    let view = load_view(&ds).await.unwrap();
+    let grown = reconcile_with(&view, &cfg, &mut memo);
+    assert_eq!(memo.grants.decided, decided + 1);
+    assert_eq!(grown, reconcile(&view, &cfg));
+    assert_ne!(grown.tunnels["w1"], first.tunnels["w1"], "w1 grows");
 }
