@@ -20,6 +20,7 @@
 //! maps say so) and per change elsewhere. The last line is one JSON object.
 
 mod driver;
+mod passes;
 mod real_agent;
 mod seed;
 mod sim_agents;
@@ -141,12 +142,23 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("controller") => rt().block_on(driver::controller(&args[2])),
         Some("agents") => rt().block_on(sim_agents::run(&args[2], Size::named(&args[3]))),
+        // The controller's pass alone, in this process (quick to run).
+        Some("passes") => {
+            let mut all = serde_json::Map::new();
+            let per_size: Vec<_> = sizes()
+                .into_iter()
+                .map(|size| (size, rt().block_on(passes::measure(size))))
+                .collect();
+            stats::merge(&mut all, &per_size);
+            println!("{}", serde_json::Value::Object(all));
+        }
         _ => {
             let mut all = serde_json::Map::new();
             let mut per_size = Vec::new();
             for size in sizes() {
-                let figures = driver::run_size(size)
+                let mut figures = driver::run_size(size)
                     .unwrap_or_else(|e| panic!("the {} size failed: {e:#}", size.name));
+                figures.extend(rt().block_on(passes::measure(size)));
                 per_size.push((size, figures));
             }
             stats::merge(&mut all, &per_size);

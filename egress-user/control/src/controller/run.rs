@@ -316,12 +316,15 @@ pub async fn tick_cached_report(
     let changes = heartbeat::changes(monitor, &cache.view, &eligible, now, timeout);
     let mut n = write_phases(ds, cache, &changes).await?;
     let t = std::time::Instant::now();
+    let kept = (cache.memo.grants.decided, cache.memo.grants.reused);
     let plan = reconcile_with(&cache.view, &cfg.controller, &mut cache.memo);
     let reconciled = t.elapsed();
     let written = write_plan_stored(ds, &cache.view, &plan).await?;
     tracing::debug!(
         reconcile_ms = reconciled.as_secs_f64() * 1e3,
         write_ms = (t.elapsed() - reconciled).as_secs_f64() * 1e3,
+        addresses_decided = cache.memo.grants.decided - kept.0,
+        addresses_reused = cache.memo.grants.reused - kept.1,
         objects = written.len(),
         bytes = written
             .iter()

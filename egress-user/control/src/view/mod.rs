@@ -3,7 +3,7 @@
 //! datastore by [`load_view`] / [`load_kinds`], or kept current from
 //! watches by the controller's `ViewCache`, both through [`put`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -291,14 +291,16 @@ pub(crate) fn gateway_created(g: &EgressGateway) -> i128 {
 /// Finds the policies that select a pod without testing every policy:
 /// policies with `matchLabels` are indexed by their first label.
 pub struct PolicyIndex {
-    by_label: BTreeMap<(String, String), Vec<usize>>,
+    /// label key -> label value -> policies whose selector asks for it
+    /// (looked up by `&str`: no allocation per pod).
+    by_label: HashMap<String, HashMap<String, Vec<usize>>>,
     rest: Vec<usize>,
 }
 
 impl PolicyIndex {
     /// `views` in order of precedence (as [`ClusterView::policy_views`] gives them).
     pub fn new(views: &[PolicyView<'_>]) -> Self {
-        let mut by_label: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        let mut by_label: HashMap<String, HashMap<String, Vec<usize>>> = HashMap::new();
         let mut rest = Vec::new();
         for (i, p) in views.iter().enumerate() {
             match p
@@ -306,7 +308,12 @@ impl PolicyIndex {
                 .pod_selector
                 .and_then(|s| s.match_labels.iter().next())
             {
-                Some((k, v)) => by_label.entry((k.clone(), v.clone())).or_default().push(i),
+                Some((k, v)) => by_label
+                    .entry(k.clone())
+                    .or_default()
+                    .entry(v.clone())
+                    .or_default()
+                    .push(i),
                 None => rest.push(i),
             }
         }
@@ -323,7 +330,7 @@ impl PolicyIndex {
     ) -> Vec<usize> {
         let mut out: Vec<usize> = self.rest.clone();
         for (k, v) in &pod.labels {
-            if let Some(l) = self.by_label.get(&(k.clone(), v.clone())) {
+            if let Some(l) = self.by_label.get(k).and_then(|vs| vs.get(v)) {
                 out.extend(l);
             }
         }
