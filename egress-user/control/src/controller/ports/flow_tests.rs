@@ -66,14 +66,19 @@ async fn a_thousand_workers_share_one_eip_none_refused() {
     assert!(plan.ports.iter().all(|p| !p.refused && p.granted == 1));
 }
 
-#[tokio::test]
-async fn use_grows_the_grant_and_a_new_controller_keeps_every_number() {
-    let ds = one_eip_gateway(&["w1", "w2"])
+/// Policy `p` of gateway `g1` with one pod on each of `w1` and `w2`.
+async fn two_workers_of_one_policy() -> MemoryDatastore {
+    one_eip_gateway(&["w1", "w2"])
         .g1_policy("p", 1, json!({}), "web")
         .pod("a", "web", "w1", "10.244.1.2")
         .pod("b", "web", "w2", "10.244.2.2")
         .create()
-        .await;
+        .await
+}
+
+#[tokio::test]
+async fn use_grows_the_grant_and_a_new_controller_keeps_every_number() {
+    let ds = two_workers_of_one_policy().await;
     pass(&ds).await;
     assert_eq!(held(&grants(&ds).await, "w1"), vec![16]);
     // w1 reports 100 ports in use: ceil(200 / 64) + 1 = 5 blocks, ahead of need.
@@ -112,12 +117,7 @@ async fn a_policy_quota_caps_the_grant_and_is_reported() {
 async fn an_address_whose_inputs_are_unchanged_is_not_decided_again() {
     use crate::controller::{reconcile, reconcile_with, ControllerConfig, ReconcileMemo};
     use crate::view::load_view;
-    let ds = one_eip_gateway(&["w1", "w2"])
-        .g1_policy("p", 1, json!({}), "web")
-        .pod("a", "web", "w1", "10.244.1.2")
-        .pod("b", "web", "w2", "10.244.2.2")
-        .create()
-        .await;
+    let ds = two_workers_of_one_policy().await;
     pass(&ds).await;
     let cfg = ControllerConfig::default();
     let mut memo = ReconcileMemo::default();
