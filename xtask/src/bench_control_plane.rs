@@ -31,6 +31,10 @@ const KEYS: &[&str] = &[
     "large_change_p99_ms",
     "large_new_pod_grant_p99_ms",
     "agent_cpu_per_change_ratio",
+    "pass_full_ms",
+    "pass_kept_ms",
+    "large_pass_full_ms",
+    "large_pass_kept_ms",
 ];
 
 pub fn run(root: &Path) -> Result<()> {
