@@ -747,7 +747,14 @@ impl Cluster {
 
     /// [`Cluster::apply_examples`], then waits until w1's agent applies the policy.
     pub fn apply_example_policy(&self) -> Result<()> {
-        self.apply_examples()?;
+        self.apply_policy(&examples_dir().join("policy.yaml"))
+    }
+
+    /// The example gateway and the one policy in `file`, then waits until
+    /// w1's agent applies the policy.
+    pub fn apply_policy(&self, file: &Path) -> Result<()> {
+        self.apply(&examples_dir().join("gateway.yaml"))?;
+        self.apply(file)?;
         wait_until("w1 applies the policy", Duration::from_secs(30), || {
             Ok(self.agent_state(0)?["policies"].as_u64() == Some(1))
         })?;

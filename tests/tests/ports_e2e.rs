@@ -86,11 +86,7 @@ impl Drop for QuotaPolicy {
 fn a_policy_quota_refuses_at_once_and_names_the_policy() -> Result<()> {
     let cluster = Cluster::start_default()?;
     let policy = QuotaPolicy::write()?;
-    cluster.apply(&examples_dir().join("gateway.yaml"))?;
-    cluster.apply(&policy.0.join("policy.yaml"))?;
-    wait_until("w1 applies the policy", Duration::from_secs(30), || {
-        Ok(cluster.agent_state(0)?["policies"].as_u64() == Some(1))
-    })?;
+    cluster.apply_policy(&policy.0.join("policy.yaml"))?;
     let mut sink = open_past_one_block(&cluster)?;
     // Its use asks for more blocks than the quota allows: reported, with
     // the policy, and the grant stays one block.

@@ -248,12 +248,10 @@ async fn relabels(
         if size.pod_node(k) == size.measured_node() {
             k = (k + 1) % size.pods;
         }
-        let j = k % size.policies;
-        let key = ObjectKey::namespaced(format!("ns{}", j % 10), format!("pod{k:05}"));
+        let key = super::seed::pod_key(size, k);
         let cur = ds.get(Kind::Pod, &key).await?.context("a seeded pod")?;
         let mut v = cur.value.clone();
-        // Another policy of the same namespace (j + 10 keeps j % 10).
-        v["metadata"]["labels"]["app"] = json!(format!("app{}", (j + 10) % size.policies));
+        super::seed::relabel(size, k, &mut v);
         v["metadata"]["labels"]["bench-seq"] = json!(i.to_string());
         let start = now_ns();
         ds.update(Kind::Pod, v, cur.revision).await?;

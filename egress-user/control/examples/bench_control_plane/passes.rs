@@ -6,13 +6,15 @@
 
 use std::time::Instant;
 
-use egress_control::controller::{reconcile, reconcile_with, ControllerConfig, ReconcileMemo};
+use egress_control::controller::{
+    reconcile, reconcile_with, write_plan, ControllerConfig, ReconcileMemo,
+};
 use egress_control::datastore::memory::MemoryDatastore;
-use egress_control::datastore::{Datastore, Kind, ObjectKey};
+use egress_control::datastore::{Datastore, Kind};
 use egress_control::view::load_view;
 use serde_json::{json, Map, Value};
 
-use super::seed::seed;
+use super::seed::{self, pod_key, seed};
 use super::Size;
 
 /// Passes written until one writes nothing (the grants settled).
@@ -36,11 +38,7 @@ pub async fn measure(size: Size) -> Map<String, Value> {
     for _ in 0..SETTLE_PASSES {
         let view = load_view(&ds).await.unwrap();
         let plan = reconcile_with(&view, &cfg, &mut memo);
-        if egress_control::controller::write_plan(&ds, &view, &plan)
-            .await
-            .unwrap()
-            == 0
-        {
+        if write_plan(&ds, &view, &plan).await.unwrap() == 0 {
             break;
         }
     }
@@ -56,9 +54,7 @@ pub async fn measure(size: Size) -> Map<String, Value> {
         let fresh = reconcile(&view, &cfg);
         full.push(t.elapsed().as_secs_f64() * 1e3);
         assert_eq!(plan, fresh, "the kept pass planned otherwise");
-        egress_control::controller::write_plan(&ds, &view, &plan)
-            .await
-            .unwrap();
+        write_plan(&ds, &view, &plan).await.unwrap();
     }
     let decided = (memo.grants.decided - decided_before) as f64 / CHANGES as f64;
     let mut out = Map::new();
@@ -76,14 +72,12 @@ fn round(x: f64) -> f64 {
 /// end-to-end run's relabels do).
 async fn relabel(ds: &dyn Datastore, size: Size, i: usize) {
     let k = (i * 37) % size.pods;
-    let j = k % size.policies;
-    let key = ObjectKey::namespaced(format!("ns{}", j % 10), format!("pod{k:05}"));
     let cur = ds
-        .get(Kind::Pod, &key)
+        .get(Kind::Pod, &pod_key(size, k))
         .await
         .unwrap()
         .expect("a seeded pod");
     let mut v = cur.value.clone();
-    v["metadata"]["labels"]["app"] = json!(format!("app{}", (j + 10) % size.policies));
+    seed::relabel(size, k, &mut v);
     ds.update(Kind::Pod, v, cur.revision).await.unwrap();
 }

@@ -102,3 +102,16 @@ async fn seed_node(ds: &dyn Datastore, size: Size, i: usize) {
     .await
     .unwrap();
 }
+
+/// The key of seeded pod `k`.
+pub fn pod_key(size: Size, k: usize) -> ObjectKey {
+    let j = k % size.policies;
+    ObjectKey::namespaced(format!("ns{}", j % 10), format!("pod{k:05}"))
+}
+
+/// Moves seeded pod `k` (its object `v`) to another policy of its
+/// namespace (`j + 10` keeps `j % 10`): what the relabels write.
+pub fn relabel(size: Size, k: usize, v: &mut serde_json::Value) {
+    let j = k % size.policies;
+    v["metadata"]["labels"]["app"] = json!(format!("app{}", (j + 10) % size.policies));
+}

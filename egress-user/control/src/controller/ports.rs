@@ -112,7 +112,7 @@ impl<'a> Holders<'a> {
 
 /// The workers of `addr` with a status: those holding blocks of it and
 /// those with demand for it, in name order.
-fn workers_of<'h>(
+fn nodes_of_address<'h>(
     holders: &Holders<'h>,
     addr: &str,
     demand: &BTreeMap<&'h str, Vec<Claim>>,
@@ -200,7 +200,7 @@ pub fn grant_address(
     memo: &mut GrantMemo,
     plan: &mut Plan,
 ) {
-    let nodes = workers_of(holders, addr, demand);
+    let nodes = nodes_of_address(holders, addr, demand);
     let print = fingerprint(holders, cfg, addr, &range, &nodes, demand);
     let outcome = memo.outcome(gw, addr, print, || {
         decide(holders, cfg, gw, addr, range, &nodes, demand)
