@@ -38,7 +38,9 @@
 
 #![recursion_limit = "256"]
 
+mod cpu;
 mod reply_rate;
+mod throughput;
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
@@ -57,6 +59,7 @@ use egress_user::{
     EBPF_OBJECT,
 };
 use etherparse::PacketBuilder;
+use throughput::{crr_per_s, crr_server, testbed, throughputs, Mode, CRR_CLIENTS};
 
 const RUNS: u32 = 1_000_000;
 /// TC_ACT_REDIRECT: the verdict of every measured path.
@@ -481,24 +484,6 @@ fn program_costs(runs: u32) -> Result<Costs> {
     })
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
-    Ebpf,
-    Iptables,
-    Direct,
-}
-
-const MODES: [Mode; 3] = [Mode::Ebpf, Mode::Iptables, Mode::Direct];
-
-struct Bed {
-    pod: Netns,
-    srv: Netns,
-    _wk: Netns,
-    _gw: Netns,
-    _dps: Vec<Datapath>,
-    _pins: Vec<PinDir>,
-}
-
 fn link_info(ns: &Netns, dev: &str) -> Result<(u32, [u8; 6])> {
     let v: serde_json::Value = serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", dev])?)?;
     let mut mac = [0u8; 6];
@@ -511,275 +496,6 @@ fn link_info(ns: &Netns, dev: &str) -> Result<(u32, [u8; 6])> {
         mac[i] = u8::from_str_radix(b, 16)?;
     }
     Ok((v[0]["ifindex"].as_u64().context("ifindex")? as u32, mac))
-}
-
-/// The gateway of the iptables and direct beds: the EIP on its uplink and
-/// the pod's traffic SNATed to it there.
-fn snat_to_the_eip(gw: &Netns) -> Result<()> {
-    gw.addr("eth1", &format!("{EIP}/32"))?;
-    gw.exec(&[
-        "iptables",
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "-s",
-        &format!("{POD}/32"),
-        "-o",
-        "eth1",
-        "-j",
-        "SNAT",
-        "--to-source",
-        EIP,
-    ])?;
-    Ok(())
-}
-
-fn testbed(mode: Mode) -> Result<Bed> {
-    let pod = Netns::new("bpod")?;
-    let wk = Netns::new("bwk")?;
-    let gw = Netns::new("bgw")?;
-    let srv = Netns::new("bsrv")?;
-    link_veth(&pod, "eth0", &wk, "vp11")?;
-    link_veth(&wk, "eth0", &gw, "eth0")?;
-    link_veth(&gw, "eth1", &srv, "eth0")?;
-    pod.addr("eth0", &format!("{POD}/32"))?;
-    pod.route(&["10.244.1.1", "dev", "eth0"])?;
-    pod.route(&["default", "via", "10.244.1.1"])?;
-    wk.addr("vp11", "10.244.1.1/32")?;
-    wk.route(&[&format!("{POD}/32"), "dev", "vp11"])?;
-    wk.addr("eth0", "10.100.0.21/24")?;
-    gw.addr("eth0", "10.100.0.11/24")?;
-    gw.addr("eth1", "203.0.113.2/24")?;
-    srv.addr("eth0", &format!("{SRV}/24"))?;
-    wk.enable_forwarding()?;
-    gw.enable_forwarding()?;
-    let mut dps = Vec::new();
-    let mut pins = Vec::new();
-    match mode {
-        Mode::Ebpf => {
-            for (ns, worker) in [(&wk, true), (&gw, false)] {
-                ns.ip(&[
-                    "link", "add", VXLAN, "type", "vxlan", "external", "dstport", "4789",
-                ])?;
-                ns.ip(&["link", "set", VXLAN, "up"])?;
-                let vx = link_info(ns, VXLAN)?.0;
-                // The worker's uplink faces the gateway; the gateway's the server.
-                let uplink = link_info(ns, if worker { "eth0" } else { "eth1" })?;
-                let d = desired(worker, !worker, vx, uplink);
-                let pin = PinDir::new(if worker { "bw" } else { "bg" })?;
-                let path = pin.path().to_owned();
-                let dp = ns.enter(move || {
-                    let mut dp = Datapath::load(EBPF_OBJECT, &path)?;
-                    apply(&mut dp, &d)?;
-                    dp.attach_vxlan(VXLAN)?;
-                    if worker {
-                        dp.attach_pod_veth("vp11")?;
-                    } else {
-                        dp.attach_uplink("eth1")?;
-                    }
-                    Ok(dp)
-                })?;
-                dps.push(dp);
-                pins.push(pin);
-            }
-        }
-        Mode::Iptables => {
-            // Worker: ipset + mangle MARK + fwmark rule into a VXLAN device.
-            // The rule is restricted to the pod-side interface: the tunnel's
-            // own outer packets inherit the mark and would loop otherwise.
-            wk.exec(&["ipset", "create", "egress-src", "hash:ip"])?;
-            wk.exec(&["ipset", "add", "egress-src", POD])?;
-            wk.exec(&[
-                "iptables",
-                "-t",
-                "mangle",
-                "-A",
-                "PREROUTING",
-                "-i",
-                "vp11",
-                "-m",
-                "set",
-                "--match-set",
-                "egress-src",
-                "src",
-                "-j",
-                "MARK",
-                "--set-mark",
-                "0x26000000/0xff000000",
-            ])?;
-            wk.ip(&[
-                "rule",
-                "add",
-                "fwmark",
-                "0x26000000/0xff000000",
-                "iif",
-                "vp11",
-                "table",
-                "600",
-            ])?;
-            for (ns, local, remote, tip) in [
-                (&wk, "10.100.0.21", "10.100.0.11", "172.31.0.21/24"),
-                (&gw, "10.100.0.11", "10.100.0.21", "172.31.0.11/24"),
-            ] {
-                ns.ip(&[
-                    "link", "add", "egvx", "type", "vxlan", "id", "100", "local", local, "remote",
-                    remote, "dstport", "4789", "dev", "eth0",
-                ])?;
-                ns.addr("egvx", tip)?;
-            }
-            wk.route(&[
-                "default",
-                "via",
-                "172.31.0.11",
-                "dev",
-                "egvx",
-                "table",
-                "600",
-            ])?;
-            // Gateway: the EIP on the uplink and SNAT.
-            snat_to_the_eip(&gw)?;
-            gw.route(&["10.244.1.0/24", "via", "172.31.0.21", "dev", "egvx"])?;
-        }
-        Mode::Direct => {
-            wk.route(&["default", "via", "10.100.0.11"])?;
-            snat_to_the_eip(&gw)?;
-            gw.route(&["10.244.1.0/24", "via", "10.100.0.21"])?;
-        }
-    }
-    Ok(Bed {
-        pod,
-        srv,
-        _wk: wk,
-        _gw: gw,
-        _dps: dps,
-        _pins: pins,
-    })
-}
-
-/// Rounds of the throughput runs; the modes take turns within a round, so
-/// that a change of the machine's speed during the benchmark hits all three
-/// alike, and each figure is the median of its rounds.
-const ROUNDS: usize = 5;
-const SECONDS: &str = "4";
-
-fn iperf3(bed: &Bed, extra: &[&str]) -> Result<serde_json::Value> {
-    let mut argv = vec![
-        "timeout", "30", "iperf3", "-c", SRV, "-p", "5201", "-t", SECONDS, "-J",
-    ];
-    argv.extend_from_slice(extra);
-    Ok(serde_json::from_str(&bed.pod.exec(&argv)?)?)
-}
-
-fn tcp_gbps(bed: &Bed) -> Result<f64> {
-    let v = iperf3(bed, &[])?;
-    Ok(v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .context("tcp bps")?
-        / 1e9)
-}
-
-/// 64-byte UDP packets sent as fast as iperf3 can, that arrive, per second.
-fn udp64_mpps(bed: &Bed) -> Result<f64> {
-    let v = iperf3(bed, &["-u", "-l", "64", "-b", "0"])?;
-    let sum = &v["end"]["sum"];
-    let packets = sum["packets"].as_f64().context("udp packets")?;
-    let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
-    let secs = sum["seconds"].as_f64().context("udp seconds")?;
-    Ok((packets - lost) / secs / 1e6)
-}
-
-/// Short connections (connect, 64-byte request and reply, close) from the
-/// pod to the server for `SECONDS`, `CRR_CLIENTS` at a time: (completed
-/// per second, failed).
-fn crr_per_s(bed: &Bed) -> Result<(f64, u64)> {
-    let traffic = egress_tests::traffic_bin()?;
-    let out = bed.pod.exec(&[
-        "timeout",
-        "30",
-        &traffic.to_string_lossy(),
-        "crr-client",
-        &format!("{SRV}:{CRR_PORT}"),
-        SECONDS,
-        &CRR_CLIENTS.to_string(),
-    ])?;
-    let v: serde_json::Value = serde_json::from_str(out.trim())?;
-    Ok((
-        v["per_second"].as_f64().context("crr per_second")?,
-        v["failed"].as_u64().unwrap_or(0),
-    ))
-}
-
-const CRR_PORT: u16 = 5202;
-
-/// The short-connection server on the bed's server, once it listens.
-fn crr_server(bed: &Bed) -> Result<egress_tests::Proc> {
-    let traffic = egress_tests::traffic_bin()?;
-    bed.srv.spawn_ready(&[
-        &traffic.to_string_lossy(),
-        "crr-server",
-        &format!("0.0.0.0:{CRR_PORT}"),
-    ])
-}
-const CRR_CLIENTS: usize = 4;
-
-/// The medians of each mode, in `MODES` order.
-struct Throughput {
-    tcp_gbps: f64,
-    udp64_mpps: f64,
-    crr_per_s: f64,
-    /// Short connections that failed, over every round.
-    crr_failed: u64,
-}
-
-/// Each mode's throughput figures, in `MODES` order.
-fn throughputs() -> Result<Vec<Throughput>> {
-    let mut beds = Vec::new();
-    for mode in MODES {
-        let bed = testbed(mode)?;
-        let mut server = bed
-            .srv
-            .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
-        server.wait_for_line("Server listening", Duration::from_secs(10))?;
-        let crr = crr_server(&bed)?;
-        beds.push((bed, server, crr));
-    }
-    let mut tcp = vec![Vec::new(); MODES.len()];
-    let mut udp = vec![Vec::new(); MODES.len()];
-    let mut crr = vec![Vec::new(); MODES.len()];
-    let mut crr_failed = vec![0u64; MODES.len()];
-    for round in 0..ROUNDS {
-        for (m, (bed, _, _)) in beds.iter().enumerate() {
-            tcp[m].push(tcp_gbps(bed)?);
-        }
-        for (m, (bed, _, _)) in beds.iter().enumerate() {
-            udp[m].push(udp64_mpps(bed)?);
-        }
-        for (m, (bed, _, _)) in beds.iter().enumerate() {
-            let (rate, failed) = crr_per_s(bed)?;
-            crr[m].push(rate);
-            crr_failed[m] += failed;
-        }
-        for (m, mode) in MODES.iter().enumerate() {
-            eprintln!(
-                "round {round} {mode:?}: tcp {:.2} Gbit/s, udp64 {:.3} Mpps arriving, \
-                 {:.0} short connections/s ({} failed so far)",
-                tcp[m][round], udp[m][round], crr[m][round], crr_failed[m]
-            );
-        }
-    }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Ok((0..MODES.len())
-        .map(|m| Throughput {
-            tcp_gbps: med(&mut tcp[m]),
-            udp64_mpps: med(&mut udp[m]),
-            crr_per_s: med(&mut crr[m]),
-            crr_failed: crr_failed[m],
-        })
-        .collect())
 }
 
 #[test]
@@ -811,9 +527,10 @@ fn bench_datapath() -> Result<()> {
     let rr = &g.reply;
     let fw = &g.forward;
     let [(tcp_e, udp_e), (tcp_i, udp_i), (tcp_d, udp_d)] =
-        [0, 1, 2].map(|m| (t[m].tcp_gbps, t[m].udp64_mpps));
-    let [crr_e, crr_i, crr_d] = [0, 1, 2].map(|m| t[m].crr_per_s);
+        [0, 1, 2].map(|m| (t[m].tcp.rate, t[m].udp64.rate));
+    let [crr_e, crr_i, crr_d] = [0, 1, 2].map(|m| t[m].crr.rate);
     let r2 = |x: f64| (x * 1000.0).round() / 1000.0;
+    let per_mode = |f: &dyn Fn(&throughput::Throughput) -> f64| serde_json::json!({"ebpf": r2(f(&t[0])), "iptables": r2(f(&t[1])), "direct": r2(f(&t[2]))});
     let json = serde_json::json!({
         "worker_first_packet_ns": r2(c.first),
         "worker_established_ns": r2(c.est),
@@ -865,10 +582,34 @@ fn bench_datapath() -> Result<()> {
             "xdp": r2(fw.xdp_delivered),
             "tc": r2(fw.tc_delivered),
         },
+        // CPU per unit moved: of the whole machine (the five rounds
+        // above: sender, receiver and every hop), and of the gateway alone
+        // (rounds with its packet work steered to a CPU of its own by RPS,
+        // everything else pinned to CPU 0; `gateway_rates` are the rates
+        // those rounds reached).
+        "cpu_ms_per_gbit": per_mode(&|x| x.tcp.cpu_per_unit * 1e3),
+        "cpu_ns_per_udp64_packet": per_mode(&|x| x.udp64.cpu_per_unit * 1e9),
+        "cpu_us_per_connection": per_mode(&|x| x.crr.cpu_per_unit * 1e6),
+        "gateway_cpu_ms_per_gbit": per_mode(&|x| x.tcp.gateway_cpu_per_unit * 1e3),
+        "gateway_cpu_ns_per_udp64_packet": per_mode(&|x| x.udp64.gateway_cpu_per_unit * 1e9),
+        "gateway_cpu_us_per_connection": per_mode(&|x| x.crr.gateway_cpu_per_unit * 1e6),
+        "ratio_gateway_cpu_per_gbit_ebpf_vs_iptables":
+            r2(t[0].tcp.gateway_cpu_per_unit / t[1].tcp.gateway_cpu_per_unit),
+        "ratio_gateway_cpu_per_udp64_packet_ebpf_vs_iptables":
+            r2(t[0].udp64.gateway_cpu_per_unit / t[1].udp64.gateway_cpu_per_unit),
+        "ratio_gateway_cpu_per_connection_ebpf_vs_iptables":
+            r2(t[0].crr.gateway_cpu_per_unit / t[1].crr.gateway_cpu_per_unit),
+        "gateway_rates": {
+            "tcp_gbps": per_mode(&|x| x.tcp.gateway_rate),
+            "udp64_mpps": per_mode(&|x| x.udp64.gateway_rate),
+            "crr_per_s": per_mode(&|x| x.crr.gateway_rate.round()),
+        },
+        "gateway_cpu_idle_share": r2(t[0].gateway_cpu_idle_share),
+        "gateway_cpu_rounds": throughput::GATEWAY_CPU_ROUNDS,
         "reply_rate_rounds": reply_rate::ROUNDS,
         "crr_clients": CRR_CLIENTS,
         "testrun_runs": RUNS,
-        "throughput_rounds": ROUNDS,
+        "throughput_rounds": throughput::ROUNDS,
         "testrun_floor_ns": r2(c.floor),
         "testrun_single_run_floor_ns": r2(c.single_floor),
         "bench_restore_ns": r2(c.restore),
@@ -932,6 +673,34 @@ fn bench_reply_rate() -> Result<()> {
             "delivered_worst": [r.xdp_delivered, r.tc_delivered, f.xdp_delivered, f.tc_delivered],
         })
     );
+    Ok(())
+}
+
+/// Only the throughput runs and their CPU figures: a quick loop for work
+/// on the tunnel's cost.
+#[test]
+#[ignore = "benchmark: needs root"]
+fn bench_throughput() -> Result<()> {
+    for (mode, t) in throughput::MODES.iter().zip(throughputs()?) {
+        println!(
+            "{mode:?}: tcp {:.2} Gbit/s {:.0} ms/Gbit (gateway {:.1} at {:.2}), \
+             udp64 {:.3} Mpps {:.0} ns/packet (gateway {:.0} at {:.3}), \
+             crr {:.0}/s {:.0} us/conn (gateway {:.1} at {:.0}); idle share {:.3}",
+            t.tcp.rate,
+            t.tcp.cpu_per_unit * 1e3,
+            t.tcp.gateway_cpu_per_unit * 1e3,
+            t.tcp.gateway_rate,
+            t.udp64.rate,
+            t.udp64.cpu_per_unit * 1e9,
+            t.udp64.gateway_cpu_per_unit * 1e9,
+            t.udp64.gateway_rate,
+            t.crr.rate,
+            t.crr.cpu_per_unit * 1e6,
+            t.crr.gateway_cpu_per_unit * 1e6,
+            t.crr.gateway_rate,
+            t.gateway_cpu_idle_share,
+        );
+    }
     Ok(())
 }
 

@@ -1,0 +1,461 @@
+//! Throughput from a pod to an external server through this datapath, the
+//! spidernet-style iptables path and plain routing with SNAT, with the CPU
+//! time each figure costs: of the whole machine, and of the gateway alone
+//! in rounds where its packet work is steered to a CPU of its own.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use egress_tests::{link_veth, Netns, PinDir};
+use egress_user::{
+    datapath::{apply, Datapath},
+    EBPF_OBJECT,
+};
+
+use crate::{
+    cpu::{Cpus, Ticks},
+    desired, link_info, EIP, POD, SRV, VXLAN,
+};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Ebpf,
+    Iptables,
+    Direct,
+}
+
+pub const MODES: [Mode; 3] = [Mode::Ebpf, Mode::Iptables, Mode::Direct];
+
+pub struct Bed {
+    pub pod: Netns,
+    pub srv: Netns,
+    wk: Netns,
+    gw: Netns,
+    _dps: Vec<Datapath>,
+    _pins: Vec<PinDir>,
+}
+
+/// The gateway of the iptables and direct beds: the EIP on its uplink and
+/// the pod's traffic SNATed to it there.
+fn snat_to_the_eip(gw: &Netns) -> Result<()> {
+    gw.addr("eth1", &format!("{EIP}/32"))?;
+    gw.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-s",
+        &format!("{POD}/32"),
+        "-o",
+        "eth1",
+        "-j",
+        "SNAT",
+        "--to-source",
+        EIP,
+    ])?;
+    Ok(())
+}
+
+pub fn testbed(mode: Mode) -> Result<Bed> {
+    let pod = Netns::new("bpod")?;
+    let wk = Netns::new("bwk")?;
+    let gw = Netns::new("bgw")?;
+    let srv = Netns::new("bsrv")?;
+    link_veth(&pod, "eth0", &wk, "vp11")?;
+    link_veth(&wk, "eth0", &gw, "eth0")?;
+    link_veth(&gw, "eth1", &srv, "eth0")?;
+    pod.addr("eth0", &format!("{POD}/32"))?;
+    pod.route(&["10.244.1.1", "dev", "eth0"])?;
+    pod.route(&["default", "via", "10.244.1.1"])?;
+    wk.addr("vp11", "10.244.1.1/32")?;
+    wk.route(&[&format!("{POD}/32"), "dev", "vp11"])?;
+    wk.addr("eth0", "10.100.0.21/24")?;
+    gw.addr("eth0", "10.100.0.11/24")?;
+    gw.addr("eth1", "203.0.113.2/24")?;
+    srv.addr("eth0", &format!("{SRV}/24"))?;
+    wk.enable_forwarding()?;
+    gw.enable_forwarding()?;
+    let mut dps = Vec::new();
+    let mut pins = Vec::new();
+    match mode {
+        Mode::Ebpf => {
+            for (ns, worker) in [(&wk, true), (&gw, false)] {
+                ns.ip(&[
+                    "link", "add", VXLAN, "type", "vxlan", "external", "dstport", "4789",
+                ])?;
+                ns.ip(&["link", "set", VXLAN, "up"])?;
+                let vx = link_info(ns, VXLAN)?.0;
+                // The worker's uplink faces the gateway; the gateway's the server.
+                let uplink = link_info(ns, if worker { "eth0" } else { "eth1" })?;
+                let d = desired(worker, !worker, vx, uplink);
+                let pin = PinDir::new(if worker { "bw" } else { "bg" })?;
+                let path = pin.path().to_owned();
+                let dp = ns.enter(move || {
+                    let mut dp = Datapath::load(EBPF_OBJECT, &path)?;
+                    apply(&mut dp, &d)?;
+                    dp.attach_vxlan(VXLAN)?;
+                    if worker {
+                        dp.attach_pod_veth("vp11")?;
+                    } else {
+                        dp.attach_uplink("eth1")?;
+                    }
+                    Ok(dp)
+                })?;
+                dps.push(dp);
+                pins.push(pin);
+            }
+        }
+        Mode::Iptables => {
+            // Worker: ipset + mangle MARK + fwmark rule into a VXLAN device.
+            // The rule is restricted to the pod-side interface: the tunnel's
+            // own outer packets inherit the mark and would loop otherwise.
+            wk.exec(&["ipset", "create", "egress-src", "hash:ip"])?;
+            wk.exec(&["ipset", "add", "egress-src", POD])?;
+            wk.exec(&[
+                "iptables",
+                "-t",
+                "mangle",
+                "-A",
+                "PREROUTING",
+                "-i",
+                "vp11",
+                "-m",
+                "set",
+                "--match-set",
+                "egress-src",
+                "src",
+                "-j",
+                "MARK",
+                "--set-mark",
+                "0x26000000/0xff000000",
+            ])?;
+            wk.ip(&[
+                "rule",
+                "add",
+                "fwmark",
+                "0x26000000/0xff000000",
+                "iif",
+                "vp11",
+                "table",
+                "600",
+            ])?;
+            for (ns, local, remote, tip) in [
+                (&wk, "10.100.0.21", "10.100.0.11", "172.31.0.21/24"),
+                (&gw, "10.100.0.11", "10.100.0.21", "172.31.0.11/24"),
+            ] {
+                ns.ip(&[
+                    "link", "add", "egvx", "type", "vxlan", "id", "100", "local", local, "remote",
+                    remote, "dstport", "4789", "dev", "eth0",
+                ])?;
+                ns.addr("egvx", tip)?;
+            }
+            wk.route(&[
+                "default",
+                "via",
+                "172.31.0.11",
+                "dev",
+                "egvx",
+                "table",
+                "600",
+            ])?;
+            // Gateway: the EIP on the uplink and SNAT.
+            snat_to_the_eip(&gw)?;
+            gw.route(&["10.244.1.0/24", "via", "172.31.0.21", "dev", "egvx"])?;
+        }
+        Mode::Direct => {
+            wk.route(&["default", "via", "10.100.0.11"])?;
+            snat_to_the_eip(&gw)?;
+            gw.route(&["10.244.1.0/24", "via", "10.100.0.21"])?;
+        }
+    }
+    Ok(Bed {
+        pod,
+        srv,
+        wk,
+        gw,
+        _dps: dps,
+        _pins: pins,
+    })
+}
+
+/// Rounds of the throughput runs; the modes take turns within a round, so
+/// that a change of the machine's speed during the benchmark hits all three
+/// alike, and each figure is the median of its rounds.
+pub const ROUNDS: usize = 5;
+/// Rounds of the runs that measure the gateway's CPU alone (see
+/// [`steer_gateway_to`]).
+pub const GATEWAY_CPU_ROUNDS: usize = 3;
+const SECONDS: &str = "4";
+/// The CPU the gateway's receive work is steered to when its CPU time is
+/// measured; everything else then runs on CPU 0.
+const GATEWAY_CPU: usize = 1;
+
+/// The loads each mode is measured under.
+#[derive(Clone, Copy, Debug)]
+enum Load {
+    /// iperf3 TCP: Gbit/s, amount in Gbit.
+    Tcp,
+    /// iperf3 64-byte UDP as fast as it can: Mpps arriving, amount in packets.
+    Udp64,
+    /// Short TCP connections: per second, amount in connections.
+    Crr,
+}
+
+const LOADS: [Load; 3] = [Load::Tcp, Load::Udp64, Load::Crr];
+
+/// One run of a load: its rate, what it moved, the CPU seconds spent while
+/// it ran (on the CPUs the run counts), and failed connections.
+struct Run {
+    rate: f64,
+    amount: f64,
+    busy_s: f64,
+    /// The run's wall-clock length.
+    secs: f64,
+    failed: u64,
+}
+
+/// `argv` run in the pod, on CPU 0 when `pinned`.
+fn in_pod(bed: &Bed, pinned: bool, argv: &[&str]) -> Result<String> {
+    let mut full = if pinned {
+        vec!["taskset", "-c", "0"]
+    } else {
+        vec![]
+    };
+    full.extend_from_slice(argv);
+    bed.pod.exec(&full)
+}
+
+fn iperf3(bed: &Bed, pinned: bool, extra: &[&str]) -> Result<serde_json::Value> {
+    let mut argv = vec![
+        "timeout", "30", "iperf3", "-c", SRV, "-p", "5201", "-t", SECONDS, "-J",
+    ];
+    argv.extend_from_slice(extra);
+    Ok(serde_json::from_str(&in_pod(bed, pinned, &argv)?)?)
+}
+
+/// (rate, amount, failed) of one run of `load`.
+fn run_load(bed: &Bed, load: Load, pinned: bool) -> Result<(f64, f64, u64)> {
+    match load {
+        Load::Tcp => {
+            let v = iperf3(bed, pinned, &[])?;
+            let sum = &v["end"]["sum_received"];
+            let bps = sum["bits_per_second"].as_f64().context("tcp bps")?;
+            let bytes = sum["bytes"].as_f64().context("tcp bytes")?;
+            Ok((bps / 1e9, bytes * 8.0 / 1e9, 0))
+        }
+        Load::Udp64 => {
+            let v = iperf3(bed, pinned, &["-u", "-l", "64", "-b", "0"])?;
+            let sum = &v["end"]["sum"];
+            let packets = sum["packets"].as_f64().context("udp packets")?;
+            let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
+            let secs = sum["seconds"].as_f64().context("udp seconds")?;
+            let arrived = packets - lost;
+            Ok((arrived / secs / 1e6, arrived, 0))
+        }
+        Load::Crr => {
+            let traffic = egress_tests::traffic_bin()?;
+            let out = in_pod(
+                bed,
+                pinned,
+                &[
+                    "timeout",
+                    "30",
+                    &traffic.to_string_lossy(),
+                    "crr-client",
+                    &format!("{SRV}:{CRR_PORT}"),
+                    SECONDS,
+                    &CRR_CLIENTS.to_string(),
+                ],
+            )?;
+            let v: serde_json::Value = serde_json::from_str(out.trim())?;
+            Ok((
+                v["per_second"].as_f64().context("crr per_second")?,
+                v["completed"].as_f64().context("crr completed")?,
+                v["failed"].as_u64().unwrap_or(0),
+            ))
+        }
+    }
+}
+
+/// One run of `load`, with the busy time of `cpus` around it.
+fn measured(bed: &Bed, load: Load, cpus: Cpus) -> Result<Run> {
+    let pinned = matches!(cpus, Cpus::One(_));
+    let (before, started) = (Ticks::now()?, Instant::now());
+    let (rate, amount, failed) = run_load(bed, load, pinned)?;
+    let busy_s = Ticks::now()?.busy_seconds_since(&before, cpus);
+    Ok(Run {
+        rate,
+        amount,
+        busy_s,
+        secs: started.elapsed().as_secs_f64(),
+        failed,
+    })
+}
+
+/// Short connections from the pod for `SECONDS`, `CRR_CLIENTS` at a
+/// time: (completed per second, failed).
+pub fn crr_per_s(bed: &Bed) -> Result<(f64, u64)> {
+    let (rate, _, failed) = run_load(bed, Load::Crr, false)?;
+    Ok((rate, failed))
+}
+
+const CRR_PORT: u16 = 5202;
+
+/// The short-connection server on the bed's server, once it listens.
+pub fn crr_server(bed: &Bed) -> Result<egress_tests::Proc> {
+    let traffic = egress_tests::traffic_bin()?;
+    bed.srv.spawn_ready(&[
+        &traffic.to_string_lossy(),
+        "crr-server",
+        &format!("0.0.0.0:{CRR_PORT}"),
+    ])
+}
+pub const CRR_CLIENTS: usize = 4;
+
+/// Makes the gateway's packet work run on `GATEWAY_CPU` and everything
+/// else on CPU 0, so that `GATEWAY_CPU`'s busy time is the gateway's: RPS
+/// sends what the gateway's two veths receive to `GATEWAY_CPU` and what
+/// the worker and the server receive from it back to CPU 0, and the pod's
+/// and the server's processes are pinned to CPU 0. A veth's own receive
+/// poll (GRO, and XDP where attached) stays on the sending CPU.
+fn steer_gateway_to(bed: &Bed, servers: &[&egress_tests::Proc]) -> Result<()> {
+    let gateway = format!("{:x}", 1u32 << GATEWAY_CPU);
+    for (ns, dev, mask) in [
+        (&bed.gw, "eth0", gateway.as_str()),
+        (&bed.gw, "eth1", gateway.as_str()),
+        (&bed.wk, "eth0", "1"),
+        (&bed.wk, "vp11", "1"),
+        (&bed.srv, "eth0", "1"),
+    ] {
+        // sysfs shows the namespace it is mounted in: `ip netns exec` mounts
+        // the namespace's own.
+        egress_tests::run(&[
+            "ip",
+            "netns",
+            "exec",
+            ns.name(),
+            "sh",
+            "-c",
+            &format!("echo {mask} > /sys/class/net/{dev}/queues/rx-0/rps_cpus"),
+        ])?;
+    }
+    for p in servers {
+        egress_tests::run(&["taskset", "-a", "-p", "-c", "0", &p.pid().to_string()])?;
+    }
+    Ok(())
+}
+
+/// A load's figures for one mode: the median rate of its rounds and the
+/// median CPU cost per unit moved, of the whole machine and (from the
+/// steered rounds) of the gateway alone.
+#[derive(Clone, Copy, Default)]
+pub struct Figures {
+    pub rate: f64,
+    pub cpu_per_unit: f64,
+    pub gateway_rate: f64,
+    pub gateway_cpu_per_unit: f64,
+}
+
+/// The medians of each mode, in `MODES` order.
+pub struct Throughput {
+    pub tcp: Figures,
+    pub udp64: Figures,
+    pub crr: Figures,
+    /// Short connections that failed, over every round.
+    pub crr_failed: u64,
+    /// The gateway CPU's busy share while nothing ran, taken off the
+    /// steered rounds' figures.
+    pub gateway_cpu_idle_share: f64,
+}
+
+/// The median, NaN (null in the JSON) for no values.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Each mode's throughput figures, in `MODES` order.
+pub fn throughputs() -> Result<Vec<Throughput>> {
+    let mut beds = Vec::new();
+    for mode in MODES {
+        let bed = testbed(mode)?;
+        let mut server = bed
+            .srv
+            .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
+        server.wait_for_line("Server listening", Duration::from_secs(10))?;
+        let crr = crr_server(&bed)?;
+        beds.push((bed, server, crr));
+    }
+    // runs[mode][load]: the whole machine's rounds, then the steered ones.
+    let mut runs: Vec<Vec<Vec<Run>>> = (0..MODES.len())
+        .map(|_| LOADS.iter().map(|_| Vec::new()).collect())
+        .collect();
+    for round in 0..ROUNDS {
+        for (l, load) in LOADS.iter().enumerate() {
+            for (m, (bed, _, _)) in beds.iter().enumerate() {
+                runs[m][l].push(measured(bed, *load, Cpus::All)?);
+            }
+        }
+        for (m, mode) in MODES.iter().enumerate() {
+            let [tcp, udp, crr] = [0, 1, 2].map(|l| &runs[m][l][round]);
+            eprintln!(
+                "round {round} {mode:?}: tcp {:.2} Gbit/s, udp64 {:.3} Mpps arriving, \
+                 {:.0} short connections/s ({} failed)",
+                tcp.rate, udp.rate, crr.rate, crr.failed
+            );
+        }
+    }
+    let mut steered: Vec<Vec<Vec<Run>>> = (0..MODES.len())
+        .map(|_| LOADS.iter().map(|_| Vec::new()).collect())
+        .collect();
+    // A machine with one CPU has no second one to steer the gateway to.
+    let gateway_rounds = if Ticks::now()?.cpu_count() > GATEWAY_CPU {
+        GATEWAY_CPU_ROUNDS
+    } else {
+        0
+    };
+    let idle_share = gateway_cpu_idle_share()?;
+    for (bed, server, crr) in &beds {
+        steer_gateway_to(bed, &[server, crr])?;
+    }
+    for _ in 0..gateway_rounds {
+        for (l, load) in LOADS.iter().enumerate() {
+            for (m, (bed, _, _)) in beds.iter().enumerate() {
+                steered[m][l].push(measured(bed, *load, Cpus::One(GATEWAY_CPU))?);
+            }
+        }
+    }
+    let figures = |whole: &[Run], gateway: &[Run]| Figures {
+        rate: median(whole.iter().map(|r| r.rate).collect()),
+        cpu_per_unit: median(whole.iter().map(|r| r.busy_s / r.amount).collect()),
+        gateway_rate: median(gateway.iter().map(|r| r.rate).collect()),
+        gateway_cpu_per_unit: median(
+            gateway
+                .iter()
+                .map(|r| (r.busy_s - idle_share * r.secs).max(0.0) / r.amount)
+                .collect(),
+        ),
+    };
+    Ok((0..MODES.len())
+        .map(|m| Throughput {
+            tcp: figures(&runs[m][0], &steered[m][0]),
+            udp64: figures(&runs[m][1], &steered[m][1]),
+            crr: figures(&runs[m][2], &steered[m][2]),
+            crr_failed: runs[m][2]
+                .iter()
+                .chain(&steered[m][2])
+                .map(|r| r.failed)
+                .sum(),
+            gateway_cpu_idle_share: idle_share,
+        })
+        .collect())
+}
+
+/// The share of `GATEWAY_CPU` that is busy while no load runs (other
+/// processes of the machine), over one second.
+fn gateway_cpu_idle_share() -> Result<f64> {
+    let before = Ticks::now()?;
+    std::thread::sleep(Duration::from_secs(1));
+    Ok(Ticks::now()?.busy_seconds_since(&before, Cpus::One(GATEWAY_CPU)))
+}
