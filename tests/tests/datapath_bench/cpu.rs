@@ -3,15 +3,24 @@
 
 use anyhow::{Context, Result};
 
-/// Busy clock ticks of each CPU (user, nice, system, irq and softirq; not
-/// idle, iowait or steal), in CPU order.
-pub struct Ticks(Vec<u64>);
+/// Clock ticks of each CPU, in CPU order: busy (user, nice, system, irq
+/// and softirq; not idle, iowait or steal) and of those in interrupts
+/// (irq and softirq, where the kernel's packet work runs).
+pub struct Ticks(Vec<CpuTicks>);
 
-/// Which CPUs a measurement counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CpuTicks {
+    busy: u64,
+    interrupts: u64,
+}
+
+/// Which CPU time a measurement counts: every CPU's busy time, or one
+/// CPU's interrupt time (the packet work of whatever is steered to it,
+/// without the processes and kernel threads that also run there).
 #[derive(Clone, Copy)]
 pub enum Cpus {
-    All,
-    One(usize),
+    AllBusy,
+    InterruptsOf(usize),
 }
 
 impl Ticks {
@@ -20,17 +29,18 @@ impl Ticks {
         let per_cpu = stat
             .lines()
             .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-            .map(busy_ticks)
+            .map(cpu_ticks)
             .collect::<Result<Vec<_>>>()?;
         Ok(Self(per_cpu))
     }
 
-    /// CPU seconds the CPUs in `cpus` were busy between `earlier` and `self`.
-    pub fn busy_seconds_since(&self, earlier: &Ticks, cpus: Cpus) -> f64 {
-        let delta = |i: usize| self.0[i].saturating_sub(earlier.0[i]);
+    /// CPU seconds of `cpus` between `earlier` and `self`.
+    pub fn seconds_since(&self, earlier: &Ticks, cpus: Cpus) -> f64 {
         let ticks: u64 = match cpus {
-            Cpus::All => (0..self.0.len()).map(delta).sum(),
-            Cpus::One(i) => delta(i),
+            Cpus::AllBusy => (0..self.0.len())
+                .map(|i| self.0[i].busy.saturating_sub(earlier.0[i].busy))
+                .sum(),
+            Cpus::InterruptsOf(i) => self.0[i].interrupts.saturating_sub(earlier.0[i].interrupts),
         };
         ticks as f64 / ticks_per_second()
     }
@@ -40,7 +50,7 @@ impl Ticks {
     }
 }
 
-fn busy_ticks(line: &str) -> Result<u64> {
+fn cpu_ticks(line: &str) -> Result<CpuTicks> {
     let f: Vec<u64> = line
         .split_whitespace()
         .skip(1)
@@ -49,7 +59,10 @@ fn busy_ticks(line: &str) -> Result<u64> {
         .with_context(|| format!("/proc/stat line {line:?}"))?;
     // user nice system idle iowait irq softirq steal ...
     anyhow::ensure!(f.len() >= 7, "/proc/stat line {line:?} is short");
-    Ok(f[0] + f[1] + f[2] + f[5] + f[6])
+    Ok(CpuTicks {
+        busy: f[0] + f[1] + f[2] + f[5] + f[6],
+        interrupts: f[5] + f[6],
+    })
 }
 
 fn ticks_per_second() -> f64 {
@@ -67,9 +80,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn busy_ticks_count_softirq_but_not_idle_or_steal() {
-        let busy = busy_ticks("cpu1 10 1 20 1000 5 2 30 400 0 0").unwrap();
-        assert_eq!(busy, 10 + 1 + 20 + 2 + 30);
-        assert!(busy_ticks("cpu1 10 1").is_err());
+    fn busy_counts_softirq_but_not_idle_or_steal() {
+        let t = cpu_ticks("cpu1 10 1 20 1000 5 2 30 400 0 0").unwrap();
+        assert_eq!(
+            t,
+            CpuTicks {
+                busy: 10 + 1 + 20 + 2 + 30,
+                interrupts: 2 + 30
+            }
+        );
+        assert!(cpu_ticks("cpu1 10 1").is_err());
     }
 }

@@ -39,6 +39,7 @@
 #![recursion_limit = "256"]
 
 mod cpu;
+mod gateway_profile;
 mod reply_rate;
 mod throughput;
 
@@ -674,6 +675,14 @@ fn bench_reply_rate() -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// A profile of the gateway's CPU under one load (`EGRESS_PROFILE_LOAD`:
+/// tcp, udp64 or crr) in each mode: where the tunnel's cost goes.
+#[test]
+#[ignore = "diagnosis: needs root and perf"]
+fn gateway_cpu_profile() -> Result<()> {
+    gateway_profile::profile_gateway(&std::env::var("EGRESS_PROFILE_LOAD").unwrap_or_default())
 }
 
 /// Only the throughput runs and their CPU figures: a quick loop for work

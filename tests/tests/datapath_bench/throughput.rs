@@ -29,8 +29,8 @@ pub const MODES: [Mode; 3] = [Mode::Ebpf, Mode::Iptables, Mode::Direct];
 pub struct Bed {
     pub pod: Netns,
     pub srv: Netns,
-    wk: Netns,
-    gw: Netns,
+    pub wk: Netns,
+    pub gw: Netns,
     _dps: Vec<Datapath>,
     _pins: Vec<PinDir>,
 }
@@ -189,11 +189,11 @@ pub const GATEWAY_CPU_ROUNDS: usize = 3;
 const SECONDS: &str = "4";
 /// The CPU the gateway's receive work is steered to when its CPU time is
 /// measured; everything else then runs on CPU 0.
-const GATEWAY_CPU: usize = 1;
+pub const GATEWAY_CPU: usize = 1;
 
 /// The loads each mode is measured under.
 #[derive(Clone, Copy, Debug)]
-enum Load {
+pub enum Load {
     /// iperf3 TCP: Gbit/s, amount in Gbit.
     Tcp,
     /// iperf3 64-byte UDP as fast as it can: Mpps arriving, amount in packets.
@@ -206,13 +206,13 @@ const LOADS: [Load; 3] = [Load::Tcp, Load::Udp64, Load::Crr];
 
 /// One run of a load: its rate, what it moved, the CPU seconds spent while
 /// it ran (on the CPUs the run counts), and failed connections.
-struct Run {
-    rate: f64,
-    amount: f64,
-    busy_s: f64,
+pub struct Run {
+    pub rate: f64,
+    pub amount: f64,
+    pub busy_s: f64,
     /// The run's wall-clock length.
-    secs: f64,
-    failed: u64,
+    pub secs: f64,
+    pub failed: u64,
 }
 
 /// `argv` run in the pod, on CPU 0 when `pinned`.
@@ -279,11 +279,11 @@ fn run_load(bed: &Bed, load: Load, pinned: bool) -> Result<(f64, f64, u64)> {
 }
 
 /// One run of `load`, with the busy time of `cpus` around it.
-fn measured(bed: &Bed, load: Load, cpus: Cpus) -> Result<Run> {
-    let pinned = matches!(cpus, Cpus::One(_));
+pub fn measured(bed: &Bed, load: Load, cpus: Cpus) -> Result<Run> {
+    let pinned = matches!(cpus, Cpus::InterruptsOf(_));
     let (before, started) = (Ticks::now()?, Instant::now());
     let (rate, amount, failed) = run_load(bed, load, pinned)?;
-    let busy_s = Ticks::now()?.busy_seconds_since(&before, cpus);
+    let busy_s = Ticks::now()?.seconds_since(&before, cpus);
     Ok(Run {
         rate,
         amount,
@@ -319,7 +319,7 @@ pub const CRR_CLIENTS: usize = 4;
 /// the worker and the server receive from it back to CPU 0, and the pod's
 /// and the server's processes are pinned to CPU 0. A veth's own receive
 /// poll (GRO, and XDP where attached) stays on the sending CPU.
-fn steer_gateway_to(bed: &Bed, servers: &[&egress_tests::Proc]) -> Result<()> {
+pub fn steer_gateway_to(bed: &Bed, servers: &[&egress_tests::Proc]) -> Result<()> {
     let gateway = format!("{:x}", 1u32 << GATEWAY_CPU);
     for (ns, dev, mask) in [
         (&bed.gw, "eth0", gateway.as_str()),
@@ -394,7 +394,7 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
     for round in 0..ROUNDS {
         for (l, load) in LOADS.iter().enumerate() {
             for (m, (bed, _, _)) in beds.iter().enumerate() {
-                runs[m][l].push(measured(bed, *load, Cpus::All)?);
+                runs[m][l].push(measured(bed, *load, Cpus::AllBusy)?);
             }
         }
         for (m, mode) in MODES.iter().enumerate() {
@@ -422,7 +422,7 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
     for _ in 0..gateway_rounds {
         for (l, load) in LOADS.iter().enumerate() {
             for (m, (bed, _, _)) in beds.iter().enumerate() {
-                steered[m][l].push(measured(bed, *load, Cpus::One(GATEWAY_CPU))?);
+                steered[m][l].push(measured(bed, *load, Cpus::InterruptsOf(GATEWAY_CPU))?);
             }
         }
     }
@@ -457,5 +457,5 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
 fn gateway_cpu_idle_share() -> Result<f64> {
     let before = Ticks::now()?;
     std::thread::sleep(Duration::from_secs(1));
-    Ok(Ticks::now()?.busy_seconds_since(&before, Cpus::One(GATEWAY_CPU)))
+    Ok(Ticks::now()?.seconds_since(&before, Cpus::InterruptsOf(GATEWAY_CPU)))
 }
