@@ -681,7 +681,7 @@ fn bench_reply_rate() -> Result<()> {
 /// tcp, udp64 or crr) in each mode: where the tunnel's cost goes.
 #[test]
 #[ignore = "diagnosis: needs root and perf"]
-fn gateway_cpu_profile() -> Result<()> {
+fn bench_gateway_cpu_profile() -> Result<()> {
     gateway_profile::profile_gateway(&std::env::var("EGRESS_PROFILE_LOAD").unwrap_or_default())
 }
 
