@@ -40,7 +40,7 @@ use super::{
     settings::{AgentSettings, LIST_RETRY},
 };
 use crate::{
-    datapath::{lease, links, PinnedMaps},
+    datapath::{lease, links, MapShadow, PinnedMaps},
     node::watch::{LinkEvent, LinkWatch},
 };
 
@@ -72,6 +72,8 @@ pub(super) struct Agent {
     pub handle: rtnetlink::Handle,
     pub pod_veths: super::pod_veths::PodVeths,
     pub maps: PinnedMaps,
+    /// What the maps held after the last write; forgotten on each resync.
+    pub shadow: MapShadow,
     pub facts: NodeFacts,
     pub me: SelfDescription,
     pub tunnel_ip: Ipv4Addr,
@@ -182,7 +184,11 @@ impl Agent {
                     self.dirty = true;
                     self.fence_due = true;
                 }
-                _ = resync.tick() => self.dirty = true,
+                // The resync also reads every map back from the kernel.
+                _ = resync.tick() => {
+                    self.shadow.forget();
+                    self.dirty = true;
+                }
                 _ = sleep_until_opt(self.recheck_registration_at) => {
                     self.recheck_registration_at = None;
                     self.dirty = true;

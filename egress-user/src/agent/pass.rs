@@ -15,7 +15,7 @@ use super::{
     event_loop::{assignments, ds_call, Agent},
     register::{publish_awaiting_reconfirmation, publish_over_capacity},
 };
-use crate::datapath::{apply, DesiredMaps};
+use crate::datapath::{apply_with, DesiredMaps};
 
 impl Agent {
     /// Brings the node in step with `view`.
@@ -103,7 +103,7 @@ impl Agent {
         now: std::time::Instant,
         now_announced: &BTreeSet<IpAddr>,
     ) {
-        let report = match apply(&mut self.maps, desired) {
+        let report = match apply_with(&mut self.maps, desired, &mut self.shadow) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "writing the maps failed");

@@ -101,6 +101,7 @@ pub async fn run(s: AgentSettings, ds: Arc<dyn Datastore>) -> Result<()> {
             pod_cidrs: s.pod_cidrs.clone(),
         },
         prepared: Default::default(),
+        shadow: Default::default(),
         ephemeral: super::node_ports::ephemeral_range(),
         s,
         ds,

@@ -1,6 +1,12 @@
 //! Writing a desired state into the maps by diffing against what they hold:
 //! new and changed entries are written first, then stale ones removed, and
-//! an unchanged entry is never touched (no traffic gap on resync).
+//! an unchanged entry is never touched (no traffic gap on resync). What
+//! they hold is read from the kernel, or taken from the [`MapShadow`] of
+//! the last apply.
+
+mod shadow;
+
+pub use shadow::MapShadow;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -112,15 +118,19 @@ fn wrap(name: &'static str) -> impl Fn(MapError) -> ApplyError {
     move |source| ApplyError::Map { name, source }
 }
 
-fn diff_hash<K: Pod + Ord, V: Pod + PartialEq>(
+fn diff_hash<K: Pod + Ord + Send, V: Pod + PartialEq + Send>(
     src: &mut dyn MapSource,
     name: &'static str,
     want: &BTreeMap<K, V>,
+    shadow: &mut MapShadow,
     report: &mut ApplyReport,
 ) -> Result<(), ApplyError> {
     let mut map: HashMap<&mut MapData, K, V> =
         HashMap::try_from(get(src, name)?).map_err(wrap(name))?;
-    let have: BTreeMap<K, V> = map.iter().collect::<Result<_, _>>().map_err(wrap(name))?;
+    let have: BTreeMap<K, V> = match shadow.take(name) {
+        Some(h) => h,
+        None => map.iter().collect::<Result<_, _>>().map_err(wrap(name))?,
+    };
     let mut written = 0;
     for (k, v) in want {
         if have.get(k) != Some(v) {
@@ -133,6 +143,7 @@ fn diff_hash<K: Pod + Ord, V: Pod + PartialEq>(
         map.remove(k).map_err(wrap(name))?;
         removed += 1;
     }
+    shadow.put(name, want.clone());
     report.written.insert(name, written);
     report.removed.insert(name, removed);
     Ok(())
@@ -142,20 +153,24 @@ fn diff_hash<K: Pod + Ord, V: Pod + PartialEq>(
 /// (no lookup falls through to a shorter prefix meanwhile), unless that
 /// would need more than `cap` entries at once: then the stale keys go
 /// first, as a trie filled close to its size needs.
-fn diff_lpm<V: Pod + PartialEq>(
+fn diff_lpm<V: Pod + PartialEq + Send>(
     src: &mut dyn MapSource,
     name: &'static str,
     cap: usize,
     want: &BTreeMap<LpmKey, V>,
+    shadow: &mut MapShadow,
     report: &mut ApplyReport,
 ) -> Result<(), ApplyError> {
     let mut map: LpmTrie<&mut MapData, Addr, V> =
         LpmTrie::try_from(get(src, name)?).map_err(wrap(name))?;
-    let have: BTreeMap<LpmKey, V> = map
-        .iter()
-        .map(|r| r.map(|(k, v)| ((k.prefix_len(), k.data()), v)))
-        .collect::<Result<_, _>>()
-        .map_err(wrap(name))?;
+    let have: BTreeMap<LpmKey, V> = match shadow.take(name) {
+        Some(h) => h,
+        None => map
+            .iter()
+            .map(|r| r.map(|(k, v)| ((k.prefix_len(), k.data()), v)))
+            .collect::<Result<_, _>>()
+            .map_err(wrap(name))?,
+    };
     let stale: Vec<LpmKey> = have
         .keys()
         .filter(|k| !want.contains_key(k))
@@ -183,26 +198,38 @@ fn diff_lpm<V: Pod + PartialEq>(
     if !remove_first {
         remove(&mut map)?;
     }
+    shadow.put(name, want.clone());
     report.written.insert(name, written);
     report.removed.insert(name, stale.len());
     Ok(())
 }
 
-fn diff_array<V: Pod + PartialEq>(
+/// Writes the slots `0..want.len()` that differ; slots past it are left
+/// as they are.
+fn diff_array<V: Pod + PartialEq + Send>(
     src: &mut dyn MapSource,
     name: &'static str,
     want: &[V],
+    shadow: &mut MapShadow,
     report: &mut ApplyReport,
 ) -> Result<(), ApplyError> {
     let mut map: Array<&mut MapData, V> = Array::try_from(get(src, name)?).map_err(wrap(name))?;
+    let had: Vec<V> = shadow.take(name).unwrap_or_default();
     let mut written = 0;
     for (i, v) in want.iter().enumerate() {
-        let i = i as u32;
-        if map.get(&i, 0).map_err(wrap(name))? != *v {
-            map.set(i, v, 0).map_err(wrap(name))?;
+        let have = match had.get(i) {
+            Some(h) => *h,
+            None => map.get(&(i as u32), 0).map_err(wrap(name))?,
+        };
+        if have != *v {
+            map.set(i as u32, v, 0).map_err(wrap(name))?;
             written += 1;
         }
     }
+    // The slots past `want` keep what they had.
+    let mut now = want.to_vec();
+    now.extend(had.iter().skip(want.len()).copied());
+    shadow.put(name, now);
     report.written.insert(name, written);
     Ok(())
 }
@@ -212,12 +239,17 @@ fn diff_array<V: Pod + PartialEq>(
 fn diff_policy_stats(
     src: &mut dyn MapSource,
     ids: &BTreeSet<u32>,
+    shadow: &mut MapShadow,
     report: &mut ApplyReport,
 ) -> Result<(), ApplyError> {
     let name = POLICY_STATS;
     let mut map: PerCpuHashMap<&mut MapData, u32, PolicyStats> =
         PerCpuHashMap::try_from(get(src, name)?).map_err(wrap(name))?;
-    let have: BTreeSet<u32> = map.keys().collect::<Result<_, _>>().map_err(wrap(name))?;
+    // The programs count into existing entries only: the set of keys is ours.
+    let have: BTreeSet<u32> = match shadow.take(name) {
+        Some(h) => h,
+        None => map.keys().collect::<Result<_, _>>().map_err(wrap(name))?,
+    };
     let ncpu =
         aya::util::nr_cpus().map_err(|(what, e)| ApplyError::Cpus(format!("{what}: {e}")))?;
     let mut written = 0;
@@ -232,6 +264,7 @@ fn diff_policy_stats(
         map.remove(id).map_err(wrap(name))?;
         removed += 1;
     }
+    shadow.put(name, ids.clone());
     report.written.insert(name, written);
     report.removed.insert(name, removed);
     Ok(())
@@ -244,12 +277,22 @@ const ROUTES_SIZE: usize = egress_common::maps::ROUTES_SIZE as usize;
 
 /// Writes already translated contents (see [`translate`]).
 pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyReport, ApplyError> {
+    apply_contents_with(src, m, &mut MapShadow::default())
+}
+
+/// [`apply_contents`], diffing against `shadow` where it has a copy (and
+/// leaving there what was written).
+pub fn apply_contents_with(
+    src: &mut dyn MapSource,
+    m: &MapContents,
+    shadow: &mut MapShadow,
+) -> Result<ApplyReport, ApplyError> {
     let mut r = ApplyReport::default();
     // Order: what replies need first (so a new flow's reply is never
     // dropped), then config, then the match tables that start new flows.
-    diff_hash::<Addr, OwnedEip>(src, OWNED_EIPS, &m.owned, &mut r)?;
-    diff_hash::<SteerKey, SteerTarget>(src, REPLY_STEERING, &m.steering, &mut r)?;
-    diff_hash::<Addr, PortBlocks>(src, PORT_BLOCKS, &m.port_blocks, &mut r)?;
+    diff_hash::<Addr, OwnedEip>(src, OWNED_EIPS, &m.owned, shadow, &mut r)?;
+    diff_hash::<SteerKey, SteerTarget>(src, REPLY_STEERING, &m.steering, shadow, &mut r)?;
+    diff_hash::<Addr, PortBlocks>(src, PORT_BLOCKS, &m.port_blocks, shadow, &mut r)?;
     // The config goes in before the tables, but with the epochs it
     // already had: a packet that lands between the two writes would
     // otherwise stamp a result from the old tables with the new epoch, and
@@ -259,13 +302,13 @@ pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyR
     config.policy_epoch = current.map_or(0, |c| c.policy_epoch);
     config.gateway_epoch = current.map_or(0, |c| c.gateway_epoch);
     let mut config_writes = write_config(src, &config)?;
-    diff_policy_stats(src, &m.policy_ids, &mut r)?;
-    diff_lpm::<RouteNextHop>(src, ROUTES, ROUTES_SIZE, &m.routes, &mut r)?;
+    diff_policy_stats(src, &m.policy_ids, shadow, &mut r)?;
+    diff_lpm::<RouteNextHop>(src, ROUTES, ROUTES_SIZE, &m.routes, shadow, &mut r)?;
     // A target's buckets before the target that points at them.
-    diff_hash::<u32, GatewaySpread>(src, GATEWAY_SPREAD, &m.spread, &mut r)?;
-    diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, &mut r)?;
-    diff_lpm::<DstMatch>(src, POLICY_DST, TRIE, &m.policy_dst, &mut r)?;
-    diff_lpm::<SrcMatch>(src, POLICY_SRC, TRIE, &m.policy_src, &mut r)?;
+    diff_hash::<u32, GatewaySpread>(src, GATEWAY_SPREAD, &m.spread, shadow, &mut r)?;
+    diff_array::<EgressTarget>(src, POLICY_TARGETS, &m.targets, shadow, &mut r)?;
+    diff_lpm::<DstMatch>(src, POLICY_DST, TRIE, &m.policy_dst, shadow, &mut r)?;
+    diff_lpm::<SrcMatch>(src, POLICY_SRC, TRIE, &m.policy_src, shadow, &mut r)?;
     // Every table is current: now the epochs may say so.
     config_writes += write_config(src, &m.config)?;
     r.written.insert(CONFIG, config_writes);
@@ -282,14 +325,25 @@ fn current_config(src: &mut dyn MapSource) -> Result<Option<DatapathConfig>, App
 /// Writes the config if it differs; returns how many writes that took (0 or 1).
 fn write_config(src: &mut dyn MapSource, c: &DatapathConfig) -> Result<usize, ApplyError> {
     let mut r = ApplyReport::default();
-    diff_array::<DatapathConfig>(src, CONFIG, std::slice::from_ref(c), &mut r)?;
+    // One entry, read each time: the epochs in it are what `current_config` reads.
+    let mut once = MapShadow::default();
+    diff_array::<DatapathConfig>(src, CONFIG, std::slice::from_ref(c), &mut once, &mut r)?;
     Ok(r.written.get(CONFIG).copied().unwrap_or(0))
 }
 
 /// Translates `desired` and writes it into the maps by diffing.
 pub fn apply(src: &mut dyn MapSource, desired: &DesiredMaps) -> Result<ApplyReport, ApplyError> {
+    apply_with(src, desired, &mut MapShadow::default())
+}
+
+/// [`apply`] with the agent's [`MapShadow`], kept from one apply to the next.
+pub fn apply_with(
+    src: &mut dyn MapSource,
+    desired: &DesiredMaps,
+    shadow: &mut MapShadow,
+) -> Result<ApplyReport, ApplyError> {
     let m = translate(desired)?;
-    let mut report = apply_contents(src, &m)?;
+    let mut report = apply_contents_with(src, &m, shadow)?;
     report.over_capacity = m.over_capacity;
     Ok(report)
 }

@@ -19,7 +19,7 @@ pub mod stats;
 pub mod translate;
 pub mod uplink_xdp;
 
-pub use apply::{apply, ApplyError, ApplyReport, MapSource, PinnedMaps};
+pub use apply::{apply, apply_with, ApplyError, ApplyReport, MapShadow, MapSource, PinnedMaps};
 pub use desired::{
     kernel_tick, Cidr, DesiredMaps, EipRoute, NodeConfig, OwnedEip, PolicyRule, PortBlockGrant,
     ReplySteering,
