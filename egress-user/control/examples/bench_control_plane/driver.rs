@@ -142,13 +142,19 @@ async fn measure(
     let (ctl_pid, agent_pid) = (procs.ctl.id(), agent.proc.pid());
     let (ctl0, agent0) = (cpu_ms(ctl_pid), cpu_ms(agent_pid));
     let seen0 = agent.counters()?;
+    let others_started = Instant::now();
     relabels(ds.as_ref(), size, &lines, &mut out).await?;
     new_pods(ds.as_ref(), size, &lines, &mut out).await?;
     let elsewhere = (size.changes + size.new_pods) as f64;
     let (ctl1, agent1) = (cpu_ms(ctl_pid), cpu_ms(agent_pid));
     let seen1 = agent.counters()?;
+    let others_s = others_started.elapsed().as_secs_f64();
+    let own_started = Instant::now();
     own_changes(ds.as_ref(), size, &agent, &mut out).await?;
     let agent2 = cpu_ms(agent_pid);
+    let own_s = own_started.elapsed().as_secs_f64();
+    out.insert("other_changes_s".into(), round(others_s, 1).into());
+    out.insert("own_changes_s".into(), round(own_s, 1).into());
     let seen2 = agent.counters()?;
     put_wakeups(&mut out, "other", &seen0, &seen1, elsewhere);
     put_wakeups(&mut out, "own", &seen1, &seen2, size.own_changes as f64);
@@ -217,6 +223,11 @@ fn put_wakeups(out: &mut Map<String, Value>, what: &str, a: &Counters, b: &Count
     out.insert(
         format!("agent_skipped_per_{what}_change"),
         per(a.skipped, b.skipped).into(),
+    );
+    // A list costs in proportion to the cluster, not to the changes.
+    out.insert(
+        format!("agent_lists_during_{what}_changes"),
+        (b.lists - a.lists).into(),
     );
 }
 

@@ -115,6 +115,7 @@ impl RealAgent {
             passes: n("reconciles")?,
             batches: n("watch_batches")?,
             skipped: n("batches_skipped")?,
+            lists: n("datastore_lists")?,
             rebuilt_by,
         })
     }
@@ -125,6 +126,9 @@ pub struct Counters {
     pub passes: u64,
     pub batches: u64,
     pub skipped: u64,
+    /// Full lists of the datastore (the start, a failed watch, the
+    /// periodic relist).
+    pub lists: u64,
     /// Rebuilds of the agent's prepared parts, by the kind that caused them.
     pub rebuilt_by: std::collections::BTreeMap<String, u64>,
 }
