@@ -92,7 +92,8 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
     let mut sorted: Vec<_> = d.policies.iter().collect();
     // Slot order = priority order: slot 0 wins.
     sorted.sort_by_key(|p| (p.priority, p.id));
-    let placed = capacity::place(&sorted, &d.cluster_cidrs, caps);
+    let cluster = cover::aggregate(&d.cluster_cidrs);
+    let placed = capacity::place(&sorted, &cluster, caps);
     let policies: Vec<_> = placed.rules.iter().collect();
 
     let mut out = MapContents {
@@ -109,7 +110,7 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
         }
         out.policy_ids.insert(p.id);
     }
-    fold_prefixes(&policies, &d.cluster_cidrs, &mut out);
+    fold_prefixes(&policies, &cluster, &mut out);
     for r in &d.routes {
         out.routes.insert(
             (128, addr_key(r.eip)),
@@ -612,6 +613,47 @@ mod tests {
             lookup_policy(&m2, ip("10.244.1.5"), ip("192.0.2.9")),
             Some(1)
         );
+    }
+
+    #[test]
+    fn a_thousand_node_cidrs_take_a_few_trie_keys_and_mean_the_same() {
+        // Every node's /24 pod CIDR and /32 address, numbered in order.
+        let mut cluster: Vec<Cidr> = (0..1000u32)
+            .map(|i| {
+                format!("10.{}.{}.0/24", 100 + i / 256, i % 256)
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        cluster.extend((1..=250).map(|i| format!("172.16.0.{i}/32").parse::<Cidr>().unwrap()));
+        let d = DesiredMaps {
+            policies: vec![
+                policy(1, 100, &["10.100.1.7/32"], &[], &["203.0.113.0/24"]),
+                // Its destination overlaps part of the cluster's range: a
+                // destination there stays in the cluster (no egress).
+                policy(2, 10, &["10.100.1.7/32"], &["10.101.0.0/23"], &[]),
+            ],
+            cluster_cidrs: cluster,
+            ..Default::default()
+        };
+        let m = translate(&d).unwrap();
+        assert!(m.policy_dst.len() < 40, "{} keys", m.policy_dst.len());
+        let pod = ip("10.100.1.7");
+        for (dst, want) in [
+            ("10.100.0.1", None),
+            ("10.101.1.9", None),
+            ("10.103.231.255", None),
+            ("172.16.0.250", None),
+            // Just outside the nodes' ranges: egress.
+            ("10.103.232.0", Some(1)),
+            ("10.99.255.255", Some(1)),
+            ("172.16.0.251", Some(1)),
+            ("172.16.0.0", Some(1)),
+            ("203.0.113.7", None),
+            ("8.8.8.8", Some(1)),
+        ] {
+            assert_eq!(lookup_policy(&m, pod, ip(dst)), want, "{dst}");
+        }
     }
 
     #[test]
