@@ -1,23 +1,103 @@
-//! The gateways' parts of every node's desired state, parsed once per view:
-//! which nodes each gateway may use, every worker's port blocks of its
-//! addresses (from the workers' EgressTunnels), the reply steering those
-//! blocks need, and who owns which EIP.
+//! The gateways' parts of every node's desired state: which nodes each
+//! gateway may use and who owns which EIP (parsed once per view), the
+//! reply steering of every worker's blocks (once, when a candidate asks),
+//! and a node's own blocks of the gateway's addresses (from its
+//! EgressTunnel, where the controller records them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::OnceLock;
 
 use super::{tunnel_endpoint, OwnedEip, PortRange};
 use crate::view::ClusterView;
 
-/// One gateway's status and the port blocks of its addresses, parsed once
-/// per view.
+/// One gateway's candidates and owners, parsed once per view. Its reply
+/// steering (every worker's blocks, thousands of entries at 1,000 nodes)
+/// is parsed the first time a candidate asks for it: a worker never does.
+/// A node's own blocks come from its own tunnel when it asks.
 pub(super) struct GatewayParts {
+    pub name: String,
     pub eligible: BTreeSet<String>,
-    /// node -> EIP -> its blocks.
-    pub blocks: BTreeMap<String, BTreeMap<IpAddr, Vec<PortRange>>>,
-    pub steering: BTreeMap<(IpAddr, u16), IpAddr>,
+    steering: OnceLock<BTreeMap<(IpAddr, u16), IpAddr>>,
     /// node -> EIPs it owns.
     pub owned: BTreeMap<String, BTreeMap<IpAddr, OwnedEip>>,
+}
+
+impl GatewayParts {
+    /// Every held block of this gateway's addresses -> the worker's tunnel
+    /// endpoint, from `view` (one with the same grants as the one these
+    /// parts came from).
+    pub fn steering(&self, view: &ClusterView) -> &BTreeMap<(IpAddr, u16), IpAddr> {
+        self.steering.get_or_init(|| steering_of(view, &self.name))
+    }
+}
+
+/// The blocks of gateway `gateway`'s addresses the tunnel of `t` holds, as
+/// (address, grant) pairs.
+fn grants_of<'a>(
+    t: &'a crate::api::EgressTunnelStatus,
+    gateway: &'a str,
+) -> impl Iterator<Item = (IpAddr, &'a crate::api::EipPortBlocks)> + 'a {
+    t.port_blocks
+        .iter()
+        .filter(move |b| b.gateway == gateway)
+        .filter_map(|b| Some((b.eip.parse::<IpAddr>().ok()?, b)))
+}
+
+fn steering_of(view: &ClusterView, gateway: &str) -> BTreeMap<(IpAddr, u16), IpAddr> {
+    let mut steering = BTreeMap::new();
+    for t in &view.tunnels {
+        let (Some(node), Some(ts)) = (t.metadata.name.as_deref(), t.status.as_ref()) else {
+            continue;
+        };
+        let Some(ep) = tunnel_endpoint(view, node) else {
+            continue;
+        };
+        for (eip, b) in grants_of(ts, gateway) {
+            for &i in &b.blocks {
+                steering.insert((eip, i), ep);
+            }
+        }
+    }
+    steering
+}
+
+/// Node `node`'s blocks of gateway `gateway`'s addresses, from its own
+/// tunnel: the node chooses new flows' ports only in blocks that are not
+/// draining (replies to every held block are steered to it). None active
+/// and none refused: nothing to choose from, and nothing to refuse either.
+pub(super) fn node_blocks(
+    view: &ClusterView,
+    gateway: &str,
+    node: &str,
+) -> BTreeMap<IpAddr, Vec<PortRange>> {
+    let mut out: BTreeMap<IpAddr, Vec<PortRange>> = BTreeMap::new();
+    let Some(ts) = view.tunnel(node).and_then(|t| t.status.as_ref()) else {
+        return out;
+    };
+    let size = ts.port_block_size.max(1) as u32;
+    for (eip, b) in grants_of(ts, gateway) {
+        let active: Vec<u16> = b
+            .blocks
+            .iter()
+            .copied()
+            .filter(|i| !b.draining.contains(i))
+            .collect();
+        if active.is_empty() && !b.exhausted {
+            continue;
+        }
+        let ranges = out.entry(eip).or_default();
+        ranges.extend(active.into_iter().map(|i| {
+            let first = (i as u32 * size).min(65535) as u16;
+            PortRange {
+                block: i,
+                first,
+                last: (first as u32 + size - 1).min(65535) as u16,
+            }
+        }));
+        ranges.sort();
+    }
+    out
 }
 
 /// The block size of the grants in the view: any tunnel's (the controller
@@ -44,57 +124,10 @@ pub(super) fn gateway_parts(view: &ClusterView) -> Vec<GatewayParts> {
                 .filter(|n| g.spec.node_selector.selector.matches(&n.labels))
                 .map(|n| n.name.clone())
                 .collect(),
-            blocks: BTreeMap::new(),
-            steering: BTreeMap::new(),
+            steering: OnceLock::new(),
             owned: BTreeMap::new(),
+            name: gw_name.clone(),
         };
-        // The grants of this gateway's addresses, from every worker's
-        // EgressTunnel (where the controller records them).
-        for t in &view.tunnels {
-            let (Some(node), Some(ts)) = (t.metadata.name.as_deref(), t.status.as_ref()) else {
-                continue;
-            };
-            let size = ts.port_block_size.max(1) as u32;
-            let endpoint = tunnel_endpoint(view, node);
-            for b in ts.port_blocks.iter().filter(|b| b.gateway == gw_name) {
-                let Ok(eip) = b.eip.parse::<IpAddr>() else {
-                    continue;
-                };
-                if let Some(ep) = endpoint {
-                    for &i in &b.blocks {
-                        parts.steering.insert((eip, i), ep);
-                    }
-                }
-                // The node chooses new flows' ports only in blocks that
-                // are not draining; replies to every held block are
-                // steered to it. None active and none refused: nothing to
-                // choose from, and nothing to refuse either.
-                let active: Vec<u16> = b
-                    .blocks
-                    .iter()
-                    .copied()
-                    .filter(|i| !b.draining.contains(i))
-                    .collect();
-                if active.is_empty() && !b.exhausted {
-                    continue;
-                }
-                let ranges = parts
-                    .blocks
-                    .entry(node.to_string())
-                    .or_default()
-                    .entry(eip)
-                    .or_default();
-                ranges.extend(active.into_iter().map(|i| {
-                    let first = (i as u32 * size).min(65535) as u16;
-                    PortRange {
-                        block: i,
-                        first,
-                        last: (first as u32 + size - 1).min(65535) as u16,
-                    }
-                }));
-                ranges.sort();
-            }
-        }
         let active_active = g.spec.mode == crate::api::GatewayMode::ActiveActive;
         for n in &st.node_list {
             for e in &n.eips {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::gateways::{gateway_parts, grant_block_size, GatewayParts};
+use super::gateways::{gateway_parts, grant_block_size, node_blocks, GatewayParts};
 use super::{
     covered, host, pending, policy_ids, tunnel_endpoint, AgentConfig, ClusterCidrs, MatchRule,
     NodeDesired, PolicyTarget, RuleAction,
@@ -343,21 +343,17 @@ impl<'a> Prepared<'a> {
     fn add_gateway_parts(&self, me: &str, out: &mut NodeDesired) {
         for g in &self.parts.gateways {
             out.gateway_eligible |= g.eligible.contains(me);
-            if let Some(b) = g.blocks.get(me) {
-                for (eip, ranges) in b {
-                    out.port_blocks
-                        .entry(*eip)
-                        .or_default()
-                        .extend(ranges.iter().copied());
-                }
+            for (eip, ranges) in node_blocks(self.view, &g.name, me) {
+                out.port_blocks.entry(eip).or_default().extend(ranges);
             }
             if g.eligible.contains(me) {
+                let steering = g.steering(self.view);
                 if out.reply_steering.is_empty() {
                     // One gateway (the usual case): a copy, not 10,000 inserts.
-                    out.reply_steering = g.steering.clone();
+                    out.reply_steering = steering.clone();
                 } else {
                     out.reply_steering
-                        .extend(g.steering.iter().map(|(k, v)| (*k, *v)));
+                        .extend(steering.iter().map(|(k, v)| (*k, *v)));
                 }
             }
             if self.view.phase(me) == TunnelPhase::Ready {
