@@ -35,6 +35,8 @@ const KEYS: &[&str] = &[
     "pass_kept_ms",
     "large_pass_full_ms",
     "large_pass_kept_ms",
+    "agent_idle_cpu_ms_per_s",
+    "large_agent_idle_cpu_ms_per_s",
 ];
 
 pub fn run(root: &Path) -> Result<()> {

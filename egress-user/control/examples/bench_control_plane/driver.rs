@@ -155,6 +155,20 @@ async fn measure(
     let own_s = own_started.elapsed().as_secs_f64();
     out.insert("other_changes_s".into(), round(others_s, 1).into());
     out.insert("own_changes_s".into(), round(own_s, 1).into());
+    // What the agent spends with nothing changing (heartbeats, port-use
+    // scans, probes, the periodic resync's share): the phases above last
+    // longer at the large size, so their per-change figures carry more of it.
+    let idle_rate = idle_cpu_ms_per_s(agent_pid, IDLE_WINDOW).await;
+    out.insert("agent_idle_cpu_ms_per_s".into(), round(idle_rate, 3).into());
+    let net = |cpu: f64, secs: f64, n: f64| round(((cpu - idle_rate * secs) / n).max(0.0), 3);
+    out.insert(
+        "agent_cpu_per_other_change_net_ms".into(),
+        net(agent1 - agent0, others_s, elsewhere).into(),
+    );
+    out.insert(
+        "agent_cpu_per_own_change_net_ms".into(),
+        net(agent2 - agent1, own_s, size.own_changes as f64).into(),
+    );
     let seen2 = agent.counters()?;
     put_wakeups(&mut out, "other", &seen0, &seen1, elsewhere);
     put_wakeups(&mut out, "own", &seen1, &seen2, size.own_changes as f64);
@@ -193,6 +207,17 @@ async fn measure(
     drop(agent);
     drop(procs);
     Ok(out)
+}
+
+/// How long the agent's idle CPU is measured: past the periodic resync
+/// (30 s) would be better, but each size's run would grow by as much.
+const IDLE_WINDOW: Duration = Duration::from_secs(12);
+
+/// The agent's CPU per second over `window` with no change made.
+async fn idle_cpu_ms_per_s(pid: u32, window: Duration) -> f64 {
+    let before = cpu_ms(pid);
+    tokio::time::sleep(window).await;
+    (cpu_ms(pid) - before) / window.as_secs_f64()
 }
 
 /// How often the measured agent was woken per change (`passes`: reconcile

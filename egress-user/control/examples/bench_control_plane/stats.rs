@@ -77,6 +77,15 @@ pub fn merge(all: &mut Map<String, Value>, per_size: &[(Size, Map<String, Value>
             "controller_cpu_per_change_ratio",
             "controller_cpu_per_change_ms",
         ),
+        // Net of the agent's idle CPU over each phase's length.
+        (
+            "agent_cpu_per_change_net_ratio",
+            "agent_cpu_per_own_change_net_ms",
+        ),
+        (
+            "agent_cpu_per_other_change_net_ratio",
+            "agent_cpu_per_other_change_net_ms",
+        ),
     ] {
         let get = |k: &str| all.get(k).and_then(Value::as_f64);
         if let (Some(s), Some(l)) = (get(key), get(&format!("large_{key}"))) {
