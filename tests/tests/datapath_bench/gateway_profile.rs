@@ -1,13 +1,11 @@
 //! A diagnosis of the gateway's CPU: where the tunnel's cost goes.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 use egress_tests::Netns;
 
 use crate::{
     cpu::Cpus,
-    throughput::{crr_server, measured, steer_gateway_to, testbed, Load, GATEWAY_CPU, MODES},
+    throughput::{measured, serving_bed, steer_gateway_to, Load, GATEWAY_CPU, MODES},
 };
 
 /// Where the gateway's CPU goes under one load: each mode's bed steered as
@@ -36,12 +34,7 @@ fn profile_each_mode(load_name: &str) -> Result<()> {
         _ => Load::Tcp,
     };
     for mode in MODES {
-        let bed = testbed(mode)?;
-        let mut server = bed
-            .srv
-            .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
-        server.wait_for_line("Server listening", Duration::from_secs(10))?;
-        let crr = crr_server(&bed)?;
+        let (bed, server, crr) = serving_bed(mode)?;
         steer_gateway_to(&bed, &[&server, &crr])?;
         let out = format!("{dir}/gateway-{mode:?}-{load_name}.perf");
         let cpu = GATEWAY_CPU.to_string();

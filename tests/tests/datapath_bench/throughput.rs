@@ -369,6 +369,18 @@ pub struct Throughput {
     pub gateway_cpu_idle_share: f64,
 }
 
+/// A bed of `mode` with its servers listening: iperf3 and the
+/// short-connection server.
+pub fn serving_bed(mode: Mode) -> Result<(Bed, egress_tests::Proc, egress_tests::Proc)> {
+    let bed = testbed(mode)?;
+    let mut server = bed
+        .srv
+        .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
+    server.wait_for_line("Server listening", Duration::from_secs(10))?;
+    let crr = crr_server(&bed)?;
+    Ok((bed, server, crr))
+}
+
 /// The median, NaN (null in the JSON) for no values.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -377,16 +389,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Each mode's throughput figures, in `MODES` order.
 pub fn throughputs() -> Result<Vec<Throughput>> {
-    let mut beds = Vec::new();
-    for mode in MODES {
-        let bed = testbed(mode)?;
-        let mut server = bed
-            .srv
-            .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
-        server.wait_for_line("Server listening", Duration::from_secs(10))?;
-        let crr = crr_server(&bed)?;
-        beds.push((bed, server, crr));
-    }
+    let beds = MODES
+        .into_iter()
+        .map(serving_bed)
+        .collect::<Result<Vec<_>>>()?;
     // runs[mode][load]: the whole machine's rounds, then the steered ones.
     let mut runs: Vec<Vec<Vec<Run>>> = (0..MODES.len())
         .map(|_| LOADS.iter().map(|_| Vec::new()).collect())
