@@ -54,7 +54,7 @@ pub const SMALL: Size = Size {
     pods: 10_000,
     changes: 200,
     new_pods: 50,
-    own_changes: 40,
+    own_changes: 160,
 };
 
 pub const LARGE: Size = Size {
@@ -65,7 +65,7 @@ pub const LARGE: Size = Size {
     pods: 50_000,
     changes: 200,
     new_pods: 50,
-    own_changes: 40,
+    own_changes: 160,
 };
 
 impl Size {
