@@ -35,11 +35,7 @@ impl MapShadow {
         self.maps.clear();
     }
 
-    /// How many maps have a copy.
-    pub fn len(&self) -> usize {
-        self.maps.len()
-    }
-
+    /// Whether no map has a copy.
     pub fn is_empty(&self) -> bool {
         self.maps.is_empty()
     }
