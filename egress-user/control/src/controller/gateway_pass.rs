@@ -132,9 +132,9 @@ impl<'a> GatewayPass<'a> {
     /// A unit per policy, in order of precedence; a policy without one
     /// gets a condition saying why.
     fn allocate<'p, 'v>(&self, pols: &[&'p PolicyView<'v>], plan: &mut Plan) -> Units<'p, 'v> {
-        let mut alloc = Allocation::default();
+        let mut alloc = Allocation::new(self.v4, self.v6);
         for &p in pols {
-            let unit = alloc.choose(p, &self.gateway.spec, self.v4, self.v6);
+            let unit = alloc.choose(p, &self.gateway.spec);
             if unit.is_empty() {
                 let c = cond(
                     "Allocated",

@@ -297,6 +297,23 @@ fn allocation_cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "rr past the pool's end shares the least shared EIP, first in pool order",
+            setup: g1()
+                .gateway_nodes(&["n1", "n2"], r)
+                .g1_policy("p1", 1, json!({"allocatorPolicy": "rr"}), "x")
+                .g1_policy("p2", 2, json!({"allocatorPolicy": "rr"}), "y")
+                .g1_policy("p3", 3, json!({"allocatorPolicy": "rr"}), "z")
+                .g1_policy("p4", 4, json!({"allocatorPolicy": "rr"}), "v")
+                .g1_policy("p5", 5, json!({"allocatorPolicy": "rr"}), "w"),
+            want: vec![
+                ("p1", Want::Eip("10.0.0.1", "n1")),
+                ("p2", Want::Eip("10.0.0.2", "n2")),
+                ("p3", Want::Eip("10.0.0.3", "n1")),
+                ("p4", Want::Eip("10.0.0.1", "n1")),
+                ("p5", Want::Eip("10.0.0.2", "n2")),
+            ],
+        },
+        Case {
             name: "explicit EIP; an explicit EIP outside the pool is refused with the field named",
             setup: g1()
                 .gateway_nodes(&["n1"], r)

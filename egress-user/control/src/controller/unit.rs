@@ -67,25 +67,75 @@ pub fn asks_reconfirmation(view: &ClusterView, node: &str, u: &Unit, epoch: u64)
 pub type Units<'p, 'v> = BTreeMap<Unit, Vec<&'p PolicyView<'v>>>;
 
 /// A gateway's units as its policies take them, in order of precedence.
-#[derive(Default)]
 pub struct Allocation<'p, 'v> {
     pub units: Units<'p, 'v>,
     /// The unit each address is paired in: an address belongs to one only.
     addr_unit: BTreeMap<String, Unit>,
-    /// How many policies use each address so far.
-    addr_users: BTreeMap<String, usize>,
+    /// How each index of the gateway's IPv4 and IPv6 pools is used so far:
+    /// the `rr` choice scans them for every policy it places, so a scan
+    /// must not parse or format an address (5,000 policies over a pool of
+    /// 1,024 took seconds of a cold start that way).
+    v4: PoolUse,
+    v6: PoolUse,
+}
+
+/// One pool and, per index (the first [`RR_SCAN`]), how many policies use
+/// the address and whether it is paired in a unit.
+struct PoolUse {
+    pool: IpPool,
+    users: Vec<usize>,
+    paired: Vec<bool>,
+}
+
+/// How many indexes of a pool the `rr` choice looks at.
+const RR_SCAN: u64 = 1 << 16;
+
+impl PoolUse {
+    fn new(pool: &IpPool) -> Self {
+        let n = pool.len().min(RR_SCAN) as usize;
+        Self {
+            pool: pool.clone(),
+            users: vec![0; n],
+            paired: vec![false; n],
+        }
+    }
+
+    fn users(&self, i: usize) -> usize {
+        self.users.get(i).copied().unwrap_or(0)
+    }
+
+    fn paired(&self, i: usize) -> bool {
+        self.paired.get(i).copied().unwrap_or(false)
+    }
+
+    /// Counts one more policy on `addr`, now paired, when it is one of the
+    /// indexes scanned.
+    fn take(&mut self, addr: &str) {
+        let Some(i) = index_in(&self.pool, addr).and_then(|i| usize::try_from(i).ok()) else {
+            return;
+        };
+        if i < self.users.len() {
+            self.users[i] += 1;
+            self.paired[i] = true;
+        }
+    }
 }
 
 impl<'p, 'v> Allocation<'p, 'v> {
+    /// An empty allocation over a gateway's pools.
+    pub fn new(v4: &IpPool, v6: &IpPool) -> Self {
+        Self {
+            units: Units::new(),
+            addr_unit: BTreeMap::new(),
+            v4: PoolUse::new(v4),
+            v6: PoolUse::new(v6),
+        }
+    }
+
     /// The unit `p` asks for, given the units taken before it; empty when
     /// the gateway has no pool for it.
-    pub fn choose(
-        &self,
-        p: &PolicyView<'_>,
-        spec: &EgressGatewaySpec,
-        v4: &IpPool,
-        v6: &IpPool,
-    ) -> Unit {
+    pub fn choose(&self, p: &PolicyView<'_>, spec: &EgressGatewaySpec) -> Unit {
+        let (v4, v6) = (&self.v4.pool, &self.v6.pool);
         let ei = p.fields.egress_ip;
         if ei.use_node_ip {
             return Unit {
@@ -112,7 +162,7 @@ impl<'p, 'v> Allocation<'p, 'v> {
         let open4 = i4.is_none() && !v4.is_empty();
         let open6 = i6.is_none() && !v6.is_empty();
         if policy == AllocatorPolicy::Rr && (open4 || open6) {
-            let i = self.least_shared(v4, v6, open4, open6);
+            let i = self.least_shared(open4, open6);
             if open4 {
                 i4 = Some(i.min(v4.len() as u128 - 1));
             }
@@ -135,22 +185,13 @@ impl<'p, 'v> Allocation<'p, 'v> {
     /// The `rr` choice, joint for both families: the first index free in
     /// both pools; all taken, the least shared. `open4`/`open6`: the family
     /// is still to be chosen.
-    fn least_shared(&self, v4: &IpPool, v6: &IpPool, open4: bool, open6: bool) -> u128 {
-        let used = |pool: &IpPool, i: u128| {
-            pool.nth(i)
-                .map(|ip| self.addr_users.get(&ip.to_string()).copied().unwrap_or(0))
-                .unwrap_or(0)
-        };
-        let paired = |pool: &IpPool, i: u128| {
-            self.addr_unit
-                .contains_key(&pool.nth(i).map(|a| a.to_string()).unwrap_or_default())
-        };
-        let n = (v4.len().max(v6.len()) as u128).min(1 << 16);
-        let mut best: Option<(usize, u128)> = None;
+    fn least_shared(&self, open4: bool, open6: bool) -> u128 {
+        let n = self.v4.users.len().max(self.v6.users.len());
+        let mut best: Option<(usize, usize)> = None;
         for i in 0..n {
-            let u4 = if open4 { used(v4, i) } else { 0 };
-            let u6 = if open6 { used(v6, i) } else { 0 };
-            let taken = paired(v4, i) || paired(v6, i);
+            let u4 = if open4 { self.v4.users(i) } else { 0 };
+            let u6 = if open6 { self.v6.users(i) } else { 0 };
+            let taken = self.v4.paired(i) || self.v6.paired(i);
             let score = u4 + u6 + usize::from(taken);
             if best.is_none_or(|(s, _)| score < s) {
                 best = Some((score, i));
@@ -159,7 +200,7 @@ impl<'p, 'v> Allocation<'p, 'v> {
                 break;
             }
         }
-        best.map(|b| b.1).unwrap_or(0)
+        best.map(|b| b.1 as u128).unwrap_or(0)
     }
 
     /// An address of `unit` already paired otherwise: the address and the
@@ -184,9 +225,14 @@ impl<'p, 'v> Allocation<'p, 'v> {
 
     /// `p` takes `unit`.
     pub fn take(&mut self, unit: Unit, p: &'p PolicyView<'v>) {
+        if !unit.v4.is_empty() {
+            self.v4.take(&unit.v4);
+        }
+        if !unit.v6.is_empty() {
+            self.v6.take(&unit.v6);
+        }
         for a in unit.addresses() {
             self.addr_unit.insert(a.clone(), unit.clone());
-            *self.addr_users.entry(a.clone()).or_default() += 1;
         }
         self.units.entry(unit).or_default().push(p);
     }
