@@ -80,11 +80,10 @@ pub struct Allocation<'p, 'v> {
 }
 
 /// One pool and, per index (the first [`RR_SCAN`]), how many policies use
-/// the address and whether it is paired in a unit.
+/// the address (one or more: it is paired in a unit).
 struct PoolUse {
     pool: IpPool,
     users: Vec<usize>,
-    paired: Vec<bool>,
 }
 
 /// How many indexes of a pool the `rr` choice looks at.
@@ -96,7 +95,6 @@ impl PoolUse {
         Self {
             pool: pool.clone(),
             users: vec![0; n],
-            paired: vec![false; n],
         }
     }
 
@@ -104,19 +102,14 @@ impl PoolUse {
         self.users.get(i).copied().unwrap_or(0)
     }
 
-    fn paired(&self, i: usize) -> bool {
-        self.paired.get(i).copied().unwrap_or(false)
-    }
-
-    /// Counts one more policy on `addr`, now paired, when it is one of the
-    /// indexes scanned.
+    /// Counts one more policy on `addr`, when it is one of the indexes
+    /// scanned (an empty `addr`, a family the unit lacks, is none).
     fn take(&mut self, addr: &str) {
         let Some(i) = index_in(&self.pool, addr).and_then(|i| usize::try_from(i).ok()) else {
             return;
         };
-        if i < self.users.len() {
-            self.users[i] += 1;
-            self.paired[i] = true;
+        if let Some(n) = self.users.get_mut(i) {
+            *n += 1;
         }
     }
 }
@@ -191,7 +184,7 @@ impl<'p, 'v> Allocation<'p, 'v> {
         for i in 0..n {
             let u4 = if open4 { self.v4.users(i) } else { 0 };
             let u6 = if open6 { self.v6.users(i) } else { 0 };
-            let taken = self.v4.paired(i) || self.v6.paired(i);
+            let taken = self.v4.users(i) > 0 || self.v6.users(i) > 0;
             let score = u4 + u6 + usize::from(taken);
             if best.is_none_or(|(s, _)| score < s) {
                 best = Some((score, i));
@@ -225,12 +218,8 @@ impl<'p, 'v> Allocation<'p, 'v> {
 
     /// `p` takes `unit`.
     pub fn take(&mut self, unit: Unit, p: &'p PolicyView<'v>) {
-        if !unit.v4.is_empty() {
-            self.v4.take(&unit.v4);
-        }
-        if !unit.v6.is_empty() {
-            self.v6.take(&unit.v6);
-        }
+        self.v4.take(&unit.v4);
+        self.v6.take(&unit.v6);
         for a in unit.addresses() {
             self.addr_unit.insert(a.clone(), unit.clone());
         }
