@@ -10,6 +10,8 @@ use crate::datastore::typed::pod_record;
 use crate::datastore::{Datastore, Kind, Result, Stored, WatchEvent, WatchStream};
 use crate::view::{key_of_meta, put, ClusterView, Put};
 
+use super::dirty::Dirty;
+
 /// What changed in one batch of events, so callers recompute only that.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Changed {
@@ -113,9 +115,11 @@ impl ViewCache {
         }
         // Kinds with no object were never put: mark them too.
         view.generations.touch_all();
+        let mut memo = super::ReconcileMemo::default();
+        memo.dirty = Some(Dirty::everything());
         Ok(Self {
             view,
-            memo: Default::default(),
+            memo,
             watches,
             stash: VecDeque::new(),
         })
@@ -134,11 +138,25 @@ impl ViewCache {
 
     /// Puts an object as written by this process (before its watch event).
     pub fn put_stored(&mut self, s: &Stored) {
-        put(&mut self.view, s, Put::Replace);
+        self.apply(&WatchEvent::Put(s.clone()), &mut Changed::default());
     }
 
-    /// Applies one event; returns the node of a changed pod, if a pod.
+    /// Applies one event, and says what it changed in `changed` and for
+    /// the controller's next pass.
     pub fn apply(&mut self, ev: &WatchEvent, changed: &mut Changed) {
+        let mut local = Changed::default();
+        self.apply_to_view(ev, &mut local);
+        if let Some(d) = &mut self.memo.dirty {
+            d.global |= local.global;
+            d.pod_nodes.extend(local.pod_nodes.iter().cloned());
+        }
+        changed.pod_nodes.append(&mut local.pod_nodes);
+        changed.grant_nodes.append(&mut local.grant_nodes);
+        changed.report_nodes.append(&mut local.report_nodes);
+        changed.global |= local.global;
+    }
+
+    fn apply_to_view(&mut self, ev: &WatchEvent, changed: &mut Changed) {
         let v = &mut self.view;
         match ev {
             WatchEvent::Put(s) => {
@@ -151,6 +169,10 @@ impl ViewCache {
                     let marks = v.generations;
                     put(v, s, Put::Replace);
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
+                    if let (Some(d), Some(o), Some(n)) = (&mut self.memo.dirty, &old, new) {
+                        d.tunnel_entries(o);
+                        d.tunnel_entries(n);
+                    }
                     let node = s.key.name.clone();
                     match old.zip(new).map(|(o, n)| tunnel_change(&o, n)) {
                         Some(TunnelChange::Reports) => {

@@ -15,19 +15,30 @@ use crate::view::{ClusterView, PolicyView};
 
 use super::conditions::{cond, policy_name, refuse};
 use super::config::{whole_blocks, ControllerConfig};
+use super::dirty::Dirty;
 use super::plan::{EipMove, FailoverReason, Plan};
 use super::ports::{grant_address, Claim, GrantMemo, Holders};
 use super::spread::{previous_spread, spread_units, Spread, SpreadInput};
 use super::unit::{asks_reconfirmation, Allocation, Unit, Units};
-
-/// The worker nodes of each policy's pods (registered ones only).
-pub type WorkersOf<'a> = BTreeMap<(Kind, ObjectKey), BTreeSet<&'a str>>;
+use super::workers::WorkersOf;
 
 /// Where each unit is: its node and the epoch it holds it at.
 type Places = BTreeMap<Unit, (String, u64)>;
 
 /// address -> worker -> the policies using it there, with their caps.
 type Demand<'a> = BTreeMap<String, BTreeMap<&'a str, Vec<Claim>>>;
+
+/// What a gateway's units want of its addresses.
+#[derive(Default)]
+struct Wanted<'a> {
+    demand: Demand<'a>,
+    /// The addresses that are a gateway node's own (useNodeIP).
+    node_ips: BTreeSet<String>,
+    /// Every address some unit uses.
+    addresses: BTreeSet<String>,
+    /// The addresses of units with a policy whose workers changed.
+    changed: BTreeSet<String>,
+}
 
 /// What one gateway's pass reads.
 pub struct GatewayPass<'a> {
@@ -36,7 +47,10 @@ pub struct GatewayPass<'a> {
     pub gateway: &'a EgressGateway,
     pub v4: &'a IpPool,
     pub v6: &'a IpPool,
-    pub workers_of: &'a WorkersOf<'a>,
+    pub workers_of: &'a WorkersOf,
+    /// What changed since the last pass, when only pods, grants and
+    /// reports did: the port blocks of the other addresses are kept.
+    pub since: Option<&'a Dirty>,
 }
 
 /// The gateway's nodes (those its selector matches) and the Ready ones.
@@ -306,7 +320,8 @@ impl<'a> GatewayPass<'a> {
 
     /// Port blocks per (address, worker), by use (see `grants`): an EIP's
     /// from the first port on, a node address's only from the reserved
-    /// range.
+    /// range. When only pods, grants and reports changed since the last
+    /// pass, an address none of those changes reach keeps its last outcome.
     fn grant_ports(
         &self,
         units: &Units<'_, '_>,
@@ -321,34 +336,51 @@ impl<'a> GatewayPass<'a> {
             cfg.node_ip_ports.1,
             cfg.port_block_size,
         );
-        let (demand, node_ips, mut addrs) = self.demand(units, placed);
+        let wanted = self.demand(units, placed);
+        let name = self.name();
+        let dirty: Option<BTreeSet<&str>> = self.since.map(|s| {
+            let changed = wanted.changed.iter().map(String::as_str);
+            changed.chain(s.addresses_of(&name)).collect()
+        });
+        let holders = Holders::new(self.view, &name, dirty.as_ref());
+        let mut every_holder = None;
         // Addresses some worker still holds (draining) though no policy
         // uses them any more: they stay until released.
-        let name = self.name();
-        let holders = Holders::new(self.view, &name);
+        let mut addrs = wanted.addresses;
         addrs.extend(holders.addresses().map(str::to_string));
+        if let Some(d) = &dirty {
+            let kept = memo.last_addresses(&name).filter(|a| !d.contains(a));
+            addrs.extend(kept.map(str::to_string));
+        }
         let none = BTreeMap::new();
         for addr in &addrs {
-            let range = if node_ips.contains(addr) {
+            let reached = dirty.as_ref().is_none_or(|d| d.contains(addr.as_str()));
+            if !reached {
+                if let Some(o) = memo.carry(&name, addr) {
+                    o.add_to(cfg, plan);
+                    continue;
+                }
+            }
+            let range = if wanted.node_ips.contains(addr) {
                 node_ip_blocks.clone()
             } else {
                 eip_blocks.clone()
             };
-            let d = demand.get(addr).unwrap_or(&none);
-            grant_address(&holders, cfg, &name, addr, range, d, memo, plan);
+            let d = wanted.demand.get(addr).unwrap_or(&none);
+            // The holders above know the reached addresses only.
+            let h = if reached {
+                &holders
+            } else {
+                every_holder.get_or_insert_with(|| Holders::new(self.view, &name, None))
+            };
+            grant_address(h, cfg, &name, addr, range, d, memo, plan);
         }
     }
 
-    /// Who wants ports of which address; the addresses that are a gateway
-    /// node's own (useNodeIP); every address in use.
-    fn demand(
-        &self,
-        units: &Units<'_, '_>,
-        placed: &Places,
-    ) -> (Demand<'a>, BTreeSet<String>, BTreeSet<String>) {
-        let mut demand = Demand::new();
-        let mut node_ips = BTreeSet::new();
-        let mut addrs_of = BTreeSet::new();
+    /// Who wants ports of which address, the addresses in use, and which
+    /// of them have policies whose workers changed.
+    fn demand(&self, units: &Units<'_, '_>, placed: &Places) -> Wanted<'a> {
+        let mut out = Wanted::default();
         for (u, ps) in units {
             let addrs: Vec<String> = if u.node_ip_of.is_some() {
                 let Some((node, _)) = placed.get(u) else {
@@ -359,29 +391,35 @@ impl<'a> GatewayPass<'a> {
                     .filter_map(|v6| self.view.node_ip(node, v6))
                     .map(|a| a.to_string())
                     .collect();
-                node_ips.extend(ips.iter().cloned());
+                out.node_ips.extend(ips.iter().cloned());
                 ips
             } else {
                 u.addresses().cloned().collect()
             };
-            addrs_of.extend(addrs.iter().cloned());
+            out.addresses.extend(addrs.iter().cloned());
             for p in ps {
                 let Some(workers) = self.workers_of.get(&(p.kind, p.key.clone())) else {
                     continue;
                 };
+                if workers.changed {
+                    out.changed.extend(addrs.iter().cloned());
+                }
+                if workers.nodes.is_empty() {
+                    continue;
+                }
                 let claim: Claim = (
                     policy_name(&p.policy_ref()).into(),
                     p.fields.max_ports_per_node,
                 );
                 for a in &addrs {
-                    let at = demand.entry(a.clone()).or_default();
-                    for w in workers {
-                        at.entry(*w).or_default().push(claim.clone());
+                    let at = out.demand.entry(a.clone()).or_default();
+                    for w in &workers.nodes {
+                        at.entry(w.as_str()).or_default().push(claim.clone());
                     }
                 }
             }
         }
-        (demand, node_ips, addrs_of)
+        out
     }
 
     /// The gateway's epoch, its nodes with their units, and its pools' use.

@@ -5,6 +5,7 @@ mod cache;
 mod capacity;
 mod conditions;
 mod config;
+mod dirty;
 mod gateway_pass;
 pub mod grants;
 mod heartbeat;
@@ -15,6 +16,7 @@ pub(crate) mod run;
 mod spread;
 mod stale;
 mod unit;
+mod workers;
 
 // The view types live outside the controller (agents read them too).
 pub use crate::view::{ClusterView, PolicyIndex, PolicyView};
@@ -32,6 +34,8 @@ pub use run::{
 };
 pub use stale::StaleTunnels;
 
+#[cfg(test)]
+mod partial_tests;
 #[cfg(test)]
 mod spread_tests;
 #[cfg(test)]

@@ -70,7 +70,10 @@ pub struct Holders<'a> {
 }
 
 impl<'a> Holders<'a> {
-    pub fn new(view: &'a ClusterView, gw: &str) -> Self {
+    /// The holders of gateway `gw`'s addresses, or of the addresses in
+    /// `only` (every worker's status all the same).
+    pub fn new(view: &'a ClusterView, gw: &str, only: Option<&BTreeSet<&str>>) -> Self {
+        let wanted = |eip: &str| only.is_none_or(|o| o.contains(eip));
         let mut out = Self {
             status: HashMap::new(),
             blocks: HashMap::new(),
@@ -83,11 +86,19 @@ impl<'a> Holders<'a> {
                 continue;
             };
             out.status.insert(node, st);
-            for u in st.port_use.iter().filter(|u| u.gateway == gw) {
+            for u in st
+                .port_use
+                .iter()
+                .filter(|u| u.gateway == gw && wanted(&u.eip))
+            {
                 // The first entry counts, as a search of the list would find.
                 out.usage.entry((node, u.eip.as_str())).or_insert(u);
             }
-            for b in st.port_blocks.iter().filter(|b| b.gateway == gw) {
+            for b in st
+                .port_blocks
+                .iter()
+                .filter(|b| b.gateway == gw && wanted(&b.eip))
+            {
                 if out.blocks.insert((node, b.eip.as_str()), b).is_some() {
                     continue;
                 }

@@ -5,19 +5,21 @@
 //! gateways and policies are valid, the workers of each policy); each
 //! gateway's own are in [`super::gateway_pass`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::api::{EgressGateway, EgressGatewayStatus, EgressPolicyStatus};
 use crate::datastore::{Event, Kind, ObjectKey};
 use crate::validate::{self, IpPool};
-use crate::view::{gateway_created, ClusterView, PolicyIndex, PolicyView};
+use crate::view::{gateway_created, ClusterView, PolicyView};
 
 use super::capacity::fold_into;
 use super::conditions::{cond, refuse};
 use super::config::ControllerConfig;
-use super::gateway_pass::{GatewayPass, WorkersOf};
+use super::dirty::Dirty;
+use super::gateway_pass::GatewayPass;
 use super::plan::{Plan, TunnelGrants};
 use super::ports::GrantMemo;
+use super::workers::WorkersMemo;
 
 /// The IPv4 and IPv6 pools of each valid gateway.
 type Pools = BTreeMap<String, (IpPool, IpPool)>;
@@ -31,6 +33,29 @@ type PoliciesOf<'p, 'v> = BTreeMap<String, Vec<&'p PolicyView<'v>>>;
 #[derive(Debug, Default)]
 pub struct ReconcileMemo {
     pub grants: GrantMemo,
+    /// Passes that redid only what changed since the pass before.
+    pub partial_passes: u64,
+    pub(crate) workers: WorkersMemo,
+    /// What changed since the last pass, while a view cache follows the
+    /// view this memo's passes run on (`None`: not known, so a pass redoes
+    /// every step).
+    pub(crate) dirty: Option<Dirty>,
+    /// The settings of the last pass: other settings redo every step.
+    cfg: Option<ControllerConfig>,
+}
+
+impl ReconcileMemo {
+    /// What changed since the last pass, when only pods, grants and
+    /// reports did (and the settings are the same); clears it for the next.
+    fn take_dirty(&mut self, cfg: &ControllerConfig) -> Option<Dirty> {
+        let dirty = self.dirty.take();
+        self.dirty = dirty.as_ref().map(|_| Dirty::default());
+        if self.cfg.as_ref() != Some(cfg) {
+            self.cfg = Some(cfg.clone());
+            return None;
+        }
+        dirty.filter(|d| !d.global)
+    }
 }
 
 /// Runs every decision of the controller once, from nothing kept.
@@ -45,6 +70,8 @@ pub fn reconcile_with(
     memo: &mut ReconcileMemo,
 ) -> Plan {
     let mut plan = Plan::default();
+    let since = memo.take_dirty(cfg);
+    memo.partial_passes += u64::from(since.is_some());
     let policies = view.policy_views();
     plan_tunnels(view, &mut plan);
     // Gateways in order of age: on overlapping pools the older one keeps them.
@@ -52,7 +79,9 @@ pub fn reconcile_with(
     gateways.sort_by_key(|g| (gateway_created(g), g.metadata.name.clone()));
     let pools = check_gateways(&gateways, cfg, &mut plan);
     let by_gw = check_policies(view, &policies, &pools, &mut plan);
-    let workers_of = workers_of(view, &policies);
+    let workers_of = memo
+        .workers
+        .update(view, &policies, since.as_ref().map(|d| &d.pod_nodes));
     for g in &gateways {
         let name = g.metadata.name.clone().unwrap_or_default();
         let Some((v4, v6)) = pools.get(&name) else {
@@ -64,7 +93,8 @@ pub fn reconcile_with(
             gateway: g,
             v4,
             v6,
-            workers_of: &workers_of,
+            workers_of,
+            since: since.as_ref(),
         };
         let pols = by_gw.get(&name).map_or(&[][..], Vec::as_slice);
         pass.run(pols, &mut memo.grants, &mut plan);
@@ -223,41 +253,4 @@ fn check_policy(
         return None;
     }
     Some(gw_name)
-}
-
-/// The worker nodes of each policy's pods (for port-block demand), once.
-/// Grants are recorded in the worker's EgressTunnel: a node whose agent
-/// has not registered it (no agent, no datapath) gets none.
-fn workers_of<'v>(view: &'v ClusterView, policies: &[PolicyView<'_>]) -> WorkersOf<'v> {
-    // Nodes whose agent registered its tunnel (an address in its status).
-    let registered: BTreeSet<&str> = view
-        .tunnels
-        .iter()
-        .filter(|t| {
-            t.status
-                .as_ref()
-                .is_some_and(|s| !s.tunnel.ipv4.is_empty() || !s.tunnel.ipv6.is_empty())
-        })
-        .filter_map(|t| t.metadata.name.as_deref())
-        .collect();
-    let index = PolicyIndex::new(policies);
-    let mut by_index: Vec<BTreeSet<&str>> = vec![BTreeSet::new(); policies.len()];
-    let mut ns_labels: BTreeMap<&str, BTreeMap<String, String>> = BTreeMap::new();
-    for pod in &view.pods {
-        if pod.node.is_empty() || pod.ips.is_empty() || !registered.contains(pod.node.as_str()) {
-            continue;
-        }
-        let nsl = ns_labels
-            .entry(pod.namespace.as_str())
-            .or_insert_with(|| view.namespace_labels(&pod.namespace));
-        for i in index.selecting(policies, pod, nsl) {
-            by_index[i].insert(pod.node.as_str());
-        }
-    }
-    by_index
-        .into_iter()
-        .enumerate()
-        .filter(|(_, w)| !w.is_empty())
-        .map(|(i, w)| ((policies[i].kind, policies[i].key.clone()), w))
-        .collect()
 }

@@ -202,6 +202,45 @@ pub(crate) async fn pass(ds: &MemoryDatastore) -> Plan {
 thread_local! {
     /// What this test's passes kept for one another, as the leader keeps it.
     static MEMO: std::cell::RefCell<ReconcileMemo> = Default::default();
+    /// A view cache following this test's datastore (by its address), as
+    /// the leader's: its passes redo only what changed.
+    static CACHE: std::cell::RefCell<Option<(usize, ViewCache)>> = Default::default();
+}
+
+/// A pass on the cache that follows `ds`, with what it tracked since its
+/// last pass, must plan exactly what a pass from nothing plans on the same
+/// view. Says whether it redid only what changed.
+pub(crate) async fn cached_pass_agrees(ds: &MemoryDatastore, cfg: &ControllerConfig) -> bool {
+    use futures::FutureExt;
+    let id = ds as *const MemoryDatastore as usize;
+    let kept = CACHE
+        .with_borrow_mut(|c| c.take())
+        .filter(|(at, _)| *at == id);
+    let mut cache = match kept {
+        Some((_, c)) => c,
+        None => ViewCache::start(ds).await.unwrap(),
+    };
+    loop {
+        match cache.next_batch().now_or_never() {
+            None => break,
+            Some(Some(Ok(_))) => {}
+            // Fell behind, or the datastore is gone: start over.
+            Some(_) => {
+                cache = ViewCache::start(ds).await.unwrap();
+                break;
+            }
+        }
+    }
+    let partial = cache.memo.partial_passes;
+    let kept = reconcile_with(&cache.view, cfg, &mut cache.memo);
+    assert_eq!(
+        kept,
+        reconcile(&cache.view, cfg),
+        "a pass on the cache planned otherwise"
+    );
+    let partial = cache.memo.partial_passes > partial;
+    CACHE.with_borrow_mut(|c| *c = Some((id, cache)));
+    partial
 }
 
 /// One pass from the datastore, written. Every test's passes also run with
@@ -212,6 +251,7 @@ pub(crate) async fn pass_with(ds: &MemoryDatastore, cfg: &ControllerConfig) -> P
     let plan = reconcile(&view, cfg);
     let kept = MEMO.with_borrow_mut(|memo| reconcile_with(&view, cfg, memo));
     assert_eq!(kept, plan, "a pass with the memo planned otherwise");
+    cached_pass_agrees(ds, cfg).await;
     write_plan(ds, &view, &plan).await.unwrap();
     plan
 }

@@ -290,6 +290,7 @@ pub(crate) fn gateway_created(g: &EgressGateway) -> i128 {
 
 /// Finds the policies that select a pod without testing every policy:
 /// policies with `matchLabels` are indexed by their first label.
+#[derive(Debug)]
 pub struct PolicyIndex {
     /// label key -> label value -> policies whose selector asks for it
     /// (looked up by `&str`: no allocation per pod).

@@ -16,7 +16,7 @@ use super::super::plan::{AddressFact, Plan, PortFact};
 
 /// Everything one address's grant step adds to a plan.
 #[derive(Clone, Debug, Default)]
-pub(super) struct AddressOutcome {
+pub(in super::super) struct AddressOutcome {
     pub fact: AddressFact,
     pub ports: Vec<PortFact>,
     /// (node, its grant of the address) for the nodes' EgressTunnels.
@@ -80,6 +80,31 @@ impl GrantMemo {
         }
         let this = self.this.get_mut(gw).expect("inserted above");
         &this.entry(key).insert_entry((print, outcome)).into_mut().1
+    }
+
+    /// The addresses of gateway `gw` the last pass looked at and this one
+    /// has not yet.
+    pub(in super::super) fn last_addresses<'a>(
+        &'a self,
+        gw: &str,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.last
+            .get(gw)
+            .into_iter()
+            .flat_map(|m| m.keys().map(String::as_str))
+    }
+
+    /// The last pass's outcome of `addr`, kept for this pass as it was
+    /// (its inputs are known not to have changed); `None` when the last
+    /// pass did not look at it.
+    pub(in super::super) fn carry(&mut self, gw: &str, addr: &str) -> Option<&AddressOutcome> {
+        let (key, kept) = self.last.get_mut(gw)?.remove_entry(addr)?;
+        self.reused += 1;
+        if !self.this.contains_key(gw) {
+            self.this.insert(gw.to_string(), HashMap::new());
+        }
+        let this = self.this.get_mut(gw).expect("inserted above");
+        Some(&this.entry(key).insert_entry(kept).into_mut().1)
     }
 
     /// Forgets the addresses this pass did not look at (a gateway or an
