@@ -20,7 +20,7 @@ use super::plan::{EipMove, FailoverReason, Plan};
 use super::ports::{grant_address, Claim, GrantMemo, Holders};
 use super::spread::{previous_spread, spread_units, Spread, SpreadInput};
 use super::unit::{asks_reconfirmation, Allocation, Unit, Units};
-use super::workers::WorkersOf;
+use super::workers::{Workers, WorkersOf};
 
 /// Where each unit is: its node and the epoch it holds it at.
 type Places = BTreeMap<Unit, (String, u64)>;
@@ -30,8 +30,9 @@ type Demand<'a> = BTreeMap<String, BTreeMap<&'a str, Vec<Claim>>>;
 
 /// What a gateway's units want of its addresses.
 #[derive(Default)]
-struct Wanted<'a> {
-    demand: Demand<'a>,
+struct Wanted<'u, 'a> {
+    /// Each unit's addresses, and its policies that have workers.
+    units: Vec<(Vec<String>, Vec<(&'u PolicyView<'u>, &'a Workers)>)>,
     /// The addresses that are a gateway node's own (useNodeIP).
     node_ips: BTreeSet<String>,
     /// Every address some unit uses.
@@ -336,17 +337,24 @@ impl<'a> GatewayPass<'a> {
             cfg.node_ip_ports.1,
             cfg.port_block_size,
         );
-        let wanted = self.demand(units, placed);
+        let wanted = self.uses(units, placed);
         let name = self.name();
+        // The addresses whose inputs may have changed since the last pass
+        // (all of them: `None`), and any it did not look at.
         let dirty: Option<BTreeSet<&str>> = self.since.map(|s| {
             let changed = wanted.changed.iter().map(String::as_str);
-            changed.chain(s.addresses_of(&name)).collect()
+            let unseen = wanted
+                .addresses
+                .iter()
+                .map(String::as_str)
+                .filter(|a| !memo.looked_at(&name, a));
+            changed.chain(s.addresses_of(&name)).chain(unseen).collect()
         });
+        let demand = Self::demand(&wanted, dirty.as_ref());
         let holders = Holders::new(self.view, &name, dirty.as_ref());
-        let mut every_holder = None;
         // Addresses some worker still holds (draining) though no policy
         // uses them any more: they stay until released.
-        let mut addrs = wanted.addresses;
+        let mut addrs = wanted.addresses.clone();
         addrs.extend(holders.addresses().map(str::to_string));
         if let Some(d) = &dirty {
             let kept = memo.last_addresses(&name).filter(|a| !d.contains(a));
@@ -354,32 +362,25 @@ impl<'a> GatewayPass<'a> {
         }
         let none = BTreeMap::new();
         for addr in &addrs {
-            let reached = dirty.as_ref().is_none_or(|d| d.contains(addr.as_str()));
-            if !reached {
-                if let Some(o) = memo.carry(&name, addr) {
-                    o.add_to(cfg, plan);
-                    continue;
-                }
+            if dirty.as_ref().is_some_and(|d| !d.contains(addr.as_str())) {
+                memo.carry(&name, addr)
+                    .expect("an address not reached was looked at by the last pass")
+                    .add_to(cfg, plan);
+                continue;
             }
             let range = if wanted.node_ips.contains(addr) {
                 node_ip_blocks.clone()
             } else {
                 eip_blocks.clone()
             };
-            let d = wanted.demand.get(addr).unwrap_or(&none);
-            // The holders above know the reached addresses only.
-            let h = if reached {
-                &holders
-            } else {
-                every_holder.get_or_insert_with(|| Holders::new(self.view, &name, None))
-            };
-            grant_address(h, cfg, &name, addr, range, d, memo, plan);
+            let d = demand.get(addr).unwrap_or(&none);
+            grant_address(&holders, cfg, &name, addr, range, d, memo, plan);
         }
     }
 
-    /// Who wants ports of which address, the addresses in use, and which
-    /// of them have policies whose workers changed.
-    fn demand(&self, units: &Units<'_, '_>, placed: &Places) -> Wanted<'a> {
+    /// The addresses in use, each unit's with the workers of its policies,
+    /// and which addresses have policies whose workers changed.
+    fn uses<'u>(&self, units: &'u Units<'_, '_>, placed: &Places) -> Wanted<'u, 'a> {
         let mut out = Wanted::default();
         for (u, ps) in units {
             let addrs: Vec<String> = if u.node_ip_of.is_some() {
@@ -397,29 +398,49 @@ impl<'a> GatewayPass<'a> {
                 u.addresses().cloned().collect()
             };
             out.addresses.extend(addrs.iter().cloned());
+            let mut workers = Vec::new();
             for p in ps {
-                let Some(workers) = self.workers_of.get(&(p.kind, p.key.clone())) else {
+                let Some(w) = self.workers_of.get(&(p.kind, p.key.clone())) else {
                     continue;
                 };
-                if workers.changed {
+                if w.changed {
                     out.changed.extend(addrs.iter().cloned());
                 }
-                if workers.nodes.is_empty() {
-                    continue;
+                if !w.nodes.is_empty() {
+                    workers.push((*p, w));
                 }
+            }
+            out.units.push((addrs, workers));
+        }
+        out
+    }
+
+    /// Who wants ports of which address (of those in `only`, if given).
+    fn demand(wanted: &Wanted<'_, 'a>, only: Option<&BTreeSet<&str>>) -> Demand<'a> {
+        let mut demand = Demand::new();
+        for (addrs, workers) in &wanted.units {
+            let mut addrs = addrs
+                .iter()
+                .filter(|a| only.is_none_or(|o| o.contains(a.as_str())))
+                .peekable();
+            if addrs.peek().is_none() {
+                continue;
+            }
+            let addrs: Vec<&String> = addrs.collect();
+            for (p, w) in workers {
                 let claim: Claim = (
                     policy_name(&p.policy_ref()).into(),
                     p.fields.max_ports_per_node,
                 );
                 for a in &addrs {
-                    let at = out.demand.entry(a.clone()).or_default();
-                    for w in &workers.nodes {
-                        at.entry(w.as_str()).or_default().push(claim.clone());
+                    let at = demand.entry((*a).clone()).or_default();
+                    for n in &w.nodes {
+                        at.entry(n.as_str()).or_default().push(claim.clone());
                     }
                 }
             }
         }
-        out
+        demand
     }
 
     /// The gateway's epoch, its nodes with their units, and its pools' use.

@@ -94,6 +94,12 @@ impl GrantMemo {
             .flat_map(|m| m.keys().map(String::as_str))
     }
 
+    /// Whether the last pass looked at `addr` of `gw` (and this one has not
+    /// yet).
+    pub(in super::super) fn looked_at(&self, gw: &str, addr: &str) -> bool {
+        self.last.get(gw).is_some_and(|m| m.contains_key(addr))
+    }
+
     /// The last pass's outcome of `addr`, kept for this pass as it was
     /// (its inputs are known not to have changed); `None` when the last
     /// pass did not look at it.
