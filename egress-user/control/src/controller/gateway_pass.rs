@@ -28,11 +28,14 @@ type Places = BTreeMap<Unit, (String, u64)>;
 /// address -> worker -> the policies using it there, with their caps.
 type Demand<'a> = BTreeMap<String, BTreeMap<&'a str, Vec<Claim>>>;
 
+/// A policy and its workers.
+type PolicyWorkers<'u, 'a> = (&'u PolicyView<'u>, &'a Workers);
+
 /// What a gateway's units want of its addresses.
 #[derive(Default)]
 struct Wanted<'u, 'a> {
     /// Each unit's addresses, and its policies that have workers.
-    units: Vec<(Vec<String>, Vec<(&'u PolicyView<'u>, &'a Workers)>)>,
+    units: Vec<(Vec<String>, Vec<PolicyWorkers<'u, 'a>>)>,
     /// The addresses that are a gateway node's own (useNodeIP).
     node_ips: BTreeSet<String>,
     /// Every address some unit uses.
