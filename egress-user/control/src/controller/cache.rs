@@ -172,6 +172,11 @@ impl ViewCache {
                     if let (Some(d), Some(o), Some(n)) = (&mut self.memo.dirty, &old, new) {
                         d.tunnel_entries(o);
                         d.tunnel_entries(n);
+                        // A node asking for a newer epoch moves the structure.
+                        let asked = |t: &EgressTunnel| {
+                            t.status.as_ref().map(|s| s.awaiting_reconfirmation.clone())
+                        };
+                        d.global |= asked(o) != asked(n);
                     }
                     let node = s.key.name.clone();
                     match old.zip(new).map(|(o, n)| tunnel_change(&o, n)) {

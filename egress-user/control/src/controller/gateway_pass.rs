@@ -14,47 +14,21 @@ use crate::validate::IpPool;
 use crate::view::{ClusterView, PolicyView};
 
 use super::conditions::{cond, policy_name, refuse};
-use super::config::{whole_blocks, ControllerConfig};
-use super::dirty::Dirty;
+use super::gateway_grants::{GrantInput, UnitUse};
 use super::plan::{EipMove, FailoverReason, Plan};
-use super::ports::{grant_address, Claim, GrantMemo, Holders};
+use super::ports::Claim;
 use super::spread::{previous_spread, spread_units, Spread, SpreadInput};
 use super::unit::{asks_reconfirmation, Allocation, Unit, Units};
-use super::workers::{Workers, WorkersOf};
 
 /// Where each unit is: its node and the epoch it holds it at.
 type Places = BTreeMap<Unit, (String, u64)>;
 
-/// address -> worker -> the policies using it there, with their caps.
-type Demand<'a> = BTreeMap<String, BTreeMap<&'a str, Vec<Claim>>>;
-
-/// A policy and its workers.
-type PolicyWorkers<'u, 'a> = (&'u PolicyView<'u>, &'a Workers);
-
-/// What a gateway's units want of its addresses.
-#[derive(Default)]
-struct Wanted<'u, 'a> {
-    /// Each unit's addresses, and its policies that have workers.
-    units: Vec<(Vec<String>, Vec<PolicyWorkers<'u, 'a>>)>,
-    /// The addresses that are a gateway node's own (useNodeIP).
-    node_ips: BTreeSet<String>,
-    /// Every address some unit uses.
-    addresses: BTreeSet<String>,
-    /// The addresses of units with a policy whose workers changed.
-    changed: BTreeSet<String>,
-}
-
 /// What one gateway's pass reads.
 pub struct GatewayPass<'a> {
     pub view: &'a ClusterView,
-    pub cfg: &'a ControllerConfig,
     pub gateway: &'a EgressGateway,
     pub v4: &'a IpPool,
     pub v6: &'a IpPool,
-    pub workers_of: &'a WorkersOf,
-    /// What changed since the last pass, when only pods, grants and
-    /// reports did: the port blocks of the other addresses are kept.
-    pub since: Option<&'a Dirty>,
 }
 
 /// The gateway's nodes (those its selector matches) and the Ready ones.
@@ -88,10 +62,9 @@ impl<'a> GatewayPass<'a> {
         )
     }
 
-    /// Plans the gateway's status, its policies' placement and the port
-    /// blocks of its addresses; `pols` in order of precedence. `memo` holds
-    /// the last pass's grants of addresses whose inputs are unchanged.
-    pub fn run(&self, pols: &[&PolicyView<'_>], memo: &mut GrantMemo, plan: &mut Plan) {
+    /// Plans the gateway's status and its policies' placement; `pols` in
+    /// order of precedence. Returns what its port-block step reads.
+    pub fn run(&self, pols: &[&PolicyView<'_>], plan: &mut Plan) -> GrantInput {
         let prev = self.gateway.status.clone().unwrap_or_default();
         let nodes = self.nodes();
         let before = previous_places(&prev);
@@ -117,9 +90,9 @@ impl<'a> GatewayPass<'a> {
         self.keep_in_place(&units, &before, &mut placement, plan);
         self.place_the_rest(&units, &before, &nodes, &mut placement, plan);
         self.tell_released(&units, &before, plan);
-        self.grant_ports(&units, &placement.placed, memo, plan);
         self.write_gateway_status(&nodes, &units, &placement, plan);
         self.write_policy_statuses(&units, &placement, plan);
+        self.grant_input(&units, &placement.placed)
     }
 
     fn active_active(&self) -> bool {
@@ -322,71 +295,15 @@ impl<'a> GatewayPass<'a> {
         }
     }
 
-    /// Port blocks per (address, worker), by use (see `grants`): an EIP's
-    /// from the first port on, a node address's only from the reserved
-    /// range. When only pods, grants and reports changed since the last
-    /// pass, an address none of those changes reach keeps its last outcome.
-    fn grant_ports(
-        &self,
-        units: &Units<'_, '_>,
-        placed: &Places,
-        memo: &mut GrantMemo,
-        plan: &mut Plan,
-    ) {
-        let cfg = self.cfg;
-        let eip_blocks = whole_blocks(cfg.first_port, u16::MAX, cfg.port_block_size);
-        let node_ip_blocks = whole_blocks(
-            cfg.node_ip_ports.0,
-            cfg.node_ip_ports.1,
-            cfg.port_block_size,
-        );
-        let wanted = self.uses(units, placed);
-        let name = self.name();
-        // The addresses whose inputs may have changed since the last pass
-        // (all of them: `None`), and any it did not look at.
-        let dirty: Option<BTreeSet<&str>> = self.since.map(|s| {
-            let changed = wanted.changed.iter().map(String::as_str);
-            let unseen = wanted
-                .addresses
-                .iter()
-                .map(String::as_str)
-                .filter(|a| !memo.looked_at(&name, a));
-            changed.chain(s.addresses_of(&name)).chain(unseen).collect()
-        });
-        let demand = Self::demand(&wanted, dirty.as_ref());
-        let holders = Holders::new(self.view, &name, dirty.as_ref());
-        // Addresses some worker still holds (draining) though no policy
-        // uses them any more: they stay until released.
-        let mut addrs = wanted.addresses.clone();
-        addrs.extend(holders.addresses().map(str::to_string));
-        if let Some(d) = &dirty {
-            let kept = memo.last_addresses(&name).filter(|a| !d.contains(a));
-            addrs.extend(kept.map(str::to_string));
-        }
-        let none = BTreeMap::new();
-        for addr in &addrs {
-            if dirty.as_ref().is_some_and(|d| !d.contains(addr.as_str())) {
-                memo.carry(&name, addr)
-                    .expect("an address not reached was looked at by the last pass")
-                    .add_to(cfg, plan);
-                continue;
-            }
-            let range = if wanted.node_ips.contains(addr) {
-                node_ip_blocks.clone()
-            } else {
-                eip_blocks.clone()
-            };
-            let d = demand.get(addr).unwrap_or(&none);
-            grant_address(&holders, cfg, &name, addr, range, d, memo, plan);
-        }
-    }
-
-    /// The addresses in use, each unit's with the workers of its policies,
-    /// and which addresses have policies whose workers changed.
-    fn uses<'u>(&self, units: &'u Units<'_, '_>, placed: &Places) -> Wanted<'u, 'a> {
-        let mut out = Wanted::default();
+    /// What the port-block step reads: each unit's addresses (a node
+    /// address's once placed) and the policies using it, with their claims.
+    fn grant_input(&self, units: &Units<'_, '_>, placed: &Places) -> GrantInput {
+        let mut out = GrantInput {
+            gateway: self.name(),
+            ..Default::default()
+        };
         for (u, ps) in units {
-            let addrs: Vec<String> = if u.node_ip_of.is_some() {
+            let addresses: Vec<String> = if u.node_ip_of.is_some() {
                 let Some((node, _)) = placed.get(u) else {
                     continue;
                 };
@@ -400,50 +317,23 @@ impl<'a> GatewayPass<'a> {
             } else {
                 u.addresses().cloned().collect()
             };
-            out.addresses.extend(addrs.iter().cloned());
-            let mut workers = Vec::new();
-            for p in ps {
-                let Some(w) = self.workers_of.get(&(p.kind, p.key.clone())) else {
-                    continue;
-                };
-                if w.changed {
-                    out.changed.extend(addrs.iter().cloned());
-                }
-                if !w.nodes.is_empty() {
-                    workers.push((*p, w));
-                }
-            }
-            out.units.push((addrs, workers));
+            out.addresses.extend(addresses.iter().cloned());
+            let policies = ps
+                .iter()
+                .map(|p| {
+                    let claim: Claim = (
+                        policy_name(&p.policy_ref()).into(),
+                        p.fields.max_ports_per_node,
+                    );
+                    ((p.kind, p.key.clone()), claim)
+                })
+                .collect();
+            out.units.push(UnitUse {
+                addresses,
+                policies,
+            });
         }
         out
-    }
-
-    /// Who wants ports of which address (of those in `only`, if given).
-    fn demand(wanted: &Wanted<'_, 'a>, only: Option<&BTreeSet<&str>>) -> Demand<'a> {
-        let mut demand = Demand::new();
-        for (addrs, workers) in &wanted.units {
-            let mut addrs = addrs
-                .iter()
-                .filter(|a| only.is_none_or(|o| o.contains(a.as_str())))
-                .peekable();
-            if addrs.peek().is_none() {
-                continue;
-            }
-            let addrs: Vec<&String> = addrs.collect();
-            for (p, w) in workers {
-                let claim: Claim = (
-                    policy_name(&p.policy_ref()).into(),
-                    p.fields.max_ports_per_node,
-                );
-                for a in &addrs {
-                    let at = demand.entry((*a).clone()).or_default();
-                    for n in &w.nodes {
-                        at.entry(n.as_str()).or_default().push(claim.clone());
-                    }
-                }
-            }
-        }
-        demand
     }
 
     /// The gateway's epoch, its nodes with their units, and its pools' use.

@@ -6,6 +6,7 @@ mod capacity;
 mod conditions;
 mod config;
 mod dirty;
+mod gateway_grants;
 mod gateway_pass;
 pub mod grants;
 mod heartbeat;

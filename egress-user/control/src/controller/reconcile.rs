@@ -16,6 +16,7 @@ use super::capacity::fold_into;
 use super::conditions::{cond, refuse};
 use super::config::ControllerConfig;
 use super::dirty::Dirty;
+use super::gateway_grants::{grant_ports, GrantInput};
 use super::gateway_pass::GatewayPass;
 use super::plan::{Plan, TunnelGrants};
 use super::ports::GrantMemo;
@@ -36,6 +37,8 @@ pub struct ReconcileMemo {
     /// Passes that redid only what changed since the pass before.
     pub partial_passes: u64,
     pub(crate) workers: WorkersMemo,
+    /// The last pass's structure (see [`Structure`]).
+    structure: Option<Structure>,
     /// What changed since the last pass, while a view cache follows the
     /// view this memo's passes run on (`None`: not known, so a pass redoes
     /// every step).
@@ -69,19 +72,63 @@ pub fn reconcile_with(
     cfg: &ControllerConfig,
     memo: &mut ReconcileMemo,
 ) -> Plan {
-    let mut plan = Plan::default();
     let since = memo.take_dirty(cfg);
-    memo.partial_passes += u64::from(since.is_some());
     let policies = view.policy_views();
+    let workers_of = memo
+        .workers
+        .update(view, &policies, since.as_ref().map(|d| &d.pod_nodes));
+    // Nothing the structure reads changed: it is the last pass's.
+    let structure = match (&since, memo.structure.take()) {
+        (Some(_), Some(kept)) => {
+            memo.partial_passes += 1;
+            kept
+        }
+        _ => plan_structure(view, cfg, &policies),
+    };
+    let mut plan = structure.plan.clone();
+    for input in &structure.grants {
+        grant_ports(
+            view,
+            cfg,
+            input,
+            workers_of,
+            since.as_ref(),
+            &mut memo.grants,
+            &mut plan,
+        );
+    }
+    memo.structure = Some(structure);
+    memo.grants.end_pass();
+    for t in plan.tunnels.values_mut() {
+        t.port_blocks.sort();
+    }
+    fold_into(view, &mut plan);
+    plan
+}
+
+/// What a pass plans before the port blocks: the statuses of the gateways
+/// and policies with their validation, placement and events, empty grants
+/// for every node, and what each valid gateway's port-block step reads.
+/// It reads neither pods nor grants nor the agents' port reports.
+#[derive(Debug)]
+pub(crate) struct Structure {
+    plan: Plan,
+    grants: Vec<GrantInput>,
+}
+
+fn plan_structure(
+    view: &ClusterView,
+    cfg: &ControllerConfig,
+    policies: &[PolicyView<'_>],
+) -> Structure {
+    let mut plan = Plan::default();
     plan_tunnels(view, &mut plan);
     // Gateways in order of age: on overlapping pools the older one keeps them.
     let mut gateways: Vec<&EgressGateway> = view.gateways.iter().collect();
     gateways.sort_by_key(|g| (gateway_created(g), g.metadata.name.clone()));
     let pools = check_gateways(&gateways, cfg, &mut plan);
-    let by_gw = check_policies(view, &policies, &pools, &mut plan);
-    let workers_of = memo
-        .workers
-        .update(view, &policies, since.as_ref().map(|d| &d.pod_nodes));
+    let by_gw = check_policies(view, policies, &pools, &mut plan);
+    let mut grants = Vec::new();
     for g in &gateways {
         let name = g.metadata.name.clone().unwrap_or_default();
         let Some((v4, v6)) = pools.get(&name) else {
@@ -89,22 +136,14 @@ pub fn reconcile_with(
         };
         let pass = GatewayPass {
             view,
-            cfg,
             gateway: g,
             v4,
             v6,
-            workers_of,
-            since: since.as_ref(),
         };
         let pols = by_gw.get(&name).map_or(&[][..], Vec::as_slice);
-        pass.run(pols, &mut memo.grants, &mut plan);
+        grants.push(pass.run(pols, &mut plan));
     }
-    memo.grants.end_pass();
-    for t in plan.tunnels.values_mut() {
-        t.port_blocks.sort();
-    }
-    fold_into(view, &mut plan);
-    plan
+    Structure { plan, grants }
 }
 
 /// Empty grants for every node with an EgressTunnel (the gateways fill

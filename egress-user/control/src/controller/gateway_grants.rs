@@ -1,0 +1,143 @@
+//! A gateway's port-block step, after the rest of its pass: per address,
+//! the workers of the policies using it and what they hold and report
+//! (see `ports`). What it reads of the rest of the pass is owned
+//! ([`GrantInput`]), so a pass in which only pods, grants and agents'
+//! reports changed reuses it and runs this step alone; such a pass also
+//! keeps the last outcome of every address those changes do not reach.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::datastore::{Kind, ObjectKey};
+use crate::view::ClusterView;
+
+use super::config::{whole_blocks, ControllerConfig};
+use super::dirty::Dirty;
+use super::plan::Plan;
+use super::ports::{grant_address, Claim, GrantMemo, Holders};
+use super::workers::WorkersOf;
+
+/// What a gateway's port-block step reads of the rest of its pass.
+#[derive(Clone, Debug, Default)]
+pub struct GrantInput {
+    pub gateway: String,
+    pub units: Vec<UnitUse>,
+    /// The addresses that are a gateway node's own (useNodeIP).
+    pub node_ips: BTreeSet<String>,
+    /// Every address some unit uses.
+    pub addresses: BTreeSet<String>,
+}
+
+/// One unit's addresses and the policies using it, with their claims.
+#[derive(Clone, Debug, Default)]
+pub struct UnitUse {
+    pub addresses: Vec<String>,
+    pub policies: Vec<((Kind, ObjectKey), Claim)>,
+}
+
+/// address -> worker -> the policies using it there, with their caps.
+type Demand<'a> = BTreeMap<String, BTreeMap<&'a str, Vec<Claim>>>;
+
+/// Port blocks per (address, worker) of one gateway, by use (see
+/// `grants`): an EIP's from the first port on, a node address's only from
+/// the reserved range. With `since` (only pods, grants and reports changed
+/// since the last pass), an address none of those changes reach keeps its
+/// last outcome.
+pub fn grant_ports(
+    view: &ClusterView,
+    cfg: &ControllerConfig,
+    input: &GrantInput,
+    workers_of: &WorkersOf,
+    since: Option<&Dirty>,
+    memo: &mut GrantMemo,
+    plan: &mut Plan,
+) {
+    let eip_blocks = whole_blocks(cfg.first_port, u16::MAX, cfg.port_block_size);
+    let node_ip_blocks = whole_blocks(
+        cfg.node_ip_ports.0,
+        cfg.node_ip_ports.1,
+        cfg.port_block_size,
+    );
+    let name = input.gateway.as_str();
+    let dirty = since.map(|s| reached(input, workers_of, s, memo));
+    let demand = demand(input, workers_of, dirty.as_ref());
+    let holders = Holders::new(view, name, dirty.as_ref());
+    // Addresses some worker still holds (draining) though no policy uses
+    // them any more: they stay until released.
+    let mut addrs = input.addresses.clone();
+    addrs.extend(holders.addresses().map(str::to_string));
+    if let Some(d) = &dirty {
+        let kept = memo.last_addresses(name).filter(|a| !d.contains(a));
+        addrs.extend(kept.map(str::to_string));
+    }
+    let none = BTreeMap::new();
+    for addr in &addrs {
+        if dirty.as_ref().is_some_and(|d| !d.contains(addr.as_str())) {
+            memo.carry(name, addr)
+                .expect("an address not reached was looked at by the last pass")
+                .add_to(cfg, plan);
+            continue;
+        }
+        let range = if input.node_ips.contains(addr) {
+            node_ip_blocks.clone()
+        } else {
+            eip_blocks.clone()
+        };
+        let d = demand.get(addr).unwrap_or(&none);
+        grant_address(&holders, cfg, name, addr, range, d, memo, plan);
+    }
+}
+
+/// The addresses whose inputs may have changed since the last pass: those
+/// of policies whose workers changed, those whose grants or reports
+/// changed, and any the last pass did not look at.
+fn reached<'i>(
+    input: &'i GrantInput,
+    workers_of: &WorkersOf,
+    since: &'i Dirty,
+    memo: &GrantMemo,
+) -> BTreeSet<&'i str> {
+    let mut out: BTreeSet<&str> = since.addresses_of(&input.gateway).collect();
+    for u in &input.units {
+        let changed = u
+            .policies
+            .iter()
+            .any(|(key, _)| workers_of.get(key).is_some_and(|w| w.changed));
+        if changed {
+            out.extend(u.addresses.iter().map(String::as_str));
+        }
+    }
+    let unseen = input.addresses.iter().map(String::as_str);
+    out.extend(unseen.filter(|a| !memo.looked_at(&input.gateway, a)));
+    out
+}
+
+/// Who wants ports of which address (of those in `only`, if given).
+fn demand<'w>(
+    input: &GrantInput,
+    workers_of: &'w WorkersOf,
+    only: Option<&BTreeSet<&str>>,
+) -> Demand<'w> {
+    let mut demand = Demand::new();
+    for u in &input.units {
+        let addrs: Vec<&String> = u
+            .addresses
+            .iter()
+            .filter(|a| only.is_none_or(|o| o.contains(a.as_str())))
+            .collect();
+        if addrs.is_empty() {
+            continue;
+        }
+        for (key, claim) in &u.policies {
+            let Some(w) = workers_of.get(key).filter(|w| !w.nodes.is_empty()) else {
+                continue;
+            };
+            for a in &addrs {
+                let at = demand.entry((*a).clone()).or_default();
+                for n in &w.nodes {
+                    at.entry(n.as_str()).or_default().push(claim.clone());
+                }
+            }
+        }
+    }
+    demand
+}
