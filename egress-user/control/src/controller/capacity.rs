@@ -6,6 +6,7 @@
 //! stays exactly as long as some agent still reports the policy.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::api::{Condition, PolicyOverCapacity};
 use crate::datastore::{Event, Kind, ObjectKey};
@@ -86,7 +87,7 @@ pub fn fold_into(view: &ClusterView, plan: &mut Plan) {
         .into_iter()
         .filter_map(|p| Some(((p.kind, p.key.clone()), &p.status?.conditions[..])))
         .collect();
-    for (k, status) in plan.policies.iter_mut() {
+    for (k, status) in Arc::make_mut(&mut plan.policies).iter_mut() {
         let Some(r) = reports.get(k) else {
             continue;
         };

@@ -34,7 +34,7 @@ pub fn refuse(plan: &mut Plan, p: &PolicyView<'_>, c: Condition) {
             c.message.clone(),
         ));
     }
-    plan.policies
+    plan.policies_mut()
         .get_mut(&(p.kind, p.key.clone()))
         .expect("the policy's status is planned")
         .conditions

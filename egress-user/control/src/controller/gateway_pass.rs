@@ -345,7 +345,7 @@ impl<'a> GatewayPass<'a> {
         plan: &mut Plan,
     ) {
         let status: &mut EgressGatewayStatus = plan
-            .gateways
+            .gateways_mut()
             .get_mut(&self.name())
             .expect("every gateway has a status");
         status.epoch = at.epoch;
@@ -429,7 +429,10 @@ impl<'a> GatewayPass<'a> {
                 cond("Ready", true, "Assigned", format!("on node {node}"))
             };
             for p in ps {
-                let st = plan.policies.get_mut(&(p.kind, p.key.clone())).unwrap();
+                let st = plan
+                    .policies_mut()
+                    .get_mut(&(p.kind, p.key.clone()))
+                    .unwrap();
                 st.node = node.clone();
                 st.eip = eip.clone();
                 st.conditions.push(ready.clone());
@@ -453,7 +456,10 @@ fn write_spread_status(
         format!("on nodes {} (active-active)", list.join(", ")),
     );
     for p in ps {
-        let st = plan.policies.get_mut(&(p.kind, p.key.clone())).unwrap();
+        let st = plan
+            .policies_mut()
+            .get_mut(&(p.kind, p.key.clone()))
+            .unwrap();
         st.nodes = list.clone();
         st.eip = PolicyEip {
             ipv4: u.v4.clone(),

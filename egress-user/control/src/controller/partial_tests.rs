@@ -108,3 +108,27 @@ async fn pod_grant_and_report_changes_redo_only_their_addresses() {
         .unwrap();
     partial_then_written(&ds, "a deleted pod").await;
 }
+
+/// After a pass whose writes failed, the next pass (nothing changed in
+/// between) compares and writes every status again.
+#[tokio::test]
+async fn after_a_failed_write_the_next_pass_writes_every_status() {
+    use super::{tick_cached_report, HeartbeatMonitor, RunConfig, ViewCache};
+    let ds = super::tests::one_eip_gateway(&["w1"])
+        .g1_policy("p", 1, json!({}), "web")
+        .pod("a", "web", "w1", "10.244.1.2")
+        .create()
+        .await;
+    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
+    let cfg = RunConfig::default();
+    let mut cache = ViewCache::start(&ds).await.unwrap();
+    ds.inject_conflicts(1000);
+    let failed = tick_cached_report(&ds, &mut cache, &mut monitor, &cfg).await;
+    assert!(failed.is_err(), "every status write fails");
+    ds.inject_conflicts(0);
+    tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
+        .await
+        .unwrap();
+    let st = policy_status(&ds, "p").await;
+    assert_eq!((st.eip.ipv4.as_str(), st.node.as_str()), ("10.0.0.1", "gw"));
+}

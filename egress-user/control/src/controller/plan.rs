@@ -3,6 +3,7 @@
 //! The async loop writes it; nothing here reads or writes a datastore.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::api::{
     EgressGatewayStatus, EgressPolicyStatus, EgressTunnelStatus, EipPortBlocks, TunnelPhase,
@@ -12,8 +13,12 @@ use crate::datastore::{Event, Kind, ObjectKey};
 /// What the controller wants written.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
-    pub gateways: BTreeMap<String, EgressGatewayStatus>,
-    pub policies: BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>,
+    /// The statuses are shared with the controller's memo of a pass's
+    /// structure (a pass that only redoes port blocks copies none of
+    /// them); change them through [`Plan::gateways_mut`] and
+    /// [`Plan::policies_mut`].
+    pub gateways: Arc<BTreeMap<String, EgressGatewayStatus>>,
+    pub policies: Arc<BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>>,
     /// Port-block grants per node (the EgressTunnel status fields
     /// `portBlocks`, `portBlockSize`), for every node with an EgressTunnel:
     /// empty grants for a node that holds none.
@@ -29,6 +34,16 @@ pub struct Plan {
     pub ports: Vec<PortFact>,
     /// Free blocks per address, for metrics.
     pub addresses: Vec<AddressFact>,
+}
+
+impl Plan {
+    pub fn gateways_mut(&mut self) -> &mut BTreeMap<String, EgressGatewayStatus> {
+        Arc::make_mut(&mut self.gateways)
+    }
+
+    pub fn policies_mut(&mut self) -> &mut BTreeMap<(Kind, ObjectKey), EgressPolicyStatus> {
+        Arc::make_mut(&mut self.policies)
+    }
 }
 
 /// Why an EIP left its node.

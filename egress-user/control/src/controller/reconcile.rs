@@ -48,6 +48,13 @@ pub struct ReconcileMemo {
 }
 
 impl ReconcileMemo {
+    /// The next pass redoes every step (a write of the last plan failed).
+    pub fn redo_everything(&mut self) {
+        if let Some(d) = &mut self.dirty {
+            d.global = true;
+        }
+    }
+
     /// What changed since the last pass, when only pods, grants and
     /// reports did (and the settings are the same); clears it for the next.
     fn take_dirty(&mut self, cfg: &ControllerConfig) -> Option<Dirty> {
@@ -73,7 +80,15 @@ pub fn reconcile_with(
     memo: &mut ReconcileMemo,
 ) -> Plan {
     let since = memo.take_dirty(cfg);
-    let policies = view.policy_views();
+    // A partial pass with no pod changed reads no policy.
+    let reads_policies = since.as_ref().is_none_or(|d| !d.pod_nodes.is_empty())
+        || memo.structure.is_none()
+        || !memo.workers.is_built();
+    let policies = if reads_policies {
+        view.policy_views()
+    } else {
+        Vec::new()
+    };
     let workers_of = memo
         .workers
         .update(view, &policies, since.as_ref().map(|d| &d.pod_nodes));
@@ -192,7 +207,7 @@ fn check_gateways(gateways: &[&EgressGateway], cfg: &ControllerConfig, plan: &mu
             }
             status.conditions.push(c);
         }
-        plan.gateways.insert(name, status);
+        plan.gateways_mut().insert(name, status);
     }
     accepted
         .into_iter()
@@ -250,7 +265,7 @@ fn check_policy(
     pools: &Pools,
     plan: &mut Plan,
 ) -> Option<String> {
-    plan.policies
+    plan.policies_mut()
         .insert((p.kind, p.key.clone()), EgressPolicyStatus::default());
     let gw = view.gateway_for(p.fields.gateway);
     let problems = validate::policy(&p.fields, gw);
@@ -284,7 +299,7 @@ fn check_policy(
             "GatewayInvalid",
             format!("spec.egressGatewayName: gateway {gw_name} is invalid (see its status)"),
         );
-        plan.policies
+        plan.policies_mut()
             .get_mut(&(p.kind, p.key.clone()))
             .expect("planned above")
             .conditions

@@ -1,7 +1,7 @@
 //! The thin async loop: leader election, heartbeat monitoring, reconcile,
 //! and writing only what changed. Only the leader writes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -114,9 +114,22 @@ pub async fn write_plan_stored(
     view: &ClusterView,
     plan: &Plan,
 ) -> Result<Vec<Stored>> {
+    write_plan_parts(ds, view, plan, true).await
+}
+
+/// [`write_plan_stored`], comparing the gateways' and policies' statuses
+/// with the view only when `statuses` (a partial pass's are the pass
+/// before's, which that pass found written).
+async fn write_plan_parts(
+    ds: &dyn Datastore,
+    view: &ClusterView,
+    plan: &Plan,
+    statuses: bool,
+) -> Result<Vec<Stored>> {
     use futures::stream::{self, TryStreamExt};
     let created = create_tunnels(ds, &plan.new_tunnels).await?;
-    let written: Vec<Option<Stored>> = stream::iter(status_writes(view, plan).into_iter().map(Ok))
+    let writes = status_writes(view, plan, statuses);
+    let written: Vec<Option<Stored>> = stream::iter(writes.into_iter().map(Ok))
         .map_ok(|(kind, key, p)| async move {
             match ds.write_status(kind, &key, &p).await {
                 Ok(s) => Ok(Some(s)),
@@ -159,33 +172,28 @@ async fn create_tunnels(ds: &dyn Datastore, nodes: &[String]) -> Result<Vec<Stor
     Ok(created)
 }
 
-/// The status writes of `plan`: the statuses that differ from `view`'s.
-fn status_writes(view: &ClusterView, plan: &Plan) -> Vec<(Kind, ObjectKey, StatusPatch)> {
-    let gw_cur: BTreeMap<&str, _> = view
-        .gateways
-        .iter()
-        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref())))
-        .collect();
-    let pol_cur = policy_statuses(view);
+/// The status writes of `plan`: the statuses that differ from `view`'s
+/// (the gateways' and policies' only with `statuses`).
+fn status_writes(
+    view: &ClusterView,
+    plan: &Plan,
+    statuses: bool,
+) -> Vec<(Kind, ObjectKey, StatusPatch)> {
     let mut writes: Vec<(Kind, ObjectKey, StatusPatch)> = Vec::new();
-    for (name, st) in &plan.gateways {
-        if gw_cur.get(name.as_str()).copied().flatten() != Some(st) {
-            writes.push((
-                Kind::EgressGateway,
-                ObjectKey::cluster(name),
-                patch(GATEWAY_FIELDS, json!(st)),
-            ));
-        }
-    }
-    for ((kind, key), st) in &plan.policies {
-        if pol_cur.get(&(*kind, key.clone())).copied().flatten() != Some(st) {
-            writes.push((*kind, key.clone(), patch(POLICY_FIELDS, json!(st))));
-        }
+    if statuses {
+        gateway_and_policy_writes(view, plan, &mut writes);
     }
     // Port-block grants: only the nodes whose grants changed (a few hundred
     // bytes each), never every grant of a gateway.
+    let tunnels: HashMap<&str, &crate::api::EgressTunnel> = view
+        .tunnels
+        .iter()
+        .filter_map(|t| Some((t.metadata.name.as_deref()?, t)))
+        .collect();
     for (node, g) in &plan.tunnels {
-        let Some(t) = view.tunnel(node) else { continue };
+        let Some(t) = tunnels.get(node.as_str()) else {
+            continue;
+        };
         let (size, blocks) = t
             .status
             .as_ref()
@@ -202,32 +210,54 @@ fn status_writes(view: &ClusterView, plan: &Plan) -> Vec<(Kind, ObjectKey, Statu
     writes
 }
 
-/// The statuses of every policy and cluster policy in `view`.
+fn gateway_and_policy_writes(
+    view: &ClusterView,
+    plan: &Plan,
+    writes: &mut Vec<(Kind, ObjectKey, StatusPatch)>,
+) {
+    let gw_cur: HashMap<&str, _> = view
+        .gateways
+        .iter()
+        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref())))
+        .collect();
+    for (name, st) in plan.gateways.iter() {
+        if gw_cur.get(name.as_str()).copied().flatten() != Some(st) {
+            writes.push((
+                Kind::EgressGateway,
+                ObjectKey::cluster(name),
+                patch(GATEWAY_FIELDS, json!(st)),
+            ));
+        }
+    }
+    let pol_cur = policy_statuses(view);
+    for ((kind, key), st) in plan.policies.iter() {
+        let cur = pol_cur.get(&(*kind, key.namespace.as_str(), key.name.as_str()));
+        if cur.copied().flatten() != Some(st) {
+            writes.push((*kind, key.clone(), patch(POLICY_FIELDS, json!(st))));
+        }
+    }
+}
+
+/// The statuses of every policy and cluster policy in `view`, by kind,
+/// namespace and name.
 fn policy_statuses(
     view: &ClusterView,
-) -> BTreeMap<(Kind, ObjectKey), Option<&crate::api::EgressPolicyStatus>> {
+) -> HashMap<(Kind, &str, &str), Option<&crate::api::EgressPolicyStatus>> {
+    fn name(m: &kube::core::ObjectMeta) -> &str {
+        m.name.as_deref().unwrap_or("")
+    }
     view.policies
         .iter()
         .map(|p| {
+            let ns = p.metadata.namespace.as_deref().unwrap_or("");
             (
-                (
-                    Kind::EgressPolicy,
-                    ObjectKey::namespaced(
-                        p.metadata.namespace.clone().unwrap_or_default(),
-                        p.metadata.name.clone().unwrap_or_default(),
-                    ),
-                ),
+                (Kind::EgressPolicy, ns, name(&p.metadata)),
                 p.status.as_ref(),
             )
         })
         .chain(view.cluster_policies.iter().map(|p| {
-            (
-                (
-                    Kind::EgressClusterPolicy,
-                    ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
-                ),
-                p.status.as_ref(),
-            )
+            let key = (Kind::EgressClusterPolicy, "", name(&p.metadata));
+            (key, p.status.as_ref())
         }))
         .collect()
 }
@@ -319,14 +349,27 @@ pub async fn tick_cached_report(
     let mut n = write_phases(ds, cache, &changes).await?;
     let t = std::time::Instant::now();
     let kept = (cache.memo.grants.decided, cache.memo.grants.reused);
+    let partial = cache.memo.partial_passes;
     let plan = reconcile_with(&cache.view, &cfg.controller, &mut cache.memo);
+    let partial = cache.memo.partial_passes > partial;
     let reconciled = t.elapsed();
-    let written = write_plan_stored(ds, &cache.view, &plan).await?;
+    // A partial pass follows a pass that wrote no gateway or policy status
+    // (each write puts one into the cache, which redoes the structure), or
+    // found them all as planned: they are as planned now too. After a
+    // failed write, the next pass redoes and compares everything.
+    let written = match write_plan_parts(ds, &cache.view, &plan, !partial).await {
+        Ok(w) => w,
+        Err(e) => {
+            cache.memo.redo_everything();
+            return Err(e);
+        }
+    };
     tracing::debug!(
         reconcile_ms = reconciled.as_secs_f64() * 1e3,
         write_ms = (t.elapsed() - reconciled).as_secs_f64() * 1e3,
         addresses_decided = cache.memo.grants.decided - kept.0,
         addresses_reused = cache.memo.grants.reused - kept.1,
+        partial,
         objects = written.len(),
         bytes = written
             .iter()

@@ -52,6 +52,11 @@ impl WorkersMemo {
         &self.of
     }
 
+    /// Whether a pass built it (so a pass may update it by nodes).
+    pub fn is_built(&self) -> bool {
+        self.built
+    }
+
     fn rebuild(&mut self, view: &ClusterView, policies: &[PolicyView<'_>]) {
         *self = Self {
             built: true,
@@ -70,6 +75,9 @@ impl WorkersMemo {
             if let Some(w) = self.of.get_mut(&key) {
                 w.changed = false;
             }
+        }
+        if nodes.is_empty() {
+            return;
         }
         for n in nodes {
             for i in self.by_node.remove(n).unwrap_or_default() {
