@@ -170,8 +170,7 @@ impl ViewCache {
                     put(v, s, Put::Replace);
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
                     if let (Some(d), Some(o), Some(n)) = (&mut self.memo.dirty, &old, new) {
-                        d.tunnel_entries(o);
-                        d.tunnel_entries(n);
+                        d.tunnel_change(o, n);
                         // A node asking for a newer epoch moves the structure.
                         let asked = |t: &EgressTunnel| {
                             t.status.as_ref().map(|s| s.awaiting_reconfirmation.clone())

@@ -4,9 +4,9 @@
 //! grants or reports changed at some node. Anything else redoes the whole
 //! pass. Recorded by the view cache as it applies each change.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use crate::api::EgressTunnel;
+use crate::api::{EgressTunnel, EipPortBlocks, EipPortUse};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dirty {
@@ -28,13 +28,19 @@ impl Dirty {
         }
     }
 
-    /// Marks the addresses `t` holds blocks of or reports use of.
-    pub fn tunnel_entries(&mut self, t: &EgressTunnel) {
-        let Some(s) = &t.status else { return };
-        let blocks = s.port_blocks.iter().map(|b| (&b.gateway, &b.eip));
-        let reports = s.port_use.iter().map(|u| (&u.gateway, &u.eip));
-        for (gw, eip) in blocks.chain(reports) {
-            self.addresses.insert((gw.clone(), eip.clone()));
+    /// Marks the addresses whose grant or report differs between two
+    /// versions of a node's tunnel.
+    pub fn tunnel_change(&mut self, old: &EgressTunnel, new: &EgressTunnel) {
+        let (a, b) = (entries(old), entries(new));
+        for (key, entry) in &a {
+            if b.get(key) != Some(entry) {
+                self.addresses
+                    .insert((key.0.to_string(), key.1.to_string()));
+            }
+        }
+        for key in b.keys().filter(|k| !a.contains_key(*k)) {
+            self.addresses
+                .insert((key.0.to_string(), key.1.to_string()));
         }
     }
 
@@ -45,4 +51,23 @@ impl Dirty {
             .filter(move |(g, _)| g == gw)
             .map(|(_, a)| a.as_str())
     }
+}
+
+/// A node's grants and reports of one address (one each, unless the
+/// status repeats an address).
+type Entry<'a> = (Vec<&'a EipPortBlocks>, Vec<&'a EipPortUse>);
+
+/// (gateway, address) -> the node's grants and reports of it.
+fn entries(t: &EgressTunnel) -> HashMap<(&str, &str), Entry<'_>> {
+    let mut out: HashMap<(&str, &str), Entry<'_>> = HashMap::new();
+    let Some(s) = &t.status else { return out };
+    for b in &s.port_blocks {
+        let key = (b.gateway.as_str(), b.eip.as_str());
+        out.entry(key).or_default().0.push(b);
+    }
+    for u in &s.port_use {
+        let key = (u.gateway.as_str(), u.eip.as_str());
+        out.entry(key).or_default().1.push(u);
+    }
+    out
 }

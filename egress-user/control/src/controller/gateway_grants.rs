@@ -68,13 +68,20 @@ pub fn grant_ports(
     if let Some(d) = &dirty {
         let kept = memo.last_addresses(name).filter(|a| !d.contains(a));
         addrs.extend(kept.map(str::to_string));
+        // The plan holds the last pass's grants: out with those of the
+        // addresses decided again (or no longer looked at).
+        for a in d {
+            if let Some(old) = memo.last_outcome(name, a) {
+                old.remove_grants(name, a, plan);
+            }
+        }
     }
     let none = BTreeMap::new();
     for addr in &addrs {
         if dirty.as_ref().is_some_and(|d| !d.contains(addr.as_str())) {
             memo.carry(name, addr)
                 .expect("an address not reached was looked at by the last pass")
-                .add_to(cfg, plan);
+                .add_facts(plan);
             continue;
         }
         let range = if input.node_ips.contains(addr) {

@@ -21,8 +21,10 @@ pub struct Plan {
     pub policies: Arc<BTreeMap<(Kind, ObjectKey), EgressPolicyStatus>>,
     /// Port-block grants per node (the EgressTunnel status fields
     /// `portBlocks`, `portBlockSize`), for every node with an EgressTunnel:
-    /// empty grants for a node that holds none.
-    pub tunnels: BTreeMap<String, TunnelGrants>,
+    /// empty grants for a node that holds none. Each node's is shared with
+    /// the controller's memo of the last pass (a partial pass copies only
+    /// those of the nodes it changes).
+    pub tunnels: BTreeMap<String, Arc<TunnelGrants>>,
     /// Nodes without an EgressTunnel: the controller creates one for each
     /// (on Kubernetes the agent may not; on etcd it may have done so first).
     pub new_tunnels: Vec<String>,
@@ -116,6 +118,23 @@ pub struct TunnelGrants {
 }
 
 impl TunnelGrants {
+    /// Puts `grant` among the node's grants, in order (of gateway, then
+    /// address: a node holds one grant per address).
+    pub fn insert(&mut self, size: u16, grant: EipPortBlocks) {
+        self.port_block_size = size;
+        let at = self.port_blocks.partition_point(|g| *g < grant);
+        self.port_blocks.insert(at, grant);
+    }
+
+    /// Takes away the node's grant of `eip` of gateway `gw`, if any.
+    pub fn remove(&mut self, gw: &str, eip: &str) {
+        self.port_blocks
+            .retain(|g| !(g.gateway == gw && g.eip == eip));
+        if self.port_blocks.is_empty() {
+            self.port_block_size = 0;
+        }
+    }
+
     /// The grants as last written into a tunnel's status.
     pub fn of(status: Option<&EgressTunnelStatus>) -> Self {
         status

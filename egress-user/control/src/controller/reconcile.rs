@@ -6,6 +6,7 @@
 //! gateway's own are in [`super::gateway_pass`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::api::{EgressGateway, EgressGatewayStatus, EgressPolicyStatus};
 use crate::datastore::{Event, Kind, ObjectKey};
@@ -18,7 +19,7 @@ use super::config::ControllerConfig;
 use super::dirty::Dirty;
 use super::gateway_grants::{grant_ports, GrantInput};
 use super::gateway_pass::GatewayPass;
-use super::plan::{Plan, TunnelGrants};
+use super::plan::Plan;
 use super::ports::GrantMemo;
 use super::workers::WorkersMemo;
 
@@ -101,6 +102,11 @@ pub fn reconcile_with(
         _ => plan_structure(view, cfg, &policies),
     };
     let mut plan = structure.plan.clone();
+    if since.is_some() {
+        // The grants as the last pass left them; each gateway's step
+        // changes those of the addresses it reaches.
+        plan.tunnels = memo.grants.tunnels.clone();
+    }
     for input in &structure.grants {
         grant_ports(
             view,
@@ -114,9 +120,7 @@ pub fn reconcile_with(
     }
     memo.structure = Some(structure);
     memo.grants.end_pass();
-    for t in plan.tunnels.values_mut() {
-        t.port_blocks.sort();
-    }
+    memo.grants.tunnels = plan.tunnels.clone();
     fold_into(view, &mut plan);
     plan
 }
@@ -166,7 +170,7 @@ fn plan_structure(
 fn plan_tunnels(view: &ClusterView, plan: &mut Plan) {
     for t in &view.tunnels {
         if let Some(n) = &t.metadata.name {
-            plan.tunnels.insert(n.clone(), TunnelGrants::default());
+            plan.tunnels.insert(n.clone(), Arc::default());
         }
     }
     plan.new_tunnels = view

@@ -5,14 +5,15 @@
 //! address whose inputs hash the same gets exactly what deciding it again
 //! would give (the controller's tests check the two side by side).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;
+use std::sync::Arc;
 
 use crate::api::EipPortBlocks;
 use crate::datastore::Event;
 
 use super::super::config::ControllerConfig;
-use super::super::plan::{AddressFact, Plan, PortFact};
+use super::super::plan::{AddressFact, Plan, PortFact, TunnelGrants};
 
 /// Everything one address's grant step adds to a plan.
 #[derive(Clone, Debug, Default)]
@@ -25,16 +26,30 @@ pub(in super::super) struct AddressOutcome {
 }
 
 impl AddressOutcome {
+    /// Adds the outcome to the plan: its facts, events and grants.
     pub fn add_to(&self, cfg: &ControllerConfig, plan: &mut Plan) {
-        plan.addresses.push(self.fact.clone());
-        plan.ports.extend(self.ports.iter().cloned());
-        plan.events.extend(self.events.iter().cloned());
+        self.add_facts(plan);
         for (node, grant) in &self.grants {
             let Some(t) = plan.tunnels.get_mut(node) else {
                 continue;
             };
-            t.port_block_size = cfg.port_block_size;
-            t.port_blocks.push(grant.clone());
+            Arc::make_mut(t).insert(cfg.port_block_size, grant.clone());
+        }
+    }
+
+    /// Adds its facts and events (its grants are in the plan already).
+    pub fn add_facts(&self, plan: &mut Plan) {
+        plan.addresses.push(self.fact.clone());
+        plan.ports.extend(self.ports.iter().cloned());
+        plan.events.extend(self.events.iter().cloned());
+    }
+
+    /// Takes its grants out of the plan.
+    pub fn remove_grants(&self, gw: &str, addr: &str, plan: &mut Plan) {
+        for (node, _) in &self.grants {
+            if let Some(t) = plan.tunnels.get_mut(node) {
+                Arc::make_mut(t).remove(gw, addr);
+            }
         }
     }
 }
@@ -46,6 +61,8 @@ impl AddressOutcome {
 pub struct GrantMemo {
     last: ByAddress,
     this: ByAddress,
+    /// Every node's grants as the last pass planned them.
+    pub(in super::super) tunnels: BTreeMap<String, Arc<TunnelGrants>>,
     /// Addresses decided again, and those taken from the memo, since start.
     pub decided: u64,
     pub reused: u64,
@@ -92,6 +109,11 @@ impl GrantMemo {
             .get(gw)
             .into_iter()
             .flat_map(|m| m.keys().map(String::as_str))
+    }
+
+    /// The last pass's outcome of `addr` of `gw`, if it looked at it.
+    pub(in super::super) fn last_outcome(&self, gw: &str, addr: &str) -> Option<&AddressOutcome> {
+        self.last.get(gw)?.get(addr).map(|(_, o)| o)
     }
 
     /// Whether the last pass looked at `addr` of `gw` (and this one has not

@@ -415,7 +415,7 @@ async fn port_block_grants_go_to_the_tunnel_status_under_their_own_manager() {
     let mut plan = Plan::default();
     plan.tunnels.insert(
         "w1".into(),
-        TunnelGrants {
+        std::sync::Arc::new(TunnelGrants {
             port_block_size: 1024,
             port_blocks: vec![EipPortBlocks {
                 gateway: "g".into(),
@@ -423,7 +423,7 @@ async fn port_block_grants_go_to_the_tunnel_status_under_their_own_manager() {
                 blocks: vec![1],
                 ..Default::default()
             }],
-        },
+        }),
     );
     let call = tokio::spawn(async move { write_plan_stored(&ds, &view, &plan).await });
     let grants = json!({"portBlocks": [{"gateway": "g", "eip": "10.0.0.1", "blocks": [1]}],
