@@ -5,7 +5,7 @@
 //! reports changed reuses it and runs this step alone; such a pass also
 //! keeps the last outcome of every address those changes do not reach.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::datastore::{Kind, ObjectKey};
 use crate::view::ClusterView;
@@ -14,7 +14,7 @@ use super::config::{whole_blocks, ControllerConfig};
 use super::dirty::Dirty;
 use super::plan::Plan;
 use super::ports::{grant_address, Claim, GrantMemo, Holders};
-use super::workers::WorkersOf;
+use super::workers::{WorkersMemo, WorkersOf};
 
 /// What a gateway's port-block step reads of the rest of its pass.
 #[derive(Clone, Debug, Default)]
@@ -25,6 +25,8 @@ pub struct GrantInput {
     pub node_ips: BTreeSet<String>,
     /// Every address some unit uses.
     pub addresses: BTreeSet<String>,
+    /// policy -> the indices of the units it uses.
+    pub units_of: HashMap<(Kind, ObjectKey), Vec<usize>>,
 }
 
 /// One unit's addresses and the policies using it, with their claims.
@@ -46,11 +48,12 @@ pub fn grant_ports(
     view: &ClusterView,
     cfg: &ControllerConfig,
     input: &GrantInput,
-    workers_of: &WorkersOf,
+    workers: &WorkersMemo,
     since: Option<&Dirty>,
     memo: &mut GrantMemo,
     plan: &mut Plan,
 ) {
+    let workers_of = workers.of();
     let eip_blocks = whole_blocks(cfg.first_port, u16::MAX, cfg.port_block_size);
     let node_ip_blocks = whole_blocks(
         cfg.node_ip_ports.0,
@@ -58,7 +61,7 @@ pub fn grant_ports(
         cfg.port_block_size,
     );
     let name = input.gateway.as_str();
-    let dirty = since.map(|s| reached(input, workers_of, s, memo));
+    let dirty = since.map(|s| reached(input, workers.changed(), s, memo));
     let demand = demand(input, workers_of, dirty.as_ref());
     let holders = Holders::new(view, name, dirty.as_ref());
     // Addresses some worker still holds (draining) though no policy uses
@@ -99,18 +102,14 @@ pub fn grant_ports(
 /// changed, and any the last pass did not look at.
 fn reached<'i>(
     input: &'i GrantInput,
-    workers_of: &WorkersOf,
+    changed_workers: &[(Kind, ObjectKey)],
     since: &'i Dirty,
     memo: &GrantMemo,
 ) -> BTreeSet<&'i str> {
     let mut out: BTreeSet<&str> = since.addresses_of(&input.gateway).collect();
-    for u in &input.units {
-        let changed = u
-            .policies
-            .iter()
-            .any(|(key, _)| workers_of.get(key).is_some_and(|w| w.changed));
-        if changed {
-            out.extend(u.addresses.iter().map(String::as_str));
+    for key in changed_workers {
+        for &i in input.units_of.get(key).into_iter().flatten() {
+            out.extend(input.units[i].addresses.iter().map(String::as_str));
         }
     }
     let unseen = input.addresses.iter().map(String::as_str);

@@ -318,7 +318,7 @@ impl<'a> GatewayPass<'a> {
                 u.addresses().cloned().collect()
             };
             out.addresses.extend(addresses.iter().cloned());
-            let policies = ps
+            let policies: Vec<_> = ps
                 .iter()
                 .map(|p| {
                     let claim: Claim = (
@@ -328,6 +328,12 @@ impl<'a> GatewayPass<'a> {
                     ((p.kind, p.key.clone()), claim)
                 })
                 .collect();
+            for (key, _) in &policies {
+                out.units_of
+                    .entry(key.clone())
+                    .or_default()
+                    .push(out.units.len());
+            }
             out.units.push(UnitUse {
                 addresses,
                 policies,

@@ -90,8 +90,7 @@ pub fn reconcile_with(
     } else {
         Vec::new()
     };
-    let workers_of = memo
-        .workers
+    memo.workers
         .update(view, &policies, since.as_ref().map(|d| &d.pod_nodes));
     // Nothing the structure reads changed: it is the last pass's.
     let structure = match (&since, memo.structure.take()) {
@@ -105,14 +104,16 @@ pub fn reconcile_with(
     if since.is_some() {
         // The grants as the last pass left them; each gateway's step
         // changes those of the addresses it reaches.
-        plan.tunnels = memo.grants.tunnels.clone();
+        // Taken, not copied: a node's grants are then changed in place
+        // (once the caller has let go of the last plan).
+        plan.tunnels = std::mem::take(&mut memo.grants.tunnels);
     }
     for input in &structure.grants {
         grant_ports(
             view,
             cfg,
             input,
-            workers_of,
+            &memo.workers,
             since.as_ref(),
             &mut memo.grants,
             &mut plan,

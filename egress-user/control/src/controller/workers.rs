@@ -44,12 +44,21 @@ impl WorkersMemo {
         view: &ClusterView,
         policies: &[PolicyView<'_>],
         pod_nodes: Option<&BTreeSet<String>>,
-    ) -> &WorkersOf {
+    ) {
         match pod_nodes.filter(|_| self.built) {
             Some(nodes) => self.update_nodes(view, policies, nodes),
             None => self.rebuild(view, policies),
         }
+    }
+
+    /// The workers of every policy, as the last update left them.
+    pub fn of(&self) -> &WorkersOf {
         &self.of
+    }
+
+    /// The policies whose workers changed in the last update.
+    pub fn changed(&self) -> &[(Kind, ObjectKey)] {
+        &self.marked
     }
 
     /// Whether a pass built it (so a pass may update it by nodes).
