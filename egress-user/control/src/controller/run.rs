@@ -42,8 +42,9 @@ pub struct RunConfig {
     pub lease_ttl: Duration,
     pub timers: FailoverTimers,
     pub controller: ControllerConfig,
-    /// After a change wakes the loop, how long to gather further changes
-    /// into the same pass (heartbeat timeouts are not delayed by this).
+    /// After a change wakes the loop, how long at most to gather further
+    /// changes into the same pass: as long as the last pass took, up to
+    /// this (heartbeat timeouts are not delayed by this).
     pub coalesce: Duration,
     /// Nodes whose datapath probe is down, kept current by a prober; a
     /// change wakes the loop at once.
@@ -586,9 +587,11 @@ async fn lead_while_leader<F: Future<Output = ()>>(
             let _ = ds.fence(None).await;
             return Led::Lost;
         }
+        let started = Instant::now();
         if !pass_as_leader(ds, view, &mut monitor, cfg, stats).await {
             return Led::Lost;
         }
+        let gather = coalesce_wait(cfg.coalesce, started.elapsed());
         let grace = stale_tunnel_grace(&cfg.timers);
         for (node, revision) in stale.due(&view.view, std::time::Instant::now(), grace) {
             remove_stale_tunnel(ds, &node, revision, grace).await;
@@ -609,8 +612,8 @@ async fn lead_while_leader<F: Future<Output = ()>>(
             batch = view.next_batch() => match batch {
                 Some(Ok(_)) => {
                     // Gather what follows closely into the same pass.
-                    if !cfg.coalesce.is_zero() {
-                        tokio::time::sleep(cfg.coalesce).await;
+                    if !gather.is_zero() {
+                        tokio::time::sleep(gather).await;
                         while let Some(Some(b)) = futures::FutureExt::now_or_never(view.next_batch()) {
                             if let Err(e) = b {
                                 tracing::warn!("watch: {e}; listing again");
@@ -629,6 +632,14 @@ async fn lead_while_leader<F: Future<Output = ()>>(
             },
         }
     }
+}
+
+/// How long to gather changes before the next pass: as long as the last
+/// pass took, at most `most`. A burst of changes then costs at most about
+/// half the loop's time in passes, and a lone change after a cheap pass
+/// (a partial one: a few milliseconds) is not held for the whole wait.
+fn coalesce_wait(most: Duration, last_pass: Duration) -> Duration {
+    most.min(last_pass)
 }
 
 /// One counted pass as leader; `false` when a write was fenced off
@@ -713,5 +724,18 @@ async fn complete_indexes(ds: &dyn Datastore, identity: &str) -> bool {
             );
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod coalesce_tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_follows_the_last_pass_up_to_the_setting() {
+        let ms = Duration::from_millis;
+        assert_eq!(coalesce_wait(ms(50), ms(3)), ms(3));
+        assert_eq!(coalesce_wait(ms(50), ms(400)), ms(50));
+        assert_eq!(coalesce_wait(Duration::ZERO, ms(400)), Duration::ZERO);
     }
 }
