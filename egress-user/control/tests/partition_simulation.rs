@@ -100,7 +100,7 @@ impl Simulation {
         };
         let clock0 = tokio::time::Instant::now();
         let mut monitor = HeartbeatMonitor::new(clock0.into_std());
-        let mut cache = ViewCache::start(&ds).await.unwrap();
+        let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
         // The controller's first pass, at T = 0: "a" gets the EIP, epoch 1.
         tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
             .await

@@ -69,7 +69,7 @@ impl Controller {
 async fn a_dead_datapath_with_a_healthy_heartbeat_evicts() {
     let timers = FailoverTimers::default();
     let ds = fixture::two_gateway_nodes("10.0.0.1", ["gw1", "gw2"]).await;
-    let cache = ViewCache::start(&ds).await.unwrap();
+    let cache = ViewCache::start_for_controller(&ds).await.unwrap();
     let cfg = RunConfig {
         timers,
         ..Default::default()

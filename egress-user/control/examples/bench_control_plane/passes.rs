@@ -33,7 +33,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 async fn catch_up(ds: &MemoryDatastore, cache: &mut ViewCache) {
     while let Some(b) = cache.next_batch().now_or_never() {
         if b.expect("watches open").is_err() {
-            *cache = ViewCache::start(ds).await.unwrap();
+            *cache = ViewCache::start_for_controller(ds).await.unwrap();
             return;
         }
     }
@@ -58,7 +58,7 @@ pub async fn measure(size: Size) -> Map<String, Value> {
     let ds = MemoryDatastore::new();
     seed(&ds, size).await;
     let cfg = ControllerConfig::default();
-    let mut cache = ViewCache::start(&ds).await.unwrap();
+    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
     for _ in 0..SETTLE_PASSES {
         let n = leader_pass(&ds, &mut cache, &cfg).await;
         catch_up(&ds, &mut cache).await;

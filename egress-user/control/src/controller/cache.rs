@@ -115,14 +115,21 @@ impl ViewCache {
         }
         // Kinds with no object were never put: mark them too.
         view.generations.touch_all();
-        let mut memo = super::ReconcileMemo::default();
-        memo.dirty = Some(Dirty::everything());
         Ok(Self {
             view,
-            memo,
+            memo: Default::default(),
             watches,
             stash: VecDeque::new(),
         })
+    }
+
+    /// [`ViewCache::start`], also recording what changes between the
+    /// controller's passes, so a pass redoes only what changed (see
+    /// `dirty.rs`). Agents have no use for it.
+    pub async fn start_for_controller(ds: &dyn Datastore) -> Result<Self> {
+        let mut cache = Self::start(ds).await?;
+        cache.memo.dirty = Some(Dirty::everything());
+        Ok(cache)
     }
 
     /// The view, and a probe that says whether a change is waiting.

@@ -121,7 +121,7 @@ async fn after_a_failed_write_the_next_pass_writes_every_status() {
         .await;
     let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let cfg = RunConfig::default();
-    let mut cache = ViewCache::start(&ds).await.unwrap();
+    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
     ds.inject_conflicts(1000);
     let failed = tick_cached_report(&ds, &mut cache, &mut monitor, &cfg).await;
     assert!(failed.is_err(), "every status write fails");

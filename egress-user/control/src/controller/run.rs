@@ -570,7 +570,7 @@ async fn lead_while_leader<F: Future<Output = ()>>(
     loop {
         let view = match &mut cache {
             Some(c) => c,
-            None => match ViewCache::start(ds).await {
+            None => match ViewCache::start_for_controller(ds).await {
                 Ok(c) => cache.insert(c),
                 Err(e) => {
                     step_down(ds, lead, stats, &format!("listing: {e}")).await;

@@ -218,7 +218,7 @@ pub(crate) async fn cached_pass_agrees(ds: &MemoryDatastore, cfg: &ControllerCon
         .filter(|(at, _)| *at == id);
     let mut cache = match kept {
         Some((_, c)) => c,
-        None => ViewCache::start(ds).await.unwrap(),
+        None => ViewCache::start_for_controller(ds).await.unwrap(),
     };
     loop {
         match cache.next_batch().now_or_never() {
@@ -226,7 +226,7 @@ pub(crate) async fn cached_pass_agrees(ds: &MemoryDatastore, cfg: &ControllerCon
             Some(Some(Ok(_))) => {}
             // Fell behind, or the datastore is gone: start over.
             Some(_) => {
-                cache = ViewCache::start(ds).await.unwrap();
+                cache = ViewCache::start_for_controller(ds).await.unwrap();
                 break;
             }
         }
@@ -902,7 +902,7 @@ async fn status_writes_survive_conflicts_and_invalid_objects_harm_nothing() {
     // The loop's next pass retries from fresh state and gets through.
     let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
     let cfg = RunConfig::default();
-    let mut cache = ViewCache::start(&ds).await.unwrap();
+    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
     let mut tries = 0;
     while tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
         .await
@@ -956,7 +956,7 @@ async fn heartbeat_timeout_and_recovery() {
         ..Default::default()
     };
     let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
-    let mut cache = ViewCache::start(&ds).await.unwrap();
+    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
     for n in ["n1", "n2"] {
         ds.renew_heartbeat(n, Duration::from_secs(1)).await.unwrap();
     }
@@ -1060,7 +1060,7 @@ async fn cached_passes_see_their_own_writes_at_once() {
         .await;
     let cfg = RunConfig::default();
     let mut mon = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
-    let mut cache = ViewCache::start(&ds).await.unwrap();
+    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
     assert!(
         tick_cached_report(&ds, &mut cache, &mut mon, &cfg)
             .await
