@@ -98,9 +98,17 @@ pub struct ControllerArgs {
     /// the reflectors run elsewhere): EgressGateways may be ActiveActive.
     #[arg(long, action = clap::ArgAction::Set, default_value_t = false)]
     pub bgp_announcements: bool,
+    /// After a change, the longest the controller gathers further changes
+    /// before its next pass (it waits as long as its last pass took, up to
+    /// this): lower answers sooner, higher folds a burst into fewer passes.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub coalesce: Duration,
     #[command(flatten)]
     pub bgp: super::bgp::BgpArgs,
 }
+
+/// The longest `--coalesce` the controller accepts.
+const MAX_COALESCE: Duration = Duration::from_secs(5);
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let timers = FailoverTimers::new(
@@ -117,6 +125,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         (1..=65536).contains(&args.max_ports_per_node),
         "--max-ports-per-node: {} must be from 1 to 65536 (the ports of one EIP)",
         args.max_ports_per_node
+    );
+    anyhow::ensure!(
+        args.coalesce <= MAX_COALESCE,
+        "--coalesce: {:?} is more than {MAX_COALESCE:?}: every change would wait that long",
+        args.coalesce
     );
     check_node_ip_range(
         args.node_ip_port_range,
@@ -147,6 +160,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             max_ports_per_node: args.max_ports_per_node,
             bgp: args.bgp_enabled || args.bgp_announcements,
         },
+        coalesce: args.coalesce,
         ..Default::default()
     };
     let mut cfg = cfg;

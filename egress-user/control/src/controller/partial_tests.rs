@@ -132,3 +132,52 @@ async fn after_a_failed_write_the_next_pass_writes_every_status() {
     let st = policy_status(&ds, "p").await;
     assert_eq!((st.eip.ipv4.as_str(), st.node.as_str()), ("10.0.0.1", "gw"));
 }
+
+/// A policy an agent reports over its datapath's capacity gets its
+/// condition written, though nothing but a report changed.
+#[tokio::test]
+async fn a_report_over_capacity_is_written_into_the_policy_status() {
+    use super::{tick_cached_report, HeartbeatMonitor, RunConfig, ViewCache};
+    use crate::api::PolicyOverCapacity;
+    use crate::registration::publish_over_capacity;
+    let ds = super::tests::one_eip_gateway(&["w1"])
+        .g1_policy("p", 1, json!({}), "web")
+        .pod("a", "web", "w1", "10.244.1.2")
+        .create()
+        .await;
+    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
+    let cfg = RunConfig::default();
+    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
+    // As the leader's loop: a pass, then the changes that came meanwhile,
+    // until a pass writes nothing (the next is partial).
+    for round in 0.. {
+        let r = tick_cached_report(&ds, &mut cache, &mut monitor, &cfg).await;
+        while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
+            b.unwrap();
+        }
+        if r.unwrap().writes == 0 {
+            break;
+        }
+        assert!(round < 10, "the passes never settle");
+    }
+    let report = PolicyOverCapacity {
+        kind: "EgressPolicy".into(),
+        namespace: "default".into(),
+        name: "p".into(),
+        limit: "destinationCIDRs".into(),
+        count: 20000,
+        max: 16384,
+    };
+    publish_over_capacity(&ds, "w1", &[report]).await.unwrap();
+    while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
+        b.unwrap();
+    }
+    tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
+        .await
+        .unwrap();
+    let st = policy_status(&ds, "p").await;
+    assert!(
+        st.conditions.iter().any(|c| c.reason == "OverCapacity"),
+        "{st:?}"
+    );
+}
