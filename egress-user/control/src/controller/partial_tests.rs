@@ -5,12 +5,12 @@
 use serde_json::json;
 
 use super::tests::{cached_pass_agrees, grants, pass, pod, policy_status, Setup};
-use super::ControllerConfig;
-use crate::api::{EipPortUse, PodRecord, TunnelPhase};
+use super::{tick_cached_report, ControllerConfig, HeartbeatMonitor, RunConfig, ViewCache};
+use crate::api::{EipPortUse, PodRecord, PolicyOverCapacity, TunnelPhase};
 use crate::datastore::memory::MemoryDatastore;
 use crate::datastore::typed::pod_object;
 use crate::datastore::{Datastore, Kind, ObjectKey};
-use crate::registration::publish_port_use;
+use crate::registration::{publish_over_capacity, publish_port_use};
 
 /// Creates `p`, or replaces the pod of its name.
 async fn put_pod(ds: &MemoryDatastore, p: &PodRecord) {
@@ -109,27 +109,55 @@ async fn pod_grant_and_report_changes_redo_only_their_addresses() {
     partial_then_written(&ds, "a deleted pod").await;
 }
 
+/// The leader's side of a cluster of one gateway node, one worker, one
+/// policy with one pod: its cache, monitor and settings.
+struct Leader {
+    ds: MemoryDatastore,
+    monitor: HeartbeatMonitor,
+    cfg: RunConfig,
+    cache: ViewCache,
+}
+
+impl Leader {
+    async fn new() -> Self {
+        let ds = super::tests::one_eip_gateway(&["w1"])
+            .g1_policy("p", 1, json!({}), "web")
+            .pod("a", "web", "w1", "10.244.1.2")
+            .create()
+            .await;
+        let cache = ViewCache::start_for_controller(&ds).await.unwrap();
+        Self {
+            ds,
+            monitor: HeartbeatMonitor::new(tokio::time::Instant::now().into_std()),
+            cfg: RunConfig::default(),
+            cache,
+        }
+    }
+
+    /// As the leader's loop: a pass, then the changes that came meanwhile.
+    async fn tick(&mut self) -> crate::datastore::Result<usize> {
+        let r = tick_cached_report(&self.ds, &mut self.cache, &mut self.monitor, &self.cfg).await;
+        self.catch_up();
+        Ok(r?.writes)
+    }
+
+    fn catch_up(&mut self) {
+        while let Some(Some(b)) = futures::FutureExt::now_or_never(self.cache.next_batch()) {
+            b.unwrap();
+        }
+    }
+}
+
 /// After a pass whose writes failed, the next pass (nothing changed in
 /// between) compares and writes every status again.
 #[tokio::test]
 async fn after_a_failed_write_the_next_pass_writes_every_status() {
-    use super::{tick_cached_report, HeartbeatMonitor, RunConfig, ViewCache};
-    let ds = super::tests::one_eip_gateway(&["w1"])
-        .g1_policy("p", 1, json!({}), "web")
-        .pod("a", "web", "w1", "10.244.1.2")
-        .create()
-        .await;
-    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
-    let cfg = RunConfig::default();
-    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
-    ds.inject_conflicts(1000);
-    let failed = tick_cached_report(&ds, &mut cache, &mut monitor, &cfg).await;
-    assert!(failed.is_err(), "every status write fails");
-    ds.inject_conflicts(0);
-    tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
-        .await
-        .unwrap();
-    let st = policy_status(&ds, "p").await;
+    let mut leader = Leader::new().await;
+    leader.ds.inject_conflicts(1000);
+    assert!(leader.tick().await.is_err(), "every status write fails");
+    leader.ds.inject_conflicts(0);
+    leader.tick().await.unwrap();
+    let st = policy_status(&leader.ds, "p").await;
     assert_eq!((st.eip.ipv4.as_str(), st.node.as_str()), ("10.0.0.1", "gw"));
 }
 
@@ -137,25 +165,10 @@ async fn after_a_failed_write_the_next_pass_writes_every_status() {
 /// condition written, though nothing but a report changed.
 #[tokio::test]
 async fn a_report_over_capacity_is_written_into_the_policy_status() {
-    use super::{tick_cached_report, HeartbeatMonitor, RunConfig, ViewCache};
-    use crate::api::PolicyOverCapacity;
-    use crate::registration::publish_over_capacity;
-    let ds = super::tests::one_eip_gateway(&["w1"])
-        .g1_policy("p", 1, json!({}), "web")
-        .pod("a", "web", "w1", "10.244.1.2")
-        .create()
-        .await;
-    let mut monitor = HeartbeatMonitor::new(tokio::time::Instant::now().into_std());
-    let cfg = RunConfig::default();
-    let mut cache = ViewCache::start_for_controller(&ds).await.unwrap();
-    // As the leader's loop: a pass, then the changes that came meanwhile,
-    // until a pass writes nothing (the next is partial).
+    let mut leader = Leader::new().await;
+    // Until a pass writes nothing: the next is partial.
     for round in 0.. {
-        let r = tick_cached_report(&ds, &mut cache, &mut monitor, &cfg).await;
-        while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
-            b.unwrap();
-        }
-        if r.unwrap().writes == 0 {
+        if leader.tick().await.unwrap() == 0 {
             break;
         }
         assert!(round < 10, "the passes never settle");
@@ -168,14 +181,12 @@ async fn a_report_over_capacity_is_written_into_the_policy_status() {
         count: 20000,
         max: 16384,
     };
-    publish_over_capacity(&ds, "w1", &[report]).await.unwrap();
-    while let Some(Some(b)) = futures::FutureExt::now_or_never(cache.next_batch()) {
-        b.unwrap();
-    }
-    tick_cached_report(&ds, &mut cache, &mut monitor, &cfg)
+    publish_over_capacity(&leader.ds, "w1", &[report])
         .await
         .unwrap();
-    let st = policy_status(&ds, "p").await;
+    leader.catch_up();
+    leader.tick().await.unwrap();
+    let st = policy_status(&leader.ds, "p").await;
     assert!(
         st.conditions.iter().any(|c| c.reason == "OverCapacity"),
         "{st:?}"
