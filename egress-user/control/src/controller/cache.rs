@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use futures::stream::{SelectAll, StreamExt};
 
-use crate::api::{EgressTunnel, EipEpoch, PolicyOverCapacity};
+use crate::api::EgressTunnel;
 use crate::datastore::typed::pod_record;
 use crate::datastore::{Datastore, Kind, Result, Stored, WatchEvent, WatchStream};
 use crate::view::{key_of_meta, put, ClusterView, Put};
@@ -64,14 +64,6 @@ fn tunnel_change(old: &EgressTunnel, new: &EgressTunnel) -> TunnelChange {
     } else {
         TunnelChange::Other
     }
-}
-
-/// What an agent reports that the controller's statuses are made of: the
-/// EIPs it asks to have reconfirmed, the policies over its capacity.
-fn structural_reports(t: &EgressTunnel) -> Option<(&Vec<EipEpoch>, &Vec<PolicyOverCapacity>)> {
-    t.status
-        .as_ref()
-        .map(|s| (&s.awaiting_reconfirmation, &s.over_capacity))
 }
 
 /// The view plus the watches that keep it current, and what the
@@ -186,10 +178,6 @@ impl ViewCache {
                     let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
                     if let (Some(d), Some(o), Some(n)) = (&mut self.memo.dirty, &old, new) {
                         d.tunnel_change(o, n);
-                        // A node asking for a newer epoch moves the
-                        // structure; one reporting a policy over its
-                        // datapath's capacity changes that policy's status.
-                        d.global |= structural_reports(o) != structural_reports(n);
                     }
                     let node = s.key.name.clone();
                     match old.zip(new).map(|(o, n)| tunnel_change(&o, n)) {

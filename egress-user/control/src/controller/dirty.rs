@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::api::{EgressTunnel, EipPortBlocks, EipPortUse};
+use crate::api::{EgressTunnel, EipEpoch, EipPortBlocks, EipPortUse, PolicyOverCapacity};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dirty {
@@ -28,9 +28,11 @@ impl Dirty {
         }
     }
 
-    /// Marks the addresses whose grant or report differs between two
-    /// versions of a node's tunnel.
+    /// Marks what differs between two versions of a node's tunnel: the
+    /// addresses whose grant or report differs, and the whole pass when
+    /// what the node reports makes statuses (see [`structural_reports`]).
     pub fn tunnel_change(&mut self, old: &EgressTunnel, new: &EgressTunnel) {
+        self.global |= structural_reports(old) != structural_reports(new);
         let (a, b) = (entries(old), entries(new));
         for (key, entry) in &a {
             if b.get(key) != Some(entry) {
@@ -51,6 +53,15 @@ impl Dirty {
             .filter(move |(g, _)| g == gw)
             .map(|(_, a)| a.as_str())
     }
+}
+
+/// What an agent reports that the controller's statuses are made of: a
+/// node asking for a newer epoch moves the structure; one reporting a
+/// policy over its datapath's capacity changes that policy's status.
+fn structural_reports(t: &EgressTunnel) -> Option<(&Vec<EipEpoch>, &Vec<PolicyOverCapacity>)> {
+    t.status
+        .as_ref()
+        .map(|s| (&s.awaiting_reconfirmation, &s.over_capacity))
 }
 
 /// A node's grants and reports of one address (one each, unless the

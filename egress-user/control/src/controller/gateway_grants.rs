@@ -102,7 +102,7 @@ pub fn grant_ports(
 /// changed, and any the last pass did not look at.
 fn reached<'i>(
     input: &'i GrantInput,
-    changed_workers: &[(Kind, ObjectKey)],
+    changed_workers: &BTreeSet<(Kind, ObjectKey)>,
     since: &'i Dirty,
     memo: &GrantMemo,
 ) -> BTreeSet<&'i str> {
@@ -134,12 +134,12 @@ fn demand<'w>(
             continue;
         }
         for (key, claim) in &u.policies {
-            let Some(w) = workers_of.get(key).filter(|w| !w.nodes.is_empty()) else {
+            let Some(w) = workers_of.get(key).filter(|w| !w.is_empty()) else {
                 continue;
             };
             for a in &addrs {
                 let at = demand.entry((*a).clone()).or_default();
-                for n in &w.nodes {
+                for n in w {
                     at.entry(n.as_str()).or_default().push(claim.clone());
                 }
             }

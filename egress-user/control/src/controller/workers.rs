@@ -11,15 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::datastore::{Kind, ObjectKey};
 use crate::view::{ClusterView, PolicyIndex, PolicyView};
 
-/// One policy's worker nodes, and whether they changed in this pass.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Workers {
-    pub nodes: BTreeSet<String>,
-    pub changed: bool,
-}
-
-/// The workers of each policy that has or had some.
-pub type WorkersOf = BTreeMap<(Kind, ObjectKey), Workers>;
+/// The worker nodes of each policy that has or had some.
+pub type WorkersOf = BTreeMap<(Kind, ObjectKey), BTreeSet<String>>;
 
 /// The workers of every policy, and per node the policies with a pod there.
 #[derive(Debug, Default)]
@@ -29,8 +22,8 @@ pub struct WorkersMemo {
     /// node -> indices (into the policies of the pass) of the policies
     /// selecting some pod on it.
     by_node: HashMap<String, BTreeSet<usize>>,
-    /// The entries marked changed in the last pass, to clear.
-    marked: Vec<(Kind, ObjectKey)>,
+    /// The policies whose workers the last update changed.
+    changed: BTreeSet<(Kind, ObjectKey)>,
     /// Over the same policies while the memo is kept.
     index: Option<PolicyIndex>,
 }
@@ -57,8 +50,8 @@ impl WorkersMemo {
     }
 
     /// The policies whose workers changed in the last update.
-    pub fn changed(&self) -> &[(Kind, ObjectKey)] {
-        &self.marked
+    pub fn changed(&self) -> &BTreeSet<(Kind, ObjectKey)> {
+        &self.changed
     }
 
     /// Whether a pass built it (so a pass may update it by nodes).
@@ -80,11 +73,7 @@ impl WorkersMemo {
         policies: &[PolicyView<'_>],
         nodes: &BTreeSet<String>,
     ) {
-        for key in std::mem::take(&mut self.marked) {
-            if let Some(w) = self.of.get_mut(&key) {
-                w.changed = false;
-            }
-        }
+        self.changed.clear();
         if nodes.is_empty() {
             return;
         }
@@ -92,9 +81,8 @@ impl WorkersMemo {
             for i in self.by_node.remove(n).unwrap_or_default() {
                 let key = (policies[i].kind, policies[i].key.clone());
                 if let Some(w) = self.of.get_mut(&key) {
-                    w.nodes.remove(n);
-                    w.changed = true;
-                    self.marked.push(key);
+                    w.remove(n);
+                    self.changed.insert(key);
                 }
             }
         }
@@ -130,12 +118,11 @@ impl WorkersMemo {
                     continue;
                 }
                 let key = (policies[i].kind, policies[i].key.clone());
-                let w = self.of.entry(key.clone()).or_default();
-                w.nodes.insert(node.to_string());
-                if !w.changed {
-                    w.changed = true;
-                    self.marked.push(key);
-                }
+                self.of
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(node.to_string());
+                self.changed.insert(key);
             }
         }
         self.index = Some(index);

@@ -92,11 +92,17 @@ impl GrantMemo {
                 (addr.to_string(), decide())
             }
         };
+        self.keep(gw, key, (print, outcome))
+    }
+
+    /// Keeps `entry` for address `key` of `gw` for the next pass.
+    fn keep(&mut self, gw: &str, key: String, entry: (u128, AddressOutcome)) -> &AddressOutcome {
+        // No allocation of the gateway's name per address once it is there.
         if !self.this.contains_key(gw) {
             self.this.insert(gw.to_string(), HashMap::new());
         }
         let this = self.this.get_mut(gw).expect("inserted above");
-        &this.entry(key).insert_entry((print, outcome)).into_mut().1
+        &this.entry(key).insert_entry(entry).into_mut().1
     }
 
     /// The addresses of gateway `gw` the last pass looked at and this one
@@ -128,11 +134,7 @@ impl GrantMemo {
     pub(in super::super) fn carry(&mut self, gw: &str, addr: &str) -> Option<&AddressOutcome> {
         let (key, kept) = self.last.get_mut(gw)?.remove_entry(addr)?;
         self.reused += 1;
-        if !self.this.contains_key(gw) {
-            self.this.insert(gw.to_string(), HashMap::new());
-        }
-        let this = self.this.get_mut(gw).expect("inserted above");
-        Some(&this.entry(key).insert_entry(kept).into_mut().1)
+        Some(self.keep(gw, key, kept))
     }
 
     /// Forgets the addresses this pass did not look at (a gateway or an
