@@ -18,8 +18,9 @@ use crate::datastore::{Kind, ObjectKey};
 use crate::validate::parse_cidr;
 use crate::view::{ClusterView, Generations, PolicyIndex, PolicyView};
 
-/// What [`Prepared`] derives from every kind but pods. It owns its data,
-/// so it can outlive the view it came from (see [`PreparedCache`]).
+/// What [`Prepared`] derives from every kind but pods and the tunnels'
+/// grants. It owns its data, so it can outlive the view it came from (see
+/// [`PreparedCache`]).
 struct Parts {
     /// Precedence order: position -> index into the view's
     /// `policy_views_as_stored`.
@@ -32,9 +33,25 @@ struct Parts {
     ranks: Vec<i32>,
     targets: BTreeMap<u32, PolicyTarget>,
     cluster_cidrs: ClusterCidrs,
+}
+
+/// What [`Prepared`] derives from the gateways, nodes and tunnels with
+/// their grants: rebuilt alone when only grants changed (a grant anywhere
+/// in the cluster changes every gateway candidate's reply steering, and
+/// the rest of the parts grows with the number of policies).
+struct GrantParts {
     gateways: Vec<GatewayParts>,
     /// See [`NodeDesired::port_block_size`].
     block_size: u16,
+}
+
+impl GrantParts {
+    fn new(view: &ClusterView) -> Self {
+        Self {
+            gateways: gateway_parts(view),
+            block_size: grant_block_size(view),
+        }
+    }
 }
 
 /// The view, its policies in order of precedence, and the [`Parts`]
@@ -43,17 +60,20 @@ pub struct Prepared<'a> {
     view: &'a ClusterView,
     views: Vec<PolicyView<'a>>,
     parts: Arc<Parts>,
+    grants: Arc<GrantParts>,
 }
 
 /// Keeps the [`Parts`] of the last view for as long as no kind but pods
-/// changed (by the view's [`Generations`]).
+/// and grants changed, and its [`GrantParts`] while no grant changed
+/// either (by the view's [`Generations`]).
 #[derive(Default)]
 pub struct PreparedCache {
     marks: Generations,
-    parts: Option<Arc<Parts>>,
+    parts: Option<(Arc<Parts>, Arc<GrantParts>)>,
     reused: u64,
     /// Rebuilds after the first, by the kind whose mark moved (several
     /// kinds count once each): what keeps the parts from serving.
+    /// `grants` alone counts the rebuilds of the grant parts only.
     rebuilt_by: BTreeMap<&'static str, u64>,
 }
 
@@ -61,27 +81,38 @@ impl PreparedCache {
     /// The prepared view, from the kept parts when they still hold.
     pub fn prepare<'a>(&mut self, view: &'a ClusterView) -> Prepared<'a> {
         let marks = view.generations;
-        if let Some(parts) = self
+        let kept = self
             .parts
-            .as_ref()
-            .filter(|_| marks.known() && marks == self.marks)
-        {
+            .as_mut()
+            .filter(|_| marks.known() && marks.same_but_grants(&self.marks));
+        if let Some((parts, grants)) = kept {
+            if marks.grants != self.marks.grants {
+                *grants = Arc::new(GrantParts::new(view));
+                *self.rebuilt_by.entry("grants").or_default() += 1;
+                self.marks = marks;
+            }
             let views = in_order(view.policy_views_as_stored(), &parts.order);
             self.reused += 1;
             return Prepared {
                 view,
                 views,
                 parts: parts.clone(),
+                grants: grants.clone(),
             };
         }
         if self.parts.is_some() {
-            for kind in marks.differing(&self.marks) {
+            // Another kind moved too (or the parts would have served).
+            for kind in marks
+                .differing(&self.marks)
+                .into_iter()
+                .filter(|k| *k != "grants")
+            {
                 *self.rebuilt_by.entry(kind).or_default() += 1;
             }
         }
         let p = Prepared::new(view);
         self.marks = marks;
-        self.parts = Some(p.parts.clone());
+        self.parts = Some((p.parts.clone(), p.grants.clone()));
         p
     }
 
@@ -248,13 +279,12 @@ impl<'a> Prepared<'a> {
             ranks,
             targets,
             cluster_cidrs: known_cluster_cidrs(view),
-            gateways: gateway_parts(view),
-            block_size: grant_block_size(view),
         };
         Self {
             view,
             views,
             parts: Arc::new(parts),
+            grants: Arc::new(GrantParts::new(view)),
         }
     }
 
@@ -265,7 +295,7 @@ impl<'a> Prepared<'a> {
         let mut out = NodeDesired {
             node: me.into(),
             cluster_cidrs: parts.cluster_cidrs.clone(),
-            port_block_size: parts.block_size,
+            port_block_size: self.grants.block_size,
             ..Default::default()
         };
         let cc = &mut out.cluster_cidrs;
@@ -341,7 +371,7 @@ impl<'a> Prepared<'a> {
 
     /// Port blocks, reply steering and owned EIPs of node `me`.
     fn add_gateway_parts(&self, me: &str, out: &mut NodeDesired) {
-        for g in &self.parts.gateways {
+        for g in &self.grants.gateways {
             out.gateway_eligible |= g.eligible.contains(me);
             for (eip, ranges) in node_blocks(self.view, &g.name, me) {
                 out.port_blocks.entry(eip).or_default().extend(ranges);

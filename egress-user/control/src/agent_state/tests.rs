@@ -374,3 +374,58 @@ async fn kept_parts_give_what_fresh_ones_give() {
     assert_eq!(again, desired(&c.view, &cfg("w1")));
     assert_eq!(again.policies.len(), 2);
 }
+
+/// A change of a tunnel's grants alone rebuilds only the parts grants make
+/// (the gateway's reply steering, a node's own blocks): the gateway node
+/// steers the new block at once, and both nodes get what a fresh
+/// preparation gives.
+#[tokio::test]
+async fn a_grant_alone_rebuilds_only_the_grant_parts() {
+    use crate::controller::PORT_BLOCK_MANAGER;
+    use crate::datastore::{ObjectKey, StatusPatch};
+    let ds = cluster().await;
+    ds.create(Kind::EgressPolicy, web_policy("p", 1, None, "0.0.0.0/0"))
+        .await
+        .unwrap();
+    pass(&ds).await;
+    let mut c = crate::controller::ViewCache::start(&ds).await.unwrap();
+    let mut cache = PreparedCache::default();
+    let before = cache.prepare(&c.view).node(&cfg("gw"));
+    let held = c.view.tunnel("w1").unwrap().status.clone().unwrap();
+    let mut grant = held.port_blocks[0].clone();
+    let new_block = grant.blocks.iter().max().unwrap() + 1;
+    grant.blocks.push(new_block);
+    let patch = StatusPatch {
+        manager: PORT_BLOCK_MANAGER.into(),
+        owned: vec!["portBlocks".into(), "portBlockSize".into()],
+        status: json!({"portBlocks": [grant], "portBlockSize": held.port_block_size}),
+    };
+    ds.write_status(Kind::EgressTunnel, &ObjectKey::cluster("w1"), &patch)
+        .await
+        .unwrap();
+    follow_until(&mut c, |v| {
+        v.tunnel("w1").unwrap().status.as_ref().unwrap().port_blocks[0]
+            .blocks
+            .contains(&new_block)
+    })
+    .await;
+
+    let prep = cache.prepare(&c.view);
+    let (gw, w1) = (prep.node(&cfg("gw")), prep.node(&cfg("w1")));
+    assert_eq!(cache.reused(), 1, "the policy parts are kept");
+    assert_eq!(
+        cache.rebuilt_by().iter().collect::<Vec<_>>(),
+        [(&"grants", &1)],
+        "only the grant parts are rebuilt"
+    );
+    assert_eq!(gw, desired(&c.view, &cfg("gw")));
+    assert_eq!(w1, desired(&c.view, &cfg("w1")));
+    let eip: IpAddr = grant.eip.parse().unwrap();
+    assert!(!before.reply_steering.contains_key(&(eip, new_block)));
+    assert!(
+        gw.reply_steering.contains_key(&(eip, new_block)),
+        "the gateway steers the new block: {:?}",
+        gw.reply_steering
+    );
+    assert!(w1.port_blocks[&eip].iter().any(|r| r.block == new_block));
+}

@@ -189,7 +189,12 @@ impl ViewCache {
                             v.generations = marks;
                             changed.report_nodes.push(node);
                         }
-                        Some(TunnelChange::Grants) => changed.grant_nodes.push(node),
+                        Some(TunnelChange::Grants) => {
+                            // Only what derives from grants is redone.
+                            v.generations = marks;
+                            v.generations.touch_grants();
+                            changed.grant_nodes.push(node);
+                        }
                         _ => changed.global = true,
                     }
                     return;
@@ -412,6 +417,10 @@ mod tests {
         assert_eq!(first_blocks_of_w1(&c.view), [2]);
         assert!(!c.split().1.any());
         assert_ne!(c.view.generations, marks, "grants are derived from");
+        assert!(
+            c.view.generations.same_but_grants(&marks),
+            "only what derives from grants"
+        );
 
         // What the agent reports concerns only the controller and itself.
         write(

@@ -42,6 +42,10 @@ pub struct Generations {
     pub gateways: u64,
     pub policies: u64,
     pub tunnels: u64,
+    /// The tunnels' port-block grants: moved alone when nothing else of a
+    /// tunnel changed, so what derives from tunnels but not from their
+    /// grants can be kept (see [`Generations::touch_grants`]).
+    pub grants: u64,
     pub nodes: u64,
     pub namespaces: u64,
 }
@@ -49,17 +53,27 @@ pub struct Generations {
 static NEXT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Generations {
-    /// Marks `kind` as changed (pods are not tracked).
+    /// Marks `kind` as changed (pods are not tracked). A tunnel's change
+    /// may be one of its grants too.
     pub fn touch(&mut self, kind: Kind) {
-        let g = NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let g = next_generation();
         match kind {
             Kind::EgressGateway => self.gateways = g,
             Kind::EgressPolicy | Kind::EgressClusterPolicy => self.policies = g,
-            Kind::EgressTunnel => self.tunnels = g,
+            Kind::EgressTunnel => {
+                self.tunnels = g;
+                self.grants = g;
+            }
             Kind::Node => self.nodes = g,
             Kind::Namespace => self.namespaces = g,
             Kind::Pod => {}
         }
+    }
+
+    /// Marks the tunnels' grants alone as changed: a tunnel whose other
+    /// fields are as they were.
+    pub fn touch_grants(&mut self) {
+        self.grants = next_generation();
     }
 
     /// Marks every kind (a fresh list).
@@ -75,6 +89,7 @@ impl Generations {
             ("gateways", self.gateways, other.gateways),
             ("policies", self.policies, other.policies),
             ("tunnels", self.tunnels, other.tunnels),
+            ("grants", self.grants, other.grants),
             ("nodes", self.nodes, other.nodes),
             ("namespaces", self.namespaces, other.namespaces),
         ]
@@ -90,12 +105,25 @@ impl Generations {
             self.gateways,
             self.policies,
             self.tunnels,
+            self.grants,
             self.nodes,
             self.namespaces,
         ]
         .iter()
         .all(|g| *g != 0)
     }
+
+    /// Equal but perhaps for the grants' mark.
+    pub fn same_but_grants(&self, other: &Generations) -> bool {
+        Self {
+            grants: other.grants,
+            ..*self
+        } == *other
+    }
+}
+
+fn next_generation() -> u64 {
+    NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Which gateways count for [`ClusterView::is_gateway_candidate`].
