@@ -55,7 +55,7 @@ pub fn register(reg: &mut Registry, p: &PortFacts) {
         "port_blocks_exhausted",
         "1 while an EIP has no free block for the blocks a worker's use asks for",
     );
-    for w in &p.workers {
+    for w in p.workers.iter().flat_map(|g| g.iter()) {
         let l = labels(&[("gateway", &w.gateway), ("eip", &w.eip), ("node", &w.node)]);
         granted.get_or_create(&l).set(i64::from(w.granted));
         draining.get_or_create(&l).set(i64::from(w.draining));
@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn each_grant_names_its_eip_and_node() {
         let p = PortFacts {
-            workers: vec![PortFact {
+            workers: vec![vec![PortFact {
                 gateway: "g".into(),
                 eip: "10.0.0.1".into(),
                 node: "w1".into(),
@@ -100,7 +100,8 @@ mod tests {
                 block_size: 64,
                 quota_reached: Some("default/p".into()),
                 refused: true,
-            }],
+            }]
+            .into()],
             addresses: vec![AddressFact {
                 gateway: "g".into(),
                 eip: "10.0.0.1".into(),

@@ -32,7 +32,14 @@ fn cfg(n: &str) -> AgentConfig {
 
 pub async fn run(endpoint: &str, size: Size) {
     let ds = connect(endpoint).await;
+    let listing = Instant::now();
     let mut cache = ViewCache::start(ds.as_ref()).await.unwrap();
+    if tracing_on() {
+        eprintln!(
+            "agents: listed in {:.1} ms",
+            listing.elapsed().as_secs_f64() * 1e3
+        );
+    }
     let names: Vec<String> = (0..size.nodes).map(node_name).collect();
     let mut state: BTreeMap<String, NodeDesired> = BTreeMap::new();
     let mut announced = false;

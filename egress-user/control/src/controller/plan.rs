@@ -32,13 +32,21 @@ pub struct Plan {
     /// The failovers this plan makes: EIPs leaving a node that can no
     /// longer hold them (each also has an `EipMoved` event).
     pub moves: Vec<EipMove>,
-    /// Port grants per (address, worker), for metrics.
-    pub ports: Vec<PortFact>,
+    /// Port grants per (address, worker), for metrics: one group per
+    /// address, shared with the memo (a partial pass carries the groups of
+    /// the addresses it does not reach, tens of thousands of facts at a
+    /// thousand nodes, without copying them).
+    pub ports: Vec<Arc<[PortFact]>>,
     /// Free blocks per address, for metrics.
     pub addresses: Vec<AddressFact>,
 }
 
 impl Plan {
+    /// Every (address, worker) fact.
+    pub fn port_facts(&self) -> impl Iterator<Item = &PortFact> {
+        self.ports.iter().flat_map(|g| g.iter())
+    }
+
     pub fn gateways_mut(&mut self) -> &mut BTreeMap<String, EgressGatewayStatus> {
         Arc::make_mut(&mut self.gateways)
     }
@@ -180,6 +188,7 @@ pub struct AddressFact {
 /// Every fact of a pass, for the metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PortFacts {
-    pub workers: Vec<PortFact>,
+    /// By address (see [`Plan::ports`]).
+    pub workers: Vec<Arc<[PortFact]>>,
     pub addresses: Vec<AddressFact>,
 }

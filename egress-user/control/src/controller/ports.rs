@@ -234,6 +234,7 @@ fn decide(
     let used: usize = holdings.values().map(|h| h.held.len()).sum();
     let total = range.len() as u32;
     let (gw_name, eip): (Arc<str>, Arc<str>) = (gw.into(), addr.into());
+    let mut ports = Vec::new();
     let mut out = AddressOutcome {
         fact: AddressFact {
             gateway: gw.into(),
@@ -254,7 +255,7 @@ fn decide(
             .get(node.as_str())
             .and_then(|c| cap_of(c, cfg).1)
             .filter(|_| h.wanted > s.cap);
-        out.ports.push(PortFact {
+        ports.push(PortFact {
             gateway: gw_name.clone(),
             eip: eip.clone(),
             node: node.as_str().into(),
@@ -277,6 +278,7 @@ fn decide(
         };
         out.grants.push((node, grant));
     }
+    out.ports = ports.into();
     out
 }
 

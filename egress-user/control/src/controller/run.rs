@@ -487,29 +487,38 @@ pub async fn run_controller_with_stats(
     cfg.timers.validate()?;
     tokio::pin!(shutdown);
     let ds = ds.as_ref();
-    // Every replica, before it campaigns (the writes are conditional, so
-    // replicas may race); again on leading while it has not succeeded.
-    let mut indexes_complete = complete_indexes(ds, &cfg.identity).await;
-    loop {
-        let Some(lead) = campaign(ds, &cfg, &mut shutdown).await else {
-            return Ok(());
-        };
-        tracing::info!(identity = %cfg.identity, term = lead.term, "leading");
-        stats.leader.store(true, Relaxed);
-        stats.term.store(lead.term, Relaxed);
-        // From here every status write is fenced by this term.
-        if let Err(e) = ds.fence(Some(&lead)).await {
-            step_down(ds, &lead, &stats, &e.to_string()).await;
-            continue;
+    // Beside campaigning and leading, not before: on a datastore written
+    // before the index existed this reads every pod, which used to hold the
+    // first pass back by seconds at 50,000 pods. Every replica does it (the
+    // writes are conditional, so replicas may race) until it succeeds.
+    let indexes = async {
+        complete_indexes_until_done(ds, &cfg.identity).await;
+        std::future::pending::<()>().await
+    };
+    let lead = async {
+        loop {
+            let Some(lead) = campaign(ds, &cfg, &mut shutdown).await else {
+                return;
+            };
+            tracing::info!(identity = %cfg.identity, term = lead.term, "leading");
+            stats.leader.store(true, Relaxed);
+            stats.term.store(lead.term, Relaxed);
+            // From here every status write is fenced by this term.
+            if let Err(e) = ds.fence(Some(&lead)).await {
+                step_down(ds, &lead, &stats, &e.to_string()).await;
+                continue;
+            }
+            println!("controller {} leading, term {}", cfg.identity, lead.term);
+            if let Led::ShutDown = lead_while_leader(ds, &cfg, &lead, &stats, &mut shutdown).await {
+                return;
+            }
         }
-        println!("controller {} leading, term {}", cfg.identity, lead.term);
-        if !indexes_complete {
-            indexes_complete = complete_indexes(ds, &cfg.identity).await;
-        }
-        if let Led::ShutDown = lead_while_leader(ds, &cfg, &lead, &stats, &mut shutdown).await {
-            return Ok(());
-        }
+    };
+    tokio::select! {
+        _ = lead => {}
+        _ = indexes => {}
     }
+    Ok(())
 }
 
 /// Campaigns until this replica leads; `None` when `shutdown` comes first.
@@ -570,7 +579,7 @@ async fn lead_while_leader<F: Future<Output = ()>>(
     loop {
         let view = match &mut cache {
             Some(c) => c,
-            None => match ViewCache::start_for_controller(ds).await {
+            None => match timed_list(ds).await {
                 Ok(c) => cache.insert(c),
                 Err(e) => {
                     step_down(ds, lead, stats, &format!("listing: {e}")).await;
@@ -632,6 +641,18 @@ async fn lead_while_leader<F: Future<Output = ()>>(
             },
         }
     }
+}
+
+/// Lists every kind into a fresh cache, saying how long it took.
+async fn timed_list(ds: &dyn Datastore) -> Result<ViewCache> {
+    let started = std::time::Instant::now();
+    let c = ViewCache::start_for_controller(ds).await?;
+    tracing::debug!(ms = ms_since(started), "listed every kind");
+    Ok(c)
+}
+
+fn ms_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// How long to gather changes before the next pass: as long as the last
@@ -711,21 +732,27 @@ async fn remove_stale_tunnel(ds: &dyn Datastore, node: &str, revision: u64, grac
 
 /// Brings the datastore's indexes up to date with objects written before
 /// they existed (etcd's pods by node: until it is complete, agents read
-/// every pod, as before). Says so on stdout once done.
-async fn complete_indexes(ds: &dyn Datastore, identity: &str) -> bool {
-    match ds.complete_indexes().await {
-        Ok(()) => {
-            println!("controller {identity} datastore indexes complete");
-            true
+/// every pod, as before), trying again after a failure. Says so on stdout
+/// once done.
+async fn complete_indexes_until_done(ds: &dyn Datastore, identity: &str) {
+    loop {
+        let started = std::time::Instant::now();
+        match ds.complete_indexes().await {
+            Ok(()) => {
+                tracing::debug!(ms = ms_since(started), "datastore indexes complete");
+                println!("controller {identity} datastore indexes complete");
+                return;
+            }
+            Err(e) => tracing::warn!(
+                "completing the datastore's indexes failed: {e}; trying again in {INDEX_RETRY:?}"
+            ),
         }
-        Err(e) => {
-            tracing::warn!(
-                "completing the datastore's indexes failed: {e}; trying again when leading"
-            );
-            false
-        }
+        tokio::time::sleep(INDEX_RETRY).await;
     }
 }
+
+/// How long after a failed index completion it is tried again.
+const INDEX_RETRY: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod coalesce_tests {

@@ -63,7 +63,7 @@ async fn a_thousand_workers_share_one_eip_none_refused() {
     }
     let free = plan.addresses.iter().find(|a| a.eip == "10.0.0.1").unwrap();
     assert_eq!((free.total, free.free), (1008, 8));
-    assert!(plan.ports.iter().all(|p| !p.refused && p.granted == 1));
+    assert!(plan.port_facts().all(|p| !p.refused && p.granted == 1));
 }
 
 /// Policy `p` of gateway `g1` with one pod on each of `w1` and `w2`.
@@ -108,7 +108,7 @@ async fn a_policy_quota_caps_the_grant_and_is_reported() {
     report(&ds, "w1", 1000).await;
     let plan = pass(&ds).await;
     assert_eq!(held(&grants(&ds).await, "w1"), vec![16, 17]);
-    let fact = plan.ports.iter().find(|f| &*f.node == "w1").unwrap();
+    let fact = plan.port_facts().find(|f| &*f.node == "w1").unwrap();
     assert_eq!(fact.quota_reached.as_deref(), Some("default/p"));
     assert!(!fact.refused);
 }

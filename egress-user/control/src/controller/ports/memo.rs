@@ -19,7 +19,7 @@ use super::super::plan::{AddressFact, Plan, PortFact, TunnelGrants};
 #[derive(Clone, Debug, Default)]
 pub(in super::super) struct AddressOutcome {
     pub fact: AddressFact,
-    pub ports: Vec<PortFact>,
+    pub ports: Arc<[PortFact]>,
     /// (node, its grant of the address) for the nodes' EgressTunnels.
     pub grants: Vec<(String, EipPortBlocks)>,
     pub events: Vec<Event>,
@@ -40,7 +40,9 @@ impl AddressOutcome {
     /// Adds its facts and events (its grants are in the plan already).
     pub fn add_facts(&self, plan: &mut Plan) {
         plan.addresses.push(self.fact.clone());
-        plan.ports.extend(self.ports.iter().cloned());
+        if !self.ports.is_empty() {
+            plan.ports.push(self.ports.clone());
+        }
         plan.events.extend(self.events.iter().cloned());
     }
 

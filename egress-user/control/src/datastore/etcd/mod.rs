@@ -7,7 +7,8 @@
 //! - `PREFIX/heartbeats/<node>`: last renewal; the key's version is the counter.
 //! - `PREFIX/leaders/<election>`: the leader's identity, attached to its
 //!   lease; the key's create revision is the term.
-//! - `PREFIX/events/<time>-<n>`: events, attached to a one-hour lease.
+//! - `PREFIX/events/<time>-<n>`: events, attached to a lease of an hour
+//!   and a minute that each handle shares among the events of a minute.
 //! - `PREFIX/pod-index/<node>/<namespace>/<name>`: pods by node (see
 //!   [`pod_index`]).
 
@@ -45,7 +46,17 @@ pub struct EtcdDatastore {
     manager_fields: ManagerFields,
     /// etcd's `--max-request-bytes` (see [`size`]).
     max_request_bytes: usize,
+    /// The lease events are attached to, and when it was granted (see
+    /// [`EtcdDatastore::event_lease`]).
+    event_lease: std::sync::Mutex<Option<(i64, std::time::Instant)>>,
 }
+
+/// How long an event is kept at least.
+const EVENT_TTL: Duration = Duration::from_secs(3600);
+/// How long one lease takes new events: a lease per event was a second
+/// write to the cluster for every event (a cold start records thousands).
+/// Each event then lives between [`EVENT_TTL`] and this much longer.
+const EVENT_LEASE_SHARED: Duration = Duration::from_secs(60);
 
 /// Attempts of a request, in all, while the member the client's balancer
 /// picks answers Unavailable.
@@ -140,7 +151,25 @@ impl EtcdDatastore {
             pod_index_used: std::sync::Mutex::new(false),
             manager_fields: ManagerFields::default(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            event_lease: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The lease for an event written now: the last one while it is young
+    /// enough, else a new one. Two writers may both grant one; the spare is
+    /// dropped by etcd when it expires.
+    async fn event_lease(&self) -> Result<i64> {
+        let now = std::time::Instant::now();
+        let young = |granted: std::time::Instant| now.duration_since(granted) < EVENT_LEASE_SHARED;
+        if let Some((id, granted)) = *self.event_lease.lock().unwrap() {
+            if young(granted) {
+                return Ok(id);
+            }
+        }
+        let ttl = EVENT_TTL + EVENT_LEASE_SHARED;
+        let id = self.lease(ttl.as_secs() as i64).await?;
+        *self.event_lease.lock().unwrap() = Some((id, now));
+        Ok(id)
     }
 
     /// A handle whose pod lists and watches cover `node`'s pods only (the
@@ -665,13 +694,18 @@ impl Datastore for EtcdDatastore {
             chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default(),
             self.seq.fetch_add(1, Ordering::Relaxed) % 1_000_000
         );
-        let lease = self.lease(3600).await?;
+        let lease = self.event_lease().await?;
         let put = TxnOp::put(
             path,
             serde_json::to_vec(&event)?,
             Some(PutOptions::new().with_lease(lease)),
         );
-        self.txn(Txn::new().and_then([put])).await?;
+        if let Err(e) = self.txn(Txn::new().and_then([put])).await {
+            // Perhaps the lease is gone (a datastore restored from nothing):
+            // the next event grants a new one.
+            *self.event_lease.lock().unwrap() = None;
+            return Err(e);
+        }
         Ok(())
     }
 

@@ -43,6 +43,15 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 impl EtcdDatastore {
     /// Every key under `prefix`, page by page at one revision.
     pub(super) async fn range_prefix(&self, prefix: String) -> Result<Ranged> {
+        self.range_pages(prefix, false).await
+    }
+
+    /// [`EtcdDatastore::range_prefix`], the keys without their values.
+    pub(super) async fn range_prefix_keys(&self, prefix: String) -> Result<Ranged> {
+        self.range_pages(prefix, true).await
+    }
+
+    async fn range_pages(&self, prefix: String, keys_only: bool) -> Result<Ranged> {
         let end = prefix_end(prefix.as_bytes());
         let mut from = prefix.into_bytes();
         let mut out = Ranged {
@@ -50,10 +59,13 @@ impl EtcdDatastore {
             revision: 0,
         };
         loop {
-            let opts = GetOptions::new()
+            let mut opts = GetOptions::new()
                 .with_range(end.clone())
                 .with_limit(PAGE)
                 .with_revision(out.revision);
+            if keys_only {
+                opts = opts.with_keys_only();
+            }
             let mut resp = again(|| {
                 let mut kv = self
                     .client()

@@ -98,8 +98,9 @@ impl EtcdDatastore {
             return Ok(0);
         }
         let pods = self.range_prefix(self.kind_prefix(Kind::Pod)).await?;
+        // Only whether an entry is there matters, not its copy of the pod.
         let indexed = self
-            .range_prefix(format!("{}/pod-index/", self.prefix))
+            .range_prefix_keys(format!("{}/pod-index/", self.prefix))
             .await?;
         let have: std::collections::BTreeSet<&[u8]> =
             indexed.kvs().iter().map(|kv| kv.key()).collect();
