@@ -127,6 +127,9 @@ pub struct OwnedEip {
     pub shared: bool,
 }
 
+/// (EIP, block index) -> the tunnel endpoint of the worker holding it.
+pub type Steering = BTreeMap<(IpAddr, u16), IpAddr>;
+
 /// Everything one node's maps should hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeDesired {
@@ -141,8 +144,10 @@ pub struct NodeDesired {
     /// This node's port blocks, per EIP (worker side).
     pub port_blocks: BTreeMap<IpAddr, Vec<PortRange>>,
     /// (EIP, block index) -> worker tunnel endpoint, for every EIP of every
-    /// gateway this node is eligible for (held ahead of a takeover).
-    pub reply_steering: BTreeMap<(IpAddr, u16), IpAddr>,
+    /// gateway this node is eligible for (held ahead of a takeover). Shared
+    /// with the prepared view when one gateway picks the node (tens of
+    /// thousands of entries at 1,000 nodes, the same for every candidate).
+    pub reply_steering: std::sync::Arc<Steering>,
     /// EIPs this node announces (ARP/NDP or BGP), with their epoch.
     pub owned_eips: BTreeMap<IpAddr, OwnedEip>,
     /// This node is picked by some gateway's node selector.
@@ -185,8 +190,8 @@ fn covered(taken: &[IpNet], n: &IpNet) -> bool {
     taken.iter().any(|t| t.contains(n))
 }
 
-fn tunnel_endpoint(view: &ClusterView, node: &str) -> Option<IpAddr> {
-    let t = view.tunnel(node)?.status.as_ref()?;
+/// The tunnel endpoint a tunnel's status publishes.
+fn endpoint_of(t: &crate::api::EgressTunnelStatus) -> Option<IpAddr> {
     t.tunnel
         .ipv4
         .parse()

@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use super::{tunnel_endpoint, OwnedEip, PortRange};
+use super::{endpoint_of, OwnedEip, PortRange, Steering};
 use crate::view::ClusterView;
 
 /// One gateway's candidates and owners, parsed once per view. Its reply
@@ -18,7 +18,7 @@ use crate::view::ClusterView;
 pub(super) struct GatewayParts {
     pub name: String,
     pub eligible: BTreeSet<String>,
-    steering: OnceLock<BTreeMap<(IpAddr, u16), IpAddr>>,
+    steering: OnceLock<Arc<Steering>>,
     /// node -> EIPs it owns.
     pub owned: BTreeMap<String, BTreeMap<IpAddr, OwnedEip>>,
 }
@@ -27,8 +27,9 @@ impl GatewayParts {
     /// Every held block of this gateway's addresses -> the worker's tunnel
     /// endpoint, from `view` (one with the same grants as the one these
     /// parts came from).
-    pub fn steering(&self, view: &ClusterView) -> &BTreeMap<(IpAddr, u16), IpAddr> {
-        self.steering.get_or_init(|| steering_of(view, &self.name))
+    pub fn steering(&self, view: &ClusterView) -> &Arc<Steering> {
+        self.steering
+            .get_or_init(|| Arc::new(steering_of(view, &self.name)))
     }
 }
 
@@ -44,13 +45,16 @@ fn grants_of<'a>(
         .filter_map(|b| Some((b.eip.parse::<IpAddr>().ok()?, b)))
 }
 
-fn steering_of(view: &ClusterView, gateway: &str) -> BTreeMap<(IpAddr, u16), IpAddr> {
+fn steering_of(view: &ClusterView, gateway: &str) -> Steering {
     let mut steering = BTreeMap::new();
     for t in &view.tunnels {
-        let (Some(node), Some(ts)) = (t.metadata.name.as_deref(), t.status.as_ref()) else {
+        // The tunnel at hand, not a search of every tunnel by its name:
+        // that made this quadratic in the nodes (a million comparisons at
+        // 1,000 nodes, on every grant anywhere, for every gateway candidate).
+        let (Some(_), Some(ts)) = (t.metadata.name.as_deref(), t.status.as_ref()) else {
             continue;
         };
-        let Some(ep) = tunnel_endpoint(view, node) else {
+        let Some(ep) = endpoint_of(ts) else {
             continue;
         };
         for (eip, b) in grants_of(ts, gateway) {

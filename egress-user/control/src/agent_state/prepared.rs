@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use super::gateways::{gateway_parts, grant_block_size, node_blocks, GatewayParts};
 use super::{
-    covered, host, pending, policy_ids, tunnel_endpoint, AgentConfig, ClusterCidrs, MatchRule,
+    covered, endpoint_of, host, pending, policy_ids, AgentConfig, ClusterCidrs, MatchRule,
     NodeDesired, PolicyTarget, RuleAction,
 };
 use crate::api::TunnelPhase;
@@ -202,7 +202,7 @@ fn active_targets(
         .iter()
         .filter_map(|t| {
             let n = t.metadata.name.as_deref()?;
-            Some((n, tunnel_endpoint(view, n)?))
+            Some((n, endpoint_of(t.status.as_ref()?)?))
         })
         .collect();
     let epochs = assignment_epochs(view);
@@ -379,10 +379,10 @@ impl<'a> Prepared<'a> {
             if g.eligible.contains(me) {
                 let steering = g.steering(self.view);
                 if out.reply_steering.is_empty() {
-                    // One gateway (the usual case): a copy, not 10,000 inserts.
+                    // One gateway (the usual case): shared, not copied.
                     out.reply_steering = steering.clone();
                 } else {
-                    out.reply_steering
+                    Arc::make_mut(&mut out.reply_steering)
                         .extend(steering.iter().map(|(k, v)| (*k, *v)));
                 }
             }

@@ -151,7 +151,7 @@ async fn worker_and_gateway_views() {
     assert!(gateway_eligible(&view, "gw") && !gateway_eligible(&view, "w1"));
     assert_eq!(g.owned_eips[&ip("10.0.0.1")].epoch, 1);
     assert_eq!(
-        g.reply_steering,
+        *g.reply_steering,
         BTreeMap::from([((ip("10.0.0.1"), 16), ip("192.168.0.1"))])
     );
 }

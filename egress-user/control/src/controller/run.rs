@@ -127,7 +127,7 @@ async fn write_plan_parts(
     plan: &Plan,
     statuses: bool,
 ) -> Result<Vec<Stored>> {
-    use futures::stream::{self, TryStreamExt};
+    use futures::stream::{self, StreamExt, TryStreamExt};
     let created = create_tunnels(ds, &plan.new_tunnels).await?;
     let writes = status_writes(view, plan, statuses);
     let written: Vec<Option<Stored>> = stream::iter(writes.into_iter().map(Ok))
@@ -142,10 +142,25 @@ async fn write_plan_parts(
         .try_buffer_unordered(WRITE_CONCURRENCY)
         .try_collect()
         .await?;
+    let statuses_written = std::time::Instant::now();
     // Concurrently too (a cold start records thousands), started in the
-    // plan's order, which is what orders their keys.
-    for chunk in plan.events.chunks(WRITE_CONCURRENCY) {
-        futures::future::try_join_all(chunk.iter().map(|e| ds.record_event(e.clone()))).await?;
+    // plan's order, which is what orders their keys; each starts as soon
+    // as one before it is done (no wait for a whole batch).
+    let records: Vec<_> = plan
+        .events
+        .iter()
+        .map(|e| ds.record_event(e.clone()))
+        .collect();
+    stream::iter(records)
+        .buffered(WRITE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    if !plan.events.is_empty() {
+        tracing::debug!(
+            events = plan.events.len(),
+            ms = ms_since(statuses_written),
+            "events recorded"
+        );
     }
     Ok(created
         .into_iter()
@@ -372,6 +387,7 @@ pub async fn tick_cached_report(
         addresses_reused = cache.memo.grants.reused - kept.1,
         partial,
         objects = written.len(),
+        events = plan.events.len(),
         bytes = written
             .iter()
             .map(|s| s.value.to_string().len())
@@ -600,7 +616,8 @@ async fn lead_while_leader<F: Future<Output = ()>>(
         if !pass_as_leader(ds, view, &mut monitor, cfg, stats).await {
             return Led::Lost;
         }
-        let gather = coalesce_wait(cfg.coalesce, started.elapsed());
+        let last_pass = started.elapsed();
+        let ended = Instant::now();
         let grace = stale_tunnel_grace(&cfg.timers);
         for (node, revision) in stale.due(&view.view, std::time::Instant::now(), grace) {
             remove_stale_tunnel(ds, &node, revision, grace).await;
@@ -621,6 +638,7 @@ async fn lead_while_leader<F: Future<Output = ()>>(
             batch = view.next_batch() => match batch {
                 Some(Ok(_)) => {
                     // Gather what follows closely into the same pass.
+                    let gather = coalesce_wait(cfg.coalesce, last_pass, ended.elapsed());
                     if !gather.is_zero() {
                         tokio::time::sleep(gather).await;
                         while let Some(Some(b)) = futures::FutureExt::now_or_never(view.next_batch()) {
@@ -655,12 +673,13 @@ fn ms_since(t: std::time::Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// How long to gather changes before the next pass: as long as the last
-/// pass took, at most `most`. A burst of changes then costs at most about
-/// half the loop's time in passes, and a lone change after a cheap pass
-/// (a partial one: a few milliseconds) is not held for the whole wait.
-fn coalesce_wait(most: Duration, last_pass: Duration) -> Duration {
-    most.min(last_pass)
+/// How long to gather changes before the next pass: until as long after
+/// the last pass as it took (`idle` has passed since it ended), at most
+/// `most`. A burst of changes then costs at most about half the loop's
+/// time in passes, and a change after a quiet spell, or after a cheap
+/// pass (a partial one: a few milliseconds), is not held back.
+fn coalesce_wait(most: Duration, last_pass: Duration, idle: Duration) -> Duration {
+    most.min(last_pass).saturating_sub(idle)
 }
 
 /// One counted pass as leader; `false` when a write was fenced off
@@ -761,8 +780,14 @@ mod coalesce_tests {
     #[test]
     fn the_wait_follows_the_last_pass_up_to_the_setting() {
         let ms = Duration::from_millis;
-        assert_eq!(coalesce_wait(ms(50), ms(3)), ms(3));
-        assert_eq!(coalesce_wait(ms(50), ms(400)), ms(50));
-        assert_eq!(coalesce_wait(Duration::ZERO, ms(400)), Duration::ZERO);
+        assert_eq!(coalesce_wait(ms(50), ms(3), ms(0)), ms(3));
+        assert_eq!(coalesce_wait(ms(50), ms(400), ms(0)), ms(50));
+        assert_eq!(
+            coalesce_wait(Duration::ZERO, ms(400), ms(0)),
+            Duration::ZERO
+        );
+        // What has passed since the last pass counts towards the wait.
+        assert_eq!(coalesce_wait(ms(50), ms(40), ms(15)), ms(25));
+        assert_eq!(coalesce_wait(ms(50), ms(40), ms(900)), ms(0));
     }
 }
