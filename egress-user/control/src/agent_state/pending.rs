@@ -48,7 +48,8 @@ impl PendingReason {
 /// The policy views' parts the computation reads, by view index.
 pub(super) struct Policies<'v, 'a> {
     pub view: &'a ClusterView,
-    pub views: &'v [PolicyView<'a>],
+    /// View index -> its view.
+    pub at: &'v dyn Fn(usize) -> &'v PolicyView<'a>,
     pub index: &'v PolicyIndex,
     /// View index -> id, of the assigned policies.
     pub active: &'v BTreeMap<usize, u32>,
@@ -61,11 +62,14 @@ pub(super) fn pending_on(p: &Policies<'_, '_>, node: &str) -> Vec<PendingPolicy>
     let mut sources: BTreeMap<usize, BTreeSet<IpAddr>> = BTreeMap::new();
     for pod in p.view.pods.iter().filter(|pod| pod.node == node) {
         let nsl = p.view.namespace_labels(&pod.namespace);
-        for vi in p.index.selecting(p.views, pod, &nsl) {
+        for vi in p
+            .index
+            .selecting_by(pod, |vi| (p.at)(vi).selects(pod, &nsl))
+        {
             if p.active.contains_key(&vi) {
                 continue;
             }
-            let (v4, v6) = expected_families(p.view, &p.views[vi]);
+            let (v4, v6) = expected_families(p.view, (p.at)(vi));
             let ips = pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok());
             let wanted = ips.filter(|ip| if ip.is_ipv4() { v4 } else { v6 });
             sources.entry(vi).or_default().extend(wanted);
@@ -79,7 +83,7 @@ pub(super) fn pending_on(p: &Policies<'_, '_>, node: &str) -> Vec<PendingPolicy>
 }
 
 fn pending_policy(p: &Policies<'_, '_>, vi: usize, sources: BTreeSet<IpAddr>) -> PendingPolicy {
-    let v = &p.views[vi];
+    let v = (p.at)(vi);
     let has_eip = v
         .status
         .is_some_and(|st| !st.eip.ipv4.is_empty() || !st.eip.ipv6.is_empty());

@@ -210,9 +210,17 @@ impl ClusterView {
     /// Both policy kinds in one list, namespaced ones first, each in the
     /// order the view holds them.
     pub fn policy_views_as_stored(&self) -> Vec<PolicyView<'_>> {
-        self.policies
-            .iter()
-            .map(|p| PolicyView {
+        let n = self.policies.len() + self.cluster_policies.len();
+        (0..n)
+            .filter_map(|i| self.policy_view_as_stored(i))
+            .collect()
+    }
+
+    /// The `i`th of [`ClusterView::policy_views_as_stored`], alone (a
+    /// node's state reads a few of thousands).
+    pub fn policy_view_as_stored(&self, i: usize) -> Option<PolicyView<'_>> {
+        if let Some(p) = self.policies.get(i) {
+            return Some(PolicyView {
                 kind: Kind::EgressPolicy,
                 key: ObjectKey::namespaced(
                     p.metadata.namespace.clone().unwrap_or_default(),
@@ -222,16 +230,17 @@ impl ClusterView {
                 priority: p.spec.priority.unwrap_or(DEFAULT_PRIORITY),
                 created: created(&p.metadata),
                 status: p.status.as_ref(),
-            })
-            .chain(self.cluster_policies.iter().map(|p| PolicyView {
-                kind: Kind::EgressClusterPolicy,
-                key: ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
-                fields: (&p.spec).into(),
-                priority: p.spec.priority.unwrap_or(DEFAULT_PRIORITY),
-                created: created(&p.metadata),
-                status: p.status.as_ref(),
-            }))
-            .collect()
+            });
+        }
+        let p = self.cluster_policies.get(i - self.policies.len())?;
+        Some(PolicyView {
+            kind: Kind::EgressClusterPolicy,
+            key: ObjectKey::cluster(p.metadata.name.clone().unwrap_or_default()),
+            fields: (&p.spec).into(),
+            priority: p.spec.priority.unwrap_or(DEFAULT_PRIORITY),
+            created: created(&p.metadata),
+            status: p.status.as_ref(),
+        })
     }
 
     pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {
@@ -357,6 +366,12 @@ impl PolicyIndex {
         pod: &PodRecord,
         ns_labels: &BTreeMap<String, String>,
     ) -> Vec<usize> {
+        self.selecting_by(pod, |i| views[i].selects(pod, ns_labels))
+    }
+
+    /// [`PolicyIndex::selecting`] where `selects(i)` says whether the
+    /// policy at index `i` selects the pod (asked only of the candidates).
+    pub fn selecting_by(&self, pod: &PodRecord, selects: impl Fn(usize) -> bool) -> Vec<usize> {
         let mut out: Vec<usize> = self.rest.clone();
         for (k, v) in &pod.labels {
             if let Some(l) = self.by_label.get(k).and_then(|vs| vs.get(v)) {
@@ -365,7 +380,7 @@ impl PolicyIndex {
         }
         out.sort_unstable();
         out.dedup();
-        out.retain(|&i| views[i].selects(pod, ns_labels));
+        out.retain(|&i| selects(i));
         out
     }
 }
