@@ -846,10 +846,12 @@ impl Cluster {
         self.agent_probes
     }
 
-    /// Waits until controller `i` says it leads; returns that line.
+    /// Waits until controller `i` says it leads; returns that line. It may
+    /// have said so before the start waited for its indexes (the two run
+    /// side by side), so a line passed over then counts.
     pub fn wait_leading(&mut self, i: usize, timeout: Duration) -> Result<String> {
         match self.controllers.get_mut(i).and_then(Option::as_mut) {
-            Some(p) => p.wait_for_line(" leading, term ", timeout),
+            Some(p) => p.wait_for_line_seen_or_next(" leading, term ", timeout),
             None => bail!("controller {i} is not running"),
         }
     }

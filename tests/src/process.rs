@@ -43,7 +43,13 @@ pub struct Proc {
     cleanup: Option<Vec<String>>,
     /// Set when the process is killed: the log follower stops.
     stop_following: Option<Arc<AtomicBool>>,
+    /// Lines a wait passed over (the latest [`PASSED_KEPT`]): a later wait
+    /// for a line that may come first looks here too.
+    passed: std::collections::VecDeque<String>,
 }
+
+/// How many passed-over lines a [`Proc`] keeps.
+const PASSED_KEPT: usize = 1000;
 
 /// Where [`Proc::spawn_logged`] writes each process's output, when set
 /// (the demo sets it; tests leave their processes' logs on the terminal).
@@ -79,6 +85,7 @@ impl Proc {
             lines,
             cleanup,
             stop_following: None,
+            passed: Default::default(),
         })
     }
 
@@ -107,11 +114,26 @@ impl Proc {
             lines,
             cleanup: None,
             stop_following: Some(stop),
+            passed: Default::default(),
         })
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// [`Proc::wait_for_line`], but a line an earlier wait passed over
+    /// counts too (and is taken): for a line whose order against the one
+    /// waited for before is not fixed.
+    pub fn wait_for_line_seen_or_next(
+        &mut self,
+        needle: &str,
+        timeout: Duration,
+    ) -> Result<String> {
+        if let Some(i) = self.passed.iter().position(|l| l.contains(needle)) {
+            return Ok(self.passed.remove(i).expect("index found above"));
+        }
+        self.wait_for_line(needle, timeout)
     }
 
     /// Waits until a stdout line contains `needle` and returns that line.
@@ -138,7 +160,11 @@ impl Proc {
                     if seen.len() == 12 {
                         seen.pop_front();
                     }
-                    seen.push_back(line);
+                    seen.push_back(line.clone());
+                    if self.passed.len() == PASSED_KEPT {
+                        self.passed.pop_front();
+                    }
+                    self.passed.push_back(line);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) if self.stop_following.is_some() => {
                     // A followed log never disconnects: an exit is seen here.
