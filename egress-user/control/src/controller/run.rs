@@ -12,7 +12,9 @@ use egress_failover::FailoverTimers;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::datastore::{Datastore, Event, Kind, ObjectKey, Result, StatusPatch, Stored};
+use crate::datastore::{
+    Datastore, Event, Kind, ObjectKey, Result, StatusPatch, StatusWrite, Stored,
+};
 
 use egress_failover::monitor::{HeartbeatMonitor, PhaseChange};
 
@@ -103,8 +105,8 @@ fn patch(owned: &[&str], status: serde_json::Value) -> StatusPatch {
 }
 
 /// Writes the statuses of `plan` that differ from `view`, and its events.
-/// Returns how many objects were written. Writes go out concurrently (at
-/// most [`WRITE_CONCURRENCY`] at a time): they touch different objects.
+/// Returns how many objects were written. Writes go out together
+/// ([`Datastore::write_statuses`]): they touch different objects.
 pub async fn write_plan(ds: &dyn Datastore, view: &ClusterView, plan: &Plan) -> Result<usize> {
     Ok(write_plan_stored(ds, view, plan).await?.len())
 }
@@ -130,18 +132,15 @@ async fn write_plan_parts(
     use futures::stream::{self, StreamExt, TryStreamExt};
     let created = create_tunnels(ds, &plan.new_tunnels).await?;
     let writes = status_writes(view, plan, statuses);
-    let written: Vec<Option<Stored>> = stream::iter(writes.into_iter().map(Ok))
-        .map_ok(|(kind, key, p)| async move {
-            match ds.write_status(kind, &key, &p).await {
-                Ok(s) => Ok(Some(s)),
-                // Deleted since the view was taken: nothing to write.
-                Err(e) if e.is_not_found() => Ok(None),
-                Err(e) => Err(e),
-            }
-        })
-        .try_buffer_unordered(WRITE_CONCURRENCY)
-        .try_collect()
-        .await?;
+    let mut written = Vec::with_capacity(writes.len());
+    for r in ds.write_statuses(&writes).await {
+        match r {
+            Ok(s) => written.push(s),
+            // Deleted since the view was taken: nothing to write.
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
     let statuses_written = std::time::Instant::now();
     // Concurrently too (a cold start records thousands), started in the
     // plan's order, which is what orders their keys; each starts as soon
@@ -162,10 +161,7 @@ async fn write_plan_parts(
             "events recorded"
         );
     }
-    Ok(created
-        .into_iter()
-        .chain(written.into_iter().flatten())
-        .collect())
+    Ok(created.into_iter().chain(written).collect())
 }
 
 /// Creates an EgressTunnel for each of `nodes`; returns those created.
@@ -278,7 +274,7 @@ fn policy_statuses(
         .collect()
 }
 
-/// Status writes in flight at once.
+/// Events in flight at once.
 pub const WRITE_CONCURRENCY: usize = 32;
 
 /// Nodes some gateway's selector picks.
@@ -293,24 +289,28 @@ async fn write_phases(
     cache: &mut ViewCache,
     changes: &[PhaseChange],
 ) -> Result<usize> {
-    let mut n = 0;
-    for c in changes {
-        let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
-        let s = match ds
-            .write_status(
-                Kind::EgressTunnel,
-                &ObjectKey::cluster(&c.node),
-                &patch(TUNNEL_FIELDS, st),
-            )
-            .await
-        {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let writes: Vec<StatusWrite> = changes
+        .iter()
+        .map(|c| {
+            let st = json!({"phase": c.to, "lastHeartbeatTime": c.last_heartbeat});
+            let key = ObjectKey::cluster(&c.node);
+            (Kind::EgressTunnel, key, patch(TUNNEL_FIELDS, st))
+        })
+        .collect();
+    let mut events = Vec::new();
+    for (c, r) in changes.iter().zip(ds.write_statuses(&writes).await) {
+        match r {
             Err(e) if e.is_not_found() => continue,
-            r => r?,
-        };
-        cache.put_stored(&s);
-        ds.record_event(phase_event(c)).await?;
-        n += 1;
+            r => cache.put_stored(&r?),
+        }
+        events.push(ds.record_event(phase_event(c)));
     }
+    let n = events.len();
+    stream::iter(events)
+        .buffered(WRITE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
     Ok(n)
 }
 

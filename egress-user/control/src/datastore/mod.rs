@@ -253,6 +253,12 @@ impl Event {
     }
 }
 
+/// One status write of [`Datastore::write_statuses`].
+pub type StatusWrite = (Kind, ObjectKey, StatusPatch);
+
+/// Status writes in flight at once where each is its own request.
+pub const STATUS_WRITE_CONCURRENCY: usize = 32;
+
 pub type WatchStream = BoxStream<'static, Result<WatchEvent>>;
 
 /// Everything the controller and the agents need from a datastore.
@@ -287,6 +293,21 @@ pub trait Datastore: Send + Sync {
         key: &ObjectKey,
         patch: &StatusPatch,
     ) -> Result<Stored>;
+    /// Makes each of `writes` as [`write_status`](Self::write_status)
+    /// would, and gives each one's result, in order. One by one here, at
+    /// most [`STATUS_WRITE_CONCURRENCY`] at a time; a backend that can put
+    /// several objects in one request does (etcd).
+    async fn write_statuses(&self, writes: &[StatusWrite]) -> Vec<Result<Stored>> {
+        use futures::stream::{self, StreamExt};
+        let each: Vec<_> = writes
+            .iter()
+            .map(|(kind, key, p)| self.write_status(*kind, key, p))
+            .collect();
+        stream::iter(each)
+            .buffered(STATUS_WRITE_CONCURRENCY)
+            .collect()
+            .await
+    }
 
     /// Renews `node`'s heartbeat (`ttl`: how long it is meant to hold).
     async fn renew_heartbeat(&self, node: &str, ttl: Duration) -> Result<Heartbeat>;

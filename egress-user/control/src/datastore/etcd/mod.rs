@@ -12,6 +12,7 @@
 //! - `PREFIX/pod-index/<node>/<namespace>/<name>`: pods by node (see
 //!   [`pod_index`]).
 
+mod batch;
 mod paged;
 mod pod_index;
 mod size;
@@ -545,6 +546,10 @@ impl Datastore for EtcdDatastore {
             Ok((v != cur.value).then_some(v))
         })
         .await
+    }
+
+    async fn write_statuses(&self, writes: &[StatusWrite]) -> Vec<Result<Stored>> {
+        self.write_statuses_batched(writes).await
     }
 
     async fn renew_heartbeat(&self, node: &str, _ttl: Duration) -> Result<Heartbeat> {
