@@ -11,6 +11,7 @@ use crate::datastore::{Datastore, Kind, Result, Stored, WatchEvent, WatchStream}
 use crate::view::{key_of_meta, put, ClusterView, Put};
 
 use super::dirty::Dirty;
+use super::ports::HolderIndex;
 
 /// What changed in one batch of events, so callers recompute only that.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -132,6 +133,7 @@ impl ViewCache {
     pub async fn start_for_controller(ds: &dyn Datastore) -> Result<Self> {
         let mut cache = Self::start(ds).await?;
         cache.memo.dirty = Some(Dirty::everything());
+        cache.memo.grants.holders = Some(HolderIndex::of(&cache.view));
         Ok(cache)
     }
 
@@ -182,6 +184,10 @@ impl ViewCache {
                     if let (Some(d), Some(o), Some(n)) = (&mut self.memo.dirty, &old, new) {
                         d.tunnel_change(o, n);
                     }
+                    if let Some(ix) = &mut self.memo.grants.holders {
+                        old.iter().for_each(|o| ix.remove(o));
+                        new.into_iter().for_each(|n| ix.add(n));
+                    }
                     let node = s.key.name.clone();
                     match old.zip(new).map(|(o, n)| tunnel_change(&o, n)) {
                         Some(TunnelChange::Reports) => {
@@ -224,7 +230,15 @@ impl ViewCache {
                     Kind::EgressGateway => v.gateways.retain(|o| m(&o.metadata)),
                     Kind::EgressPolicy => v.policies.retain(|o| m(&o.metadata)),
                     Kind::EgressClusterPolicy => v.cluster_policies.retain(|o| m(&o.metadata)),
-                    Kind::EgressTunnel => v.tunnels.retain(|o| m(&o.metadata)),
+                    Kind::EgressTunnel => {
+                        if let Some(ix) = &mut self.memo.grants.holders {
+                            v.tunnels
+                                .iter()
+                                .filter(|o| !m(&o.metadata))
+                                .for_each(|o| ix.remove(o));
+                        }
+                        v.tunnels.retain(|o| m(&o.metadata));
+                    }
                     Kind::Node => v.nodes.retain(|n| n.name != key.name),
                     Kind::Namespace => v.namespaces.retain(|n| n.name != key.name),
                     Kind::Pod => {

@@ -17,6 +17,10 @@ pub struct Dirty {
     /// (gateway, address) of every grant or report that changed at some
     /// node: its old entry or its new one.
     pub addresses: BTreeSet<(String, String)>,
+    /// Nodes whose grants in the view changed (a write of this controller
+    /// put into the view, or another writer's): their grants are compared
+    /// with the plan's again, beside those the pass itself changes.
+    pub grant_nodes: BTreeSet<String>,
 }
 
 impl Dirty {
@@ -33,6 +37,10 @@ impl Dirty {
     /// what the node reports makes statuses (see [`structural_reports`]).
     pub fn tunnel_change(&mut self, old: &EgressTunnel, new: &EgressTunnel) {
         self.global |= structural_reports(old) != structural_reports(new);
+        if grants(old) != grants(new) {
+            let node = new.metadata.name.as_deref().unwrap_or_default();
+            self.grant_nodes.insert(node.to_string());
+        }
         let (a, b) = (entries(old), entries(new));
         for (key, entry) in &a {
             if b.get(key) != Some(entry) {
@@ -62,6 +70,13 @@ fn structural_reports(t: &EgressTunnel) -> Option<(&Vec<EipEpoch>, &Vec<PolicyOv
     t.status
         .as_ref()
         .map(|s| (&s.awaiting_reconfirmation, &s.over_capacity))
+}
+
+/// A node's grants as its status holds them.
+fn grants(t: &EgressTunnel) -> (u16, &[EipPortBlocks]) {
+    t.status
+        .as_ref()
+        .map_or((0, &[][..]), |s| (s.port_block_size, &s.port_blocks[..]))
 }
 
 /// A node's grants and reports of one address (one each, unless the

@@ -63,25 +63,35 @@ pub fn grant_ports(
     let name = input.gateway.as_str();
     let dirty = since.map(|s| reached(input, workers.changed(), s, memo));
     let demand = demand(input, workers_of, dirty.as_ref());
-    let holders = Holders::new(view, name, dirty.as_ref());
+    let holders = Holders::new(view, name, dirty.as_ref(), memo.holders.as_ref());
+    // Addresses a partial pass keeps that no unit uses any more (still
+    // held, draining), owned: the memo is changed below.
+    let kept_unused: Vec<String> = match &dirty {
+        Some(d) => memo
+            .last_addresses(name)
+            .filter(|a| !d.contains(a) && !input.addresses.contains(*a))
+            .map(str::to_string)
+            .collect(),
+        None => Vec::new(),
+    };
     // Addresses some worker still holds (draining) though no policy uses
     // them any more: they stay until released.
-    let mut addrs = input.addresses.clone();
-    addrs.extend(holders.addresses().map(str::to_string));
+    let mut addrs: BTreeSet<&str> = input.addresses.iter().map(String::as_str).collect();
+    addrs.extend(holders.addresses());
+    addrs.extend(kept_unused.iter().map(String::as_str));
     if let Some(d) = &dirty {
-        let kept = memo.last_addresses(name).filter(|a| !d.contains(a));
-        addrs.extend(kept.map(str::to_string));
         // The plan holds the last pass's grants: out with those of the
-        // addresses decided again (or no longer looked at).
-        for a in d {
+        // addresses no longer looked at (those looked at are replaced when
+        // decided again, below).
+        for a in d.iter().filter(|a| !addrs.contains(*a)) {
             if let Some(old) = memo.last_outcome(name, a) {
                 old.remove_grants(name, a, plan);
             }
         }
     }
     let none = BTreeMap::new();
-    for addr in &addrs {
-        if dirty.as_ref().is_some_and(|d| !d.contains(addr.as_str())) {
+    for &addr in &addrs {
+        if dirty.as_ref().is_some_and(|d| !d.contains(addr)) {
             memo.carry(name, addr)
                 .expect("an address not reached was looked at by the last pass")
                 .add_facts(plan);
@@ -93,7 +103,8 @@ pub fn grant_ports(
             eip_blocks.clone()
         };
         let d = demand.get(addr).unwrap_or(&none);
-        grant_address(&holders, cfg, name, addr, range, d, memo, plan);
+        let holds_last = dirty.is_some();
+        grant_address(&holders, cfg, name, addr, range, d, holds_last, memo, plan);
     }
 }
 

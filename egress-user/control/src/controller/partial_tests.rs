@@ -141,6 +141,16 @@ impl Leader {
         Ok(r?.writes)
     }
 
+    /// Passes until one writes nothing: the next is partial.
+    async fn settle(&mut self) {
+        for round in 0.. {
+            if self.tick().await.unwrap() == 0 {
+                return;
+            }
+            assert!(round < 10, "the passes never settle");
+        }
+    }
+
     fn catch_up(&mut self) {
         while let Some(Some(b)) = futures::FutureExt::now_or_never(self.cache.next_batch()) {
             b.unwrap();
@@ -166,13 +176,7 @@ async fn after_a_failed_write_the_next_pass_writes_every_status() {
 #[tokio::test]
 async fn a_report_over_capacity_is_written_into_the_policy_status() {
     let mut leader = Leader::new().await;
-    // Until a pass writes nothing: the next is partial.
-    for round in 0.. {
-        if leader.tick().await.unwrap() == 0 {
-            break;
-        }
-        assert!(round < 10, "the passes never settle");
-    }
+    leader.settle().await;
     let report = PolicyOverCapacity {
         kind: "EgressPolicy".into(),
         namespace: "default".into(),
@@ -191,4 +195,35 @@ async fn a_report_over_capacity_is_written_into_the_policy_status() {
         st.conditions.iter().any(|c| c.reason == "OverCapacity"),
         "{st:?}"
     );
+}
+
+/// A partial pass compares only the grants it changed and those whose
+/// view changed: grants another writer took away are written back by it.
+#[tokio::test]
+async fn grants_changed_by_another_writer_are_written_back_by_a_partial_pass() {
+    let mut leader = Leader::new().await;
+    leader.settle().await;
+    let ours = held(&leader.ds, "w1", "10.0.0.1").await;
+    assert!(!ours.is_empty(), "w1 holds a block");
+    let wipe = crate::datastore::StatusPatch {
+        manager: super::run::PORT_BLOCK_MANAGER.into(),
+        owned: vec!["portBlocks".into(), "portBlockSize".into()],
+        status: json!({}),
+    };
+    let key = ObjectKey::cluster("w1");
+    leader
+        .ds
+        .write_status(Kind::EgressTunnel, &key, &wipe)
+        .await
+        .unwrap();
+    assert!(held(&leader.ds, "w1", "10.0.0.1").await.is_empty());
+    leader.catch_up();
+    let partial = leader.cache.memo.partial_passes;
+    assert_eq!(leader.tick().await.unwrap(), 1, "w1's grants written back");
+    assert_eq!(
+        leader.cache.memo.partial_passes,
+        partial + 1,
+        "a partial pass"
+    );
+    assert_eq!(held(&leader.ds, "w1", "10.0.0.1").await, ours);
 }

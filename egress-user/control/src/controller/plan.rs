@@ -2,7 +2,7 @@
 //! the events to record, the failovers and the port facts for metrics.
 //! The async loop writes it; nothing here reads or writes a datastore.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::api::{
@@ -39,12 +39,43 @@ pub struct Plan {
     pub ports: Vec<Arc<[PortFact]>>,
     /// Free blocks per address, for metrics.
     pub addresses: Vec<AddressFact>,
+    /// In a pass that kept the last pass's grants (a partial one): the
+    /// nodes whose grants may differ from the view's, those this pass
+    /// changed and those whose grants in the view changed since the last
+    /// pass. The others' are as the last pass found them written, and are
+    /// not compared again (50,000 grants at a thousand nodes). `None`:
+    /// compare every node's.
+    pub grants_to_compare: GrantsToCompare,
 }
+
+/// [`Plan::grants_to_compare`]: how a plan was made, not what it decides,
+/// so two plans that decide the same are equal whatever it holds.
+#[derive(Clone, Debug, Default)]
+pub struct GrantsToCompare(pub Option<BTreeSet<String>>);
+
+impl PartialEq for GrantsToCompare {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for GrantsToCompare {}
 
 impl Plan {
     /// Every (address, worker) fact.
     pub fn port_facts(&self) -> impl Iterator<Item = &PortFact> {
         self.ports.iter().flat_map(|g| g.iter())
+    }
+
+    /// A node's grants, to change them (counted among those to compare).
+    pub fn grants_mut(&mut self, node: &str) -> Option<&mut TunnelGrants> {
+        let t = self.tunnels.get_mut(node)?;
+        if let Some(nodes) = &mut self.grants_to_compare.0 {
+            if !nodes.contains(node) {
+                nodes.insert(node.to_string());
+            }
+        }
+        Some(Arc::make_mut(t))
     }
 
     pub fn gateways_mut(&mut self) -> &mut BTreeMap<String, EgressGatewayStatus> {
@@ -134,10 +165,17 @@ impl TunnelGrants {
         self.port_blocks.insert(at, grant);
     }
 
-    /// Takes away the node's grant of `eip` of gateway `gw`, if any.
+    /// Takes away the node's grant of `eip` of gateway `gw`, if any. The
+    /// grants are in order ([`TunnelGrants::insert`]): found by halving,
+    /// not by comparing every grant's names (a pass removes the grants of
+    /// each address it decides again, from each of its holders).
     pub fn remove(&mut self, gw: &str, eip: &str) {
-        self.port_blocks
-            .retain(|g| !(g.gateway == gw && g.eip == eip));
+        fn key(g: &EipPortBlocks) -> (&str, &str) {
+            (g.gateway.as_str(), g.eip.as_str())
+        }
+        let from = self.port_blocks.partition_point(|g| key(g) < (gw, eip));
+        let to = from + self.port_blocks[from..].partition_point(|g| key(g) == (gw, eip));
+        self.port_blocks.drain(from..to);
         if self.port_blocks.is_empty() {
             self.port_block_size = 0;
         }
@@ -191,4 +229,41 @@ pub struct PortFacts {
     /// By address (see [`Plan::ports`]).
     pub workers: Vec<Arc<[PortFact]>>,
     pub addresses: Vec<AddressFact>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(gw: &str, eip: &str, block: u16) -> EipPortBlocks {
+        EipPortBlocks {
+            gateway: gw.into(),
+            eip: eip.into(),
+            blocks: vec![block],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_grant_is_removed_from_the_ordered_grants_and_nothing_else() {
+        let mut g = TunnelGrants::default();
+        for (gw, eip, b) in [
+            ("b", "10.0.0.1", 1),
+            ("a", "10.0.0.2", 2),
+            ("a", "10.0.0.1", 3),
+            ("b", "10.0.0.2", 4),
+        ] {
+            g.insert(64, grant(gw, eip, b));
+        }
+        g.remove("a", "10.0.0.2");
+        g.remove("c", "10.0.0.1"); // not held: nothing changes
+        let left: Vec<u16> = g.port_blocks.iter().map(|b| b.blocks[0]).collect();
+        assert_eq!(left, [3, 1, 4]);
+        assert_eq!(g.port_block_size, 64);
+        for (gw, eip) in [("a", "10.0.0.1"), ("b", "10.0.0.1"), ("b", "10.0.0.2")] {
+            g.remove(gw, eip);
+        }
+        assert!(g.port_blocks.is_empty());
+        assert_eq!(g.port_block_size, 0);
+    }
 }

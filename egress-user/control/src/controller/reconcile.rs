@@ -107,6 +107,7 @@ pub fn reconcile_with(
         // Taken, not copied: a node's grants are then changed in place
         // (once the caller has let go of the last plan).
         plan.tunnels = std::mem::take(&mut memo.grants.tunnels);
+        plan.grants_to_compare.0 = since.as_ref().map(|d| d.grant_nodes.clone());
     }
     for input in &structure.grants {
         grant_ports(

@@ -202,7 +202,12 @@ fn status_writes(
         .iter()
         .filter_map(|t| Some((t.metadata.name.as_deref()?, t)))
         .collect();
-    for (node, g) in &plan.tunnels {
+    let compared: Box<dyn Iterator<Item = (&String, &Arc<TunnelGrants>)>> =
+        match &plan.grants_to_compare.0 {
+            Some(nodes) => Box::new(nodes.iter().filter_map(|n| plan.tunnels.get_key_value(n))),
+            None => Box::new(plan.tunnels.iter()),
+        };
+    for (node, g) in compared {
         let Some(t) = tunnels.get(node.as_str()) else {
             continue;
         };

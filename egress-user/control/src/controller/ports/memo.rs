@@ -30,10 +30,10 @@ impl AddressOutcome {
     pub fn add_to(&self, cfg: &ControllerConfig, plan: &mut Plan) {
         self.add_facts(plan);
         for (node, grant) in &self.grants {
-            let Some(t) = plan.tunnels.get_mut(node) else {
+            let Some(t) = plan.grants_mut(node) else {
                 continue;
             };
-            Arc::make_mut(t).insert(cfg.port_block_size, grant.clone());
+            t.insert(cfg.port_block_size, grant.clone());
         }
     }
 
@@ -49,8 +49,8 @@ impl AddressOutcome {
     /// Takes its grants out of the plan.
     pub fn remove_grants(&self, gw: &str, addr: &str, plan: &mut Plan) {
         for (node, _) in &self.grants {
-            if let Some(t) = plan.tunnels.get_mut(node) {
-                Arc::make_mut(t).remove(gw, addr);
+            if let Some(t) = plan.grants_mut(node) {
+                t.remove(gw, addr);
             }
         }
     }
@@ -65,6 +65,9 @@ pub struct GrantMemo {
     this: ByAddress,
     /// Every node's grants as the last pass planned them.
     pub(in super::super) tunnels: BTreeMap<String, Arc<TunnelGrants>>,
+    /// The nodes with entries of each address, while a view cache keeps
+    /// it current (the controller's); `None`: every tunnel is read.
+    pub(in super::super) holders: Option<super::HolderIndex>,
     /// Addresses decided again, and those taken from the memo, since start.
     pub decided: u64,
     pub reused: u64,
@@ -122,6 +125,12 @@ impl GrantMemo {
     /// The last pass's outcome of `addr` of `gw`, if it looked at it.
     pub(in super::super) fn last_outcome(&self, gw: &str, addr: &str) -> Option<&AddressOutcome> {
         self.last.get(gw)?.get(addr).map(|(_, o)| o)
+    }
+
+    /// The fingerprint of the inputs the last pass decided `addr` of `gw`
+    /// from, if it looked at it.
+    pub(in super::super) fn last_print(&self, gw: &str, addr: &str) -> Option<u128> {
+        self.last.get(gw)?.get(addr).map(|(p, _)| *p)
     }
 
     /// Whether the last pass looked at `addr` of `gw` (and this one has not
