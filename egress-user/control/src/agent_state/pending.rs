@@ -60,7 +60,7 @@ pub(super) struct Policies<'v, 'a> {
 /// The pending policies that select a pod on `node`, in view order.
 pub(super) fn pending_on(p: &Policies<'_, '_>, node: &str) -> Vec<PendingPolicy> {
     let mut sources: BTreeMap<usize, BTreeSet<IpAddr>> = BTreeMap::new();
-    for pod in p.view.pods.iter().filter(|pod| pod.node == node) {
+    for pod in p.view.pods_on(node) {
         let nsl = p.view.namespace_labels(&pod.namespace);
         for vi in p
             .index

@@ -362,7 +362,7 @@ impl<'a> Prepared<'a> {
         let (index, active, policies) =
             (&self.parts.index, &self.parts.active, &self.parts.targets);
         let mut rules = BTreeSet::new();
-        for pod in view.pods.iter().filter(|p| p.node == me) {
+        for pod in view.pods_on(me) {
             let nsl = view.namespace_labels(&pod.namespace);
             for src in pod.ips.iter().filter_map(|s| s.parse::<IpAddr>().ok()) {
                 let mut taken: Vec<IpNet> = Vec::new();

@@ -8,7 +8,7 @@ use futures::stream::{SelectAll, StreamExt};
 use crate::api::EgressTunnel;
 use crate::datastore::typed::pod_record;
 use crate::datastore::{Datastore, Kind, Result, Stored, WatchEvent, WatchStream};
-use crate::view::{key_of_meta, put, ClusterView, Put};
+use crate::view::{meta_is, put, ClusterView, Put};
 
 use super::dirty::Dirty;
 use super::ports::HolderIndex;
@@ -176,11 +176,11 @@ impl ViewCache {
                     let old = v
                         .tunnels
                         .iter()
-                        .find(|t| key_of_meta(&t.metadata) == s.key)
+                        .find(|t| meta_is(&t.metadata, &s.key))
                         .cloned();
                     let marks = v.generations;
                     put(v, s, Put::Replace);
-                    let new = v.tunnels.iter().find(|t| key_of_meta(&t.metadata) == s.key);
+                    let new = v.tunnels.iter().find(|t| meta_is(&t.metadata, &s.key));
                     if let (Some(d), Some(o), Some(n)) = (&mut self.memo.dirty, &old, new) {
                         d.tunnel_change(o, n);
                     }
@@ -210,11 +210,7 @@ impl ViewCache {
                 }
                 if s.kind == Kind::Pod {
                     let r = pod_record(&s.value);
-                    if let Some(old) = v
-                        .pods
-                        .iter()
-                        .find(|p| p.name == r.name && p.namespace == r.namespace)
-                    {
+                    if let Some(old) = v.pod(&r.namespace, &r.name) {
                         changed.pod_nodes.push(old.node.clone());
                     }
                     changed.pod_nodes.push(r.node.clone());
@@ -225,7 +221,7 @@ impl ViewCache {
             }
             WatchEvent::Deleted { kind, key, .. } => {
                 v.generations.touch(*kind);
-                let m = |meta: &kube::core::ObjectMeta| key_of_meta(meta) != *key;
+                let m = |meta: &kube::core::ObjectMeta| !meta_is(meta, key);
                 match kind {
                     Kind::EgressGateway => v.gateways.retain(|o| m(&o.metadata)),
                     Kind::EgressPolicy => v.policies.retain(|o| m(&o.metadata)),
@@ -242,15 +238,9 @@ impl ViewCache {
                     Kind::Node => v.nodes.retain(|n| n.name != key.name),
                     Kind::Namespace => v.namespaces.retain(|n| n.name != key.name),
                     Kind::Pod => {
-                        if let Some(p) = v
-                            .pods
-                            .iter()
-                            .find(|p| p.name == key.name && p.namespace == key.namespace)
-                        {
-                            changed.pod_nodes.push(p.node.clone());
+                        if let Some(p) = v.pods_mut().remove(&key.namespace, &key.name) {
+                            changed.pod_nodes.push(p.node);
                         }
-                        v.pods
-                            .retain(|p| !(p.name == key.name && p.namespace == key.namespace));
                     }
                 }
                 if *kind != Kind::Pod {

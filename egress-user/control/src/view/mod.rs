@@ -13,10 +13,11 @@ use crate::datastore::{Kind, ObjectKey};
 use crate::validate::{parse_cidr, PolicyFields};
 
 mod load;
+mod pods;
 mod put;
 
 pub use load::{load_kinds, load_view};
-pub(crate) use put::{key_of_meta, put, Put};
+pub(crate) use put::{meta_is, put, Put};
 
 /// Everything the controller and the agents look at, decoded.
 #[derive(Clone, Debug, Default)]
@@ -26,7 +27,10 @@ pub struct ClusterView {
     pub cluster_policies: Vec<EgressClusterPolicy>,
     pub tunnels: Vec<EgressTunnel>,
     pub nodes: Vec<NodeRecord>,
+    /// Changed through [`put`] and the view cache (which keep
+    /// `pod_index` with it); read directly or by [`ClusterView::pods_on`].
     pub pods: Vec<PodRecord>,
+    pub(crate) pod_index: pods::PodIndex,
     pub namespaces: Vec<NamespaceRecord>,
     /// When each kind last changed (see [`Generations`]).
     pub generations: Generations,
@@ -200,6 +204,24 @@ fn created(meta: &kube::core::ObjectMeta) -> i128 {
 }
 
 impl ClusterView {
+    /// The pods on `node`, in view order.
+    pub fn pods_on<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a PodRecord> + 'a {
+        pods::on_node(&self.pods, &self.pod_index, node)
+    }
+
+    /// The pod `namespace`/`name`.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodRecord> {
+        pods::find(&self.pods, &self.pod_index, namespace, name)
+    }
+
+    /// The pods with their index, to change them.
+    pub(crate) fn pods_mut(&mut self) -> pods::Pods<'_> {
+        pods::Pods {
+            list: &mut self.pods,
+            index: &mut self.pod_index,
+        }
+    }
+
     /// Both policy kinds in one list, in order of precedence.
     pub fn policy_views(&self) -> Vec<PolicyView<'_>> {
         let mut v = self.policy_views_as_stored();

@@ -7,11 +7,11 @@ use super::ClusterView;
 use crate::datastore::typed::{decode, namespace_record, node_record, pod_record};
 use crate::datastore::{Kind, ObjectKey, Stored};
 
-pub(crate) fn key_of_meta(m: &kube::core::ObjectMeta) -> ObjectKey {
-    ObjectKey {
-        namespace: m.namespace.clone().unwrap_or_default(),
-        name: m.name.clone().unwrap_or_default(),
-    }
+/// Whether `m` is the metadata of the object of `key` (no copy of names:
+/// a put compares it with every object of its kind).
+pub(crate) fn meta_is(m: &kube::core::ObjectMeta, key: &ObjectKey) -> bool {
+    m.name.as_deref().unwrap_or_default() == key.name
+        && m.namespace.as_deref().unwrap_or_default() == key.namespace
 }
 
 /// Whether a put looks for the object's last version first: not for the
@@ -29,7 +29,7 @@ fn upsert<T: DeserializeOwned>(
     v: &mut Vec<T>,
     s: &Stored,
     how: Put,
-    key: impl Fn(&T) -> ObjectKey,
+    meta: impl Fn(&T) -> &kube::core::ObjectMeta,
 ) {
     let obj = match decode::<T>(s) {
         Ok(o) => o,
@@ -38,7 +38,7 @@ fn upsert<T: DeserializeOwned>(
             return;
         }
     };
-    place(v, obj, how, |o| key(o) == s.key);
+    place(v, obj, how, |o| meta_is(meta(o), &s.key));
 }
 
 /// Replaces the element `same` finds, or appends.
@@ -57,14 +57,11 @@ fn place<T>(v: &mut Vec<T>, obj: T, how: Put, same: impl Fn(&T) -> bool) {
 /// is logged and left out).
 pub(crate) fn put(view: &mut ClusterView, s: &Stored, how: Put) {
     view.generations.touch(s.kind);
-    let meta = |m: &kube::core::ObjectMeta| key_of_meta(m);
     match s.kind {
-        Kind::EgressGateway => upsert(&mut view.gateways, s, how, |o| meta(&o.metadata)),
-        Kind::EgressPolicy => upsert(&mut view.policies, s, how, |o| meta(&o.metadata)),
-        Kind::EgressClusterPolicy => {
-            upsert(&mut view.cluster_policies, s, how, |o| meta(&o.metadata))
-        }
-        Kind::EgressTunnel => upsert(&mut view.tunnels, s, how, |o| meta(&o.metadata)),
+        Kind::EgressGateway => upsert(&mut view.gateways, s, how, |o| &o.metadata),
+        Kind::EgressPolicy => upsert(&mut view.policies, s, how, |o| &o.metadata),
+        Kind::EgressClusterPolicy => upsert(&mut view.cluster_policies, s, how, |o| &o.metadata),
+        Kind::EgressTunnel => upsert(&mut view.tunnels, s, how, |o| &o.metadata),
         Kind::Node => {
             let r = node_record(&s.value);
             let name = r.name.clone();
@@ -72,10 +69,7 @@ pub(crate) fn put(view: &mut ClusterView, s: &Stored, how: Put) {
         }
         Kind::Pod => {
             let r = pod_record(&s.value);
-            let (name, ns) = (r.name.clone(), r.namespace.clone());
-            place(&mut view.pods, r, how, |p| {
-                p.name == name && p.namespace == ns
-            });
+            view.pods_mut().put(r, how == Put::Replace);
         }
         Kind::Namespace => {
             let r = namespace_record(&s.value);
