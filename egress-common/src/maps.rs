@@ -90,7 +90,8 @@ pub const STEERING_SIZE: u32 = 65536;
 pub const OWNED_EIPS_SIZE: u32 = 4096;
 /// EIP host routes learned over BGP.
 pub const ROUTES_SIZE: u32 = 4096;
-/// Counters of every policy a node can hold, of their fail-closed
-/// stand-ins and of the shared overflow slot, with room to spare.
+/// Counter slots: one per policy a node can hold, its fail-closed
+/// stand-ins and the shared overflow entry, with room to spare so that a
+/// freed slot is not handed out again at once.
 pub const POLICY_STATS_SIZE: u32 = 2 * crate::policy::MAX_POLICY_SLOTS as u32;
 pub const POD_LINKS_SIZE: u32 = 65536;

@@ -55,7 +55,10 @@ pub struct NatEntry {
     /// Forward map: the gateway's tunnel endpoint (IPv4, network order bytes
     /// read as a native u32).
     pub ifindex: u32,
-    pub policy_id: u32,
+    /// The policy's `EgressTarget::stats_slot` (its counters). An entry
+    /// written before slots existed holds the policy's id here, past the
+    /// array's end: its packets are not counted.
+    pub stats_slot: u32,
     /// Forward map: the `policy_epoch` the entry was validated under; while
     /// it equals the config's, packets skip the policy lookups.
     pub epoch: u32,

@@ -108,7 +108,7 @@ pub fn spread_bucket(entropy: u32) -> usize {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EgressTarget {
-    /// Identifier of the policy, the key of its counters.
+    /// Identifier of the policy (what userspace names its counters by).
     pub policy_id: u32,
     /// `TARGET_*` bits; 0 means the slot is unused.
     pub flags: u32,
@@ -117,10 +117,16 @@ pub struct EgressTarget {
     pub eip_v6: Addr,
     /// Tunnel endpoint of the gateway that owns the EIPs (IPv4 underlay).
     pub gateway_tunnel_ip: [u8; 4],
-    pub _pad: u32,
+    /// Index of the policy's counters in `POLICY_STATS`; NAT and fragment
+    /// entries carry it. Held by the policy while it is on the node (see
+    /// the agent's `translate::stats_slots`). Once the struct's padding:
+    /// an older agent's pinned targets read as slot 0.
+    pub stats_slot: u32,
 }
 
-/// Per policy (`POLICY_STATS`, per-CPU hash keyed by policy id).
+/// Per policy (`POLICY_STATS`, a per-CPU array indexed by the policy's
+/// `EgressTarget::stats_slot`: its lookup is inlined by the verifier, where
+/// a hash's is a call that hashes the key).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PolicyStats {

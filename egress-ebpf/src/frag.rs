@@ -57,7 +57,8 @@ pub struct FragKey {
 pub struct FragEntry {
     pub addr: Addr,
     pub tunnel: [u8; 4],
-    pub policy_id: u32,
+    /// The policy's counters (`EgressTarget::stats_slot`).
+    pub stats_slot: u32,
     pub ifindex: u32,
     /// The flow entropy of the first fragment (the same outer UDP port, so
     /// that the underlay keeps the datagram on one path).

@@ -35,6 +35,7 @@ mod nat;
 mod neigh;
 mod pkt;
 mod pod_veth;
+mod policy_stats;
 mod probe;
 mod tcp;
 mod tunnel;

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use egress_common::{
@@ -42,8 +42,8 @@ pub static GATEWAY_SPREAD: HashMap<
     { BPF_F_NO_PREALLOC as usize },
 > = HashMap::new();
 #[btf_map]
-pub static POLICY_STATS: PerCpuHashMap<u32, PolicyStats, { POLICY_STATS_SIZE as usize }> =
-    PerCpuHashMap::new();
+pub static POLICY_STATS: PerCpuArray<PolicyStats, { POLICY_STATS_SIZE as usize }> =
+    PerCpuArray::new();
 #[btf_map]
 pub static NAT_FWD: LruHashMap<NatKey, NatEntry, { NAT_TABLE_SIZE as usize }> = LruHashMap::new();
 #[btf_map]

@@ -18,7 +18,7 @@ use crate::{
     flow::{rewrite, Flow, Side, ICMP_KIND_ERROR},
     hdr::*,
     icmp_quote::rewrite_icmp_error,
-    maps::{NAT_FWD, NAT_REV, POLICY_STATS, PORT_BLOCKS},
+    maps::{NAT_FWD, NAT_REV, PORT_BLOCKS},
     mem::{addr_words, set_addr_words},
     verdict::Packed,
 };
@@ -129,7 +129,7 @@ fn reuse(e: &mut NatEntry, fresh: &NatEntry, f: &Flow) -> Option<u16> {
     e.epoch = fresh.epoch;
     e.ifindex = fresh.ifindex;
     e.flags = fresh.flags;
-    e.policy_id = fresh.policy_id;
+    e.stats_slot = fresh.stats_slot;
     Some(e.port)
 }
 
@@ -245,7 +245,7 @@ fn forward_template(cfg: &DatapathConfig, f: &Flow, target: &EgressTarget, now: 
         state: 0,
         flags,
         ifindex: u32::from_ne_bytes(f.gw),
-        policy_id: target.policy_id,
+        stats_slot: target.stats_slot,
         epoch: cfg.policy_epoch,
         last_seen_ns: now,
     }
@@ -274,7 +274,7 @@ fn new_translation(
         flags: 0,
         // SAFETY: skb pointer from the context.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
-        policy_id: fwd.policy_id,
+        stats_slot: fwd.stats_slot,
         epoch: 0,
         last_seen_ns: fwd.last_seen_ns,
     };
@@ -397,18 +397,13 @@ fn translate_reverse(ctx: &mut TcContext, f: &Flow) -> Result<u32, u32> {
     if f.frag == crate::flow::FRAG_FIRST {
         if let Some(e) = crate::frag::next_entry() {
             crate::mem::copy_addr(&mut e.addr, &entry.addr);
-            e.policy_id = entry.policy_id;
+            e.stats_slot = entry.stats_slot;
             e.ifindex = entry.ifindex;
             crate::frag::remember(crate::frag::KIND_REPLY, f);
         }
     }
-    if let Some(s) = POLICY_STATS.get_ptr_mut(&entry.policy_id) {
-        // SAFETY: per-CPU value of this CPU.
-        unsafe {
-            (*s).reply_packets += 1;
-            (*s).reply_bytes += u64::from(ctx.len());
-        }
-    }
+    // SAFETY: `e` is still the valid map value pointer.
+    crate::policy_stats::reply(unsafe { &(*e).stats_slot }, ctx.len());
     Ok(entry.ifindex)
 }
 

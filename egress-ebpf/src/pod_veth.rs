@@ -15,7 +15,7 @@ use crate::{
     fwd::{encap, fib_forward, learn_pod_link},
     hdr::*,
     maps::{
-        CONFIG, GATEWAY_SPREAD, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_STATS, POLICY_TARGETS,
+        CONFIG, GATEWAY_SPREAD, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_TARGETS,
         ROUTES,
     },
     nat::forward_port,
@@ -104,7 +104,7 @@ fn try_worker_egress(ctx: &mut TcContext) -> Result<i32, u32> {
         Err(r) => return Err(r),
     };
     if f.frag == FRAG_FIRST {
-        remember_egress(f, eip, gw, target.policy_id, local);
+        remember_egress(f, eip, gw, target.stats_slot, local);
     }
     send_translated(ctx, cfg, f, target, eip, port)
 }
@@ -150,13 +150,7 @@ fn send_translated(
         let hdrs = if f.v6 { 60 } else { 40 };
         clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
     }
-    if let Some(s) = POLICY_STATS.get_ptr_mut(&target.policy_id) {
-        // SAFETY: per-CPU value of this CPU.
-        unsafe {
-            (*s).egress_packets += 1;
-            (*s).egress_bytes += u64::from(ctx.len());
-        }
-    }
+    crate::policy_stats::egress(&target.stats_slot, ctx.len());
     if local {
         crate::mem::copy_addr(&mut f.src, eip);
         f.sport = port;
@@ -257,11 +251,11 @@ fn gateway_of(
 
 /// Remembers the translation of a first fragment for the later ones (`frag`).
 #[inline(always)]
-fn remember_egress(f: &Flow, eip: &Addr, gw: [u8; 4], policy_id: u32, local: bool) {
+fn remember_egress(f: &Flow, eip: &Addr, gw: [u8; 4], stats_slot: u32, local: bool) {
     if let Some(e) = crate::frag::next_entry() {
         crate::mem::copy_addr(&mut e.addr, eip);
         e.tunnel = gw;
-        e.policy_id = policy_id;
+        e.stats_slot = stats_slot;
         e.entropy = crate::vxlan::flow_entropy(f);
         e.flags = if local {
             u32::from(NAT_LOCAL_GATEWAY)
@@ -283,13 +277,7 @@ fn later_fragment(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> Re
         None => return Ok(TC_ACT_OK as i32),
     };
     crate::frag::rewrite_addr(ctx, f, true, &e.addr).map_err(|_| DROP_MALFORMED)?;
-    if let Some(s) = POLICY_STATS.get_ptr_mut(&e.policy_id) {
-        // SAFETY: per-CPU value of this CPU.
-        unsafe {
-            (*s).egress_packets += 1;
-            (*s).egress_bytes += u64::from(ctx.len());
-        }
-    }
+    crate::policy_stats::egress(&e.stats_slot, ctx.len());
     if e.flags & u32::from(NAT_LOCAL_GATEWAY) != 0 {
         crate::mem::copy_addr(&mut f.src, &e.addr);
         return fib_forward(ctx, f, 0);
@@ -329,7 +317,7 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         None => return FAST_NO_ENTRY,
     };
     // SAFETY: valid map value pointer; fields copied before the packet changes.
-    let (eip, port, gw, local, policy_id) = unsafe {
+    let (eip, port, gw, local, stats_slot) = unsafe {
         if (*e).epoch != cfg.policy_epoch {
             return FAST_REVALIDATE;
         }
@@ -352,11 +340,11 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
             (*e).port,
             (*e).ifindex.to_ne_bytes(),
             local,
-            (*e).policy_id,
+            (*e).stats_slot,
         )
     };
     if f.frag == FRAG_FIRST {
-        remember_egress(f, &eip, gw, policy_id, local);
+        remember_egress(f, &eip, gw, stats_slot, local);
     }
     if rewrite(ctx, f, Side::Src, &eip, port).is_err() {
         return FAST_REVALIDATE - 1 - i64::from(DROP_HELPER);
@@ -365,13 +353,8 @@ fn fast_path(ctx: &mut TcContext, cfg: &DatapathConfig, f: &mut Flow) -> i64 {
         let hdrs = if f.v6 { 60 } else { 40 };
         clamp_mss(ctx, f, cfg.tunnel_mtu.saturating_sub(hdrs));
     }
-    if let Some(s) = POLICY_STATS.get_ptr_mut(&policy_id) {
-        // SAFETY: per-CPU value of this CPU.
-        unsafe {
-            (*s).egress_packets += 1;
-            (*s).egress_bytes += u64::from(ctx.len());
-        }
-    }
+    // SAFETY: `e` is still the valid map value pointer.
+    crate::policy_stats::egress(unsafe { &(*e).stats_slot }, ctx.len());
     let r = if local {
         crate::mem::copy_addr(&mut f.src, &eip);
         f.sport = port;

@@ -72,12 +72,6 @@ fn try_tunnel_ingress(ctx: &mut TcContext) -> Result<i32, u32> {
 pub fn reply_fragment_to_pod(ctx: &mut TcContext, f: &Flow) -> Result<i32, u32> {
     let e = crate::frag::recall(KIND_REPLY, f).ok_or(DROP_FRAGMENT)?;
     crate::frag::rewrite_addr(ctx, f, false, &e.addr).map_err(|_| DROP_MALFORMED)?;
-    if let Some(s) = crate::maps::POLICY_STATS.get_ptr_mut(&e.policy_id) {
-        // SAFETY: per-CPU value of this CPU.
-        unsafe {
-            (*s).reply_packets += 1;
-            (*s).reply_bytes += u64::from(ctx.len());
-        }
-    }
+    crate::policy_stats::reply(&e.stats_slot, ctx.len());
     Ok(to_pod(ctx, f.v6, e.ifindex))
 }

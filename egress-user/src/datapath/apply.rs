@@ -8,15 +8,12 @@ mod shadow;
 
 pub use shadow::MapShadow;
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::Path,
-};
+use std::{collections::BTreeMap, path::Path};
 
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKeyK, LpmTrie},
-        Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
     },
     Pod,
 };
@@ -32,7 +29,7 @@ use egress_common::{
 
 use super::{
     desired::DesiredMaps,
-    translate::{translate, LpmKey, MapContents, TranslateError},
+    translate::{translate_keeping, LpmKey, MapContents, StatsSlots, TranslateError},
     Datapath,
 };
 
@@ -234,39 +231,58 @@ fn diff_array<V: Pod + PartialEq + Send>(
     Ok(())
 }
 
-/// Makes sure every policy has a counter entry and gone policies have none;
-/// existing counters are kept.
-fn diff_policy_stats(
+/// The counter slots the last apply gave out: the shadow's copy, or (after
+/// a start or a resync) what the pinned slot table says, which is then
+/// kept as the table's copy for its diff.
+fn last_stats_slots(
     src: &mut dyn MapSource,
-    ids: &BTreeSet<u32>,
+    shadow: &mut MapShadow,
+) -> Result<StatsSlots, ApplyError> {
+    if let Some(s) = shadow.take::<StatsSlots>(POLICY_STATS) {
+        return Ok(s);
+    }
+    let targets: Vec<EgressTarget> = match shadow.take(POLICY_TARGETS) {
+        Some(t) => t,
+        None => {
+            let name = POLICY_TARGETS;
+            let map: Array<&mut MapData, EgressTarget> =
+                Array::try_from(get(src, name)?).map_err(wrap(name))?;
+            (0..map.len())
+                .map(|i| map.get(&i, 0))
+                .collect::<Result<_, _>>()
+                .map_err(wrap(name))?
+        }
+    };
+    let slots = StatsSlots::from_targets(&targets);
+    shadow.put(POLICY_TARGETS, targets);
+    Ok(slots)
+}
+
+/// Zeroes the counter slots given to a policy that did not hold them, before
+/// any target points there (a slot freed by a gone policy keeps what it
+/// counted until it is given out again).
+fn reset_fresh_stats(
+    src: &mut dyn MapSource,
+    prev: &StatsSlots,
+    now: &StatsSlots,
     shadow: &mut MapShadow,
     report: &mut ApplyReport,
 ) -> Result<(), ApplyError> {
     let name = POLICY_STATS;
-    let mut map: PerCpuHashMap<&mut MapData, u32, PolicyStats> =
-        PerCpuHashMap::try_from(get(src, name)?).map_err(wrap(name))?;
-    // The programs count into existing entries only: the set of keys is ours.
-    let have: BTreeSet<u32> = match shadow.take(name) {
-        Some(h) => h,
-        None => map.keys().collect::<Result<_, _>>().map_err(wrap(name))?,
-    };
-    let ncpu =
-        aya::util::nr_cpus().map_err(|(what, e)| ApplyError::Cpus(format!("{what}: {e}")))?;
-    let mut written = 0;
-    for id in ids.difference(&have) {
-        let zero = PerCpuValues::try_from(vec![PolicyStats::default(); ncpu])
-            .map_err(|e| ApplyError::Cpus(e.to_string()))?;
-        map.insert(id, zero, 0).map_err(wrap(name))?;
-        written += 1;
+    let fresh = now.fresh_since(prev);
+    if !fresh.is_empty() {
+        let mut map: PerCpuArray<&mut MapData, PolicyStats> =
+            PerCpuArray::try_from(get(src, name)?).map_err(wrap(name))?;
+        let ncpu =
+            aya::util::nr_cpus().map_err(|(what, e)| ApplyError::Cpus(format!("{what}: {e}")))?;
+        for slot in &fresh {
+            let zero = PerCpuValues::try_from(vec![PolicyStats::default(); ncpu])
+                .map_err(|e| ApplyError::Cpus(e.to_string()))?;
+            map.set(*slot, zero, 0).map_err(wrap(name))?;
+        }
     }
-    let mut removed = 0;
-    for id in have.difference(ids) {
-        map.remove(id).map_err(wrap(name))?;
-        removed += 1;
-    }
-    shadow.put(name, ids.clone());
-    report.written.insert(name, written);
-    report.removed.insert(name, removed);
+    shadow.put(name, now.clone());
+    report.written.insert(name, fresh.len());
     Ok(())
 }
 
@@ -275,16 +291,19 @@ fn diff_policy_stats(
 const TRIE: usize = egress_common::maps::POLICY_TRIE_SIZE as usize;
 const ROUTES_SIZE: usize = egress_common::maps::ROUTES_SIZE as usize;
 
-/// Writes already translated contents (see [`translate`]).
+/// Writes already translated contents (see [`translate_keeping`]); the
+/// counters of every slot `m` gives out start from zero.
 pub fn apply_contents(src: &mut dyn MapSource, m: &MapContents) -> Result<ApplyReport, ApplyError> {
-    apply_contents_with(src, m, &mut MapShadow::default())
+    apply_contents_with(src, m, &StatsSlots::default(), &mut MapShadow::default())
 }
 
 /// [`apply_contents`], diffing against `shadow` where it has a copy (and
-/// leaving there what was written).
+/// leaving there what was written); `prev_slots` are the counter slots the
+/// maps hold now (those `m` keeps keep their counts).
 pub fn apply_contents_with(
     src: &mut dyn MapSource,
     m: &MapContents,
+    prev_slots: &StatsSlots,
     shadow: &mut MapShadow,
 ) -> Result<ApplyReport, ApplyError> {
     let mut r = ApplyReport::default();
@@ -302,7 +321,7 @@ pub fn apply_contents_with(
     config.policy_epoch = current.map_or(0, |c| c.policy_epoch);
     config.gateway_epoch = current.map_or(0, |c| c.gateway_epoch);
     let mut config_writes = write_config(src, &config)?;
-    diff_policy_stats(src, &m.policy_ids, shadow, &mut r)?;
+    reset_fresh_stats(src, prev_slots, &m.stats_slots, shadow, &mut r)?;
     diff_lpm::<RouteNextHop>(src, ROUTES, ROUTES_SIZE, &m.routes, shadow, &mut r)?;
     // A target's buckets before the target that points at them.
     diff_hash::<u32, GatewaySpread>(src, GATEWAY_SPREAD, &m.spread, shadow, &mut r)?;
@@ -342,8 +361,9 @@ pub fn apply_with(
     desired: &DesiredMaps,
     shadow: &mut MapShadow,
 ) -> Result<ApplyReport, ApplyError> {
-    let m = translate(desired)?;
-    let mut report = apply_contents_with(src, &m, shadow)?;
+    let prev_slots = last_stats_slots(src, shadow)?;
+    let m = translate_keeping(desired, &prev_slots)?;
+    let mut report = apply_contents_with(src, &m, &prev_slots, shadow)?;
     report.over_capacity = m.over_capacity;
     Ok(report)
 }

@@ -71,7 +71,9 @@ type Incompatible = fn(&aya::maps::MapInfo) -> bool;
 /// The pinned maps an older object may have defined with another shape,
 /// and how to tell. A pinned map is reused by name as it is, so one of an
 /// old shape would be misread; these are replaced instead. What that
-/// costs: `DROPS` and `POLICY_STATS` lose their counters; `CONFIG` and
+/// costs: `DROPS` and `POLICY_STATS` lose their counters (`POLICY_STATS`
+/// was a per-CPU hash keyed by policy id before it became an array of
+/// counter slots); `CONFIG` and
 /// the policy maps (`POLICY_SRC`, `POLICY_DST`, `POLICY_TARGETS`, whose
 /// slot sets grew from 64 to 1024 slots) and `PORT_BLOCKS` (from 16 to
 /// 1024 blocks per EIP) start empty and are written whole by the agent's
@@ -95,8 +97,10 @@ fn shape_checks() -> [(&'static str, Incompatible); 7] {
         (maps::POLICY_TARGETS, |i| {
             (i.max_entries() as usize) < policy::MAX_POLICY_SLOTS
         }),
+        // Once a per-CPU hash keyed by policy id, now an array by slot.
         (maps::POLICY_STATS, |i| {
             i.max_entries() < maps::POLICY_STATS_SIZE
+                || !matches!(i.map_type(), Ok(aya::maps::MapType::PerCpuArray))
         }),
         (maps::PORT_BLOCKS, |i| {
             i.value_size() as usize != size_of::<egress_common::ports::PortBlocks>()

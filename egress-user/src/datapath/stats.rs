@@ -66,21 +66,30 @@ fn read_counters(
     Ok(out)
 }
 
-/// Packets and bytes per policy id and direction (summed over CPUs).
+/// Packets and bytes per policy id and direction (summed over CPUs): the
+/// pinned slot table says which counter slot each policy on the node has.
 pub fn read_policy_stats(
     pin_dir: &Path,
 ) -> anyhow::Result<std::collections::BTreeMap<u32, egress_common::policy::PolicyStats>> {
-    use egress_common::policy::PolicyStats;
-    let path = pin_dir.join(egress_common::maps::POLICY_STATS);
-    let data = MapData::from_pin(&path)
-        .map_err(|e| anyhow::anyhow!("opening pinned map {}: {e}", path.display()))?;
-    let map: aya::maps::PerCpuHashMap<_, u32, PolicyStats> =
-        aya::maps::PerCpuHashMap::try_from(aya::maps::Map::PerCpuHashMap(data))?;
+    use egress_common::policy::{EgressTarget, PolicyStats};
+    let open = |name: &str| {
+        let path = pin_dir.join(name);
+        MapData::from_pin(&path)
+            .map_err(|e| anyhow::anyhow!("opening pinned map {}: {e}", path.display()))
+    };
+    let targets: aya::maps::Array<_, EgressTarget> = aya::maps::Array::try_from(
+        aya::maps::Map::Array(open(egress_common::maps::POLICY_TARGETS)?),
+    )?;
+    let slots = crate::datapath::translate::StatsSlots::from_targets(
+        &targets.iter().collect::<Result<Vec<_>, _>>()?,
+    );
+    let map: aya::maps::PerCpuArray<_, PolicyStats> = aya::maps::PerCpuArray::try_from(
+        aya::maps::Map::PerCpuArray(open(egress_common::maps::POLICY_STATS)?),
+    )?;
     let mut out = std::collections::BTreeMap::new();
-    for r in map.iter() {
-        let (id, values) = r?;
+    for (id, slot) in slots.by_policy {
         let mut total = PolicyStats::default();
-        for v in values.iter() {
+        for v in map.get(&slot, 0)?.iter() {
             total.merge(v);
         }
         out.insert(id, total);

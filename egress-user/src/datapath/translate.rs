@@ -17,6 +17,8 @@ use egress_common::{
     },
 };
 
+pub use stats_slots::StatsSlots;
+
 use super::{
     capacity::{self, Caps, OverCapacity},
     desired::{Cidr, DesiredMaps, NodeConfig, PolicyRule},
@@ -35,7 +37,8 @@ pub struct MapContents {
     pub targets: Vec<EgressTarget>,
     /// Slot -> flow buckets, for the targets with `TARGET_SPREAD`.
     pub spread: BTreeMap<u32, GatewaySpread>,
-    pub policy_ids: BTreeSet<u32>,
+    /// Where each policy's counters are (the targets carry the same slots).
+    pub stats_slots: StatsSlots,
     pub port_blocks: BTreeMap<Addr, PortBlocks>,
     pub steering: BTreeMap<SteerKey, SteerTarget>,
     pub owned: BTreeMap<Addr, OwnedVal>,
@@ -80,12 +83,25 @@ pub const NODE_CAPS: Caps = Caps {
     eips: egress_common::maps::PORT_BLOCKS_SIZE as usize,
 };
 
+/// [`translate_keeping`] with no counter slots given out before.
 pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
-    translate_within(d, NODE_CAPS)
+    translate_keeping(d, &StatsSlots::default())
 }
 
-/// [`translate`] into maps of the sizes `caps` (smaller in tests).
-pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, TranslateError> {
+/// The maps for `d`; each policy keeps its counter slot in `slots`.
+pub fn translate_keeping(
+    d: &DesiredMaps,
+    slots: &StatsSlots,
+) -> Result<MapContents, TranslateError> {
+    translate_within(d, NODE_CAPS, slots)
+}
+
+/// [`translate_keeping`] into maps of the sizes `caps` (smaller in tests).
+pub fn translate_within(
+    d: &DesiredMaps,
+    caps: Caps,
+    slots: &StatsSlots,
+) -> Result<MapContents, TranslateError> {
     if d.config.port_block_size == 0 {
         return Err(TranslateError::BlockSize);
     }
@@ -102,13 +118,15 @@ pub fn translate_within(d: &DesiredMaps, caps: Caps) -> Result<MapContents, Tran
         config: datapath_config(&d.config),
         ..Default::default()
     };
+    let ids: BTreeSet<u32> = policies.iter().map(|p| p.id).collect();
+    out.stats_slots = slots.assign(&ids);
     for (slot, p) in policies.iter().enumerate() {
         out.targets[slot] = egress_target(p)?;
+        out.targets[slot].stats_slot = out.stats_slots.of(p.id);
         if out.targets[slot].flags & TARGET_SPREAD != 0 {
             out.spread
                 .insert(slot as u32, spread::spread_table(&p.spread));
         }
-        out.policy_ids.insert(p.id);
     }
     fold_prefixes(&policies, &cluster, &mut out);
     for r in &d.routes {
@@ -356,6 +374,8 @@ fn policy_epoch(m: &MapContents) -> u32 {
     }
     for t in &m.targets {
         eat(&t.policy_id.to_le_bytes());
+        // NAT entries carry the counter slot: a new one must reach them.
+        eat(&t.stats_slot.to_le_bytes());
         eat(&t.flags.to_le_bytes());
         eat(&t.eip_v4);
         eat(&t.eip_v6);
@@ -763,3 +783,4 @@ mod capacity_tests;
 
 mod cover;
 pub mod spread;
+pub mod stats_slots;

@@ -15,6 +15,7 @@ mod gateway_xdp_forward;
 mod port_blocks;
 mod slots;
 mod spread;
+mod stats_slots;
 mod userspace_apply;
 mod worker;
 mod worker_drops;

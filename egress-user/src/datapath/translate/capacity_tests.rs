@@ -133,7 +133,7 @@ fn more_eips_than_the_port_block_table_are_reported_not_a_failed_update() {
         eips: 600,
         ..NODE_CAPS
     };
-    let m = translate_within(&d, caps).expect("no error past the EIP table");
+    let m = translate_within(&d, caps, &Default::default()).expect("no error past the EIP table");
     assert!(
         m.port_blocks.len() <= 600,
         "{} EIPs written",
