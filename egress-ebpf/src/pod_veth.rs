@@ -14,10 +14,7 @@ use crate::{
     frag::KIND_EGRESS,
     fwd::{encap, fib_forward, learn_pod_link},
     hdr::*,
-    maps::{
-        CONFIG, GATEWAY_SPREAD, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_TARGETS,
-        ROUTES,
-    },
+    maps::{CONFIG, GATEWAY_SPREAD, NAT_FWD, POLICY_DST, POLICY_SRC, POLICY_TARGETS, ROUTES},
     nat::forward_port,
     tcp::clamp_mss,
     verdict::drop_with,
