@@ -211,6 +211,24 @@ pub struct GatewayRates {
     pub forward: Rates,
 }
 
+impl GatewayRates {
+    /// Figures of a machine whose kernel refuses the live-frames test run
+    /// (`null` in the JSON line), so that the rest of the benchmark still
+    /// reports.
+    pub fn unmeasured() -> Self {
+        let none = || Rates {
+            xdp_mpps: f64::NAN,
+            tc_mpps: f64::NAN,
+            xdp_delivered: f64::NAN,
+            tc_delivered: f64::NAN,
+        };
+        Self {
+            reply: none(),
+            forward: none(),
+        }
+    }
+}
+
 pub fn gateway_rates() -> Result<GatewayRates> {
     let beds = [reply_bed(true)?, reply_bed(false)?];
     // [kind][bed]: each round's rate.
