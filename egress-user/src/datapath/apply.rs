@@ -275,10 +275,11 @@ fn reset_fresh_stats(
             PerCpuArray::try_from(get(src, name)?).map_err(wrap(name))?;
         let ncpu =
             aya::util::nr_cpus().map_err(|(what, e)| ApplyError::Cpus(format!("{what}: {e}")))?;
+        let zero = vec![PolicyStats::default(); ncpu];
         for slot in &fresh {
-            let zero = PerCpuValues::try_from(vec![PolicyStats::default(); ncpu])
+            let values = PerCpuValues::try_from(zero.clone())
                 .map_err(|e| ApplyError::Cpus(e.to_string()))?;
-            map.set(*slot, zero, 0).map_err(wrap(name))?;
+            map.set(*slot, values, 0).map_err(wrap(name))?;
         }
     }
     shadow.put(name, now.clone());
