@@ -10,6 +10,10 @@ pub const DEFAULT_VXLAN_PORT: u16 = 7789;
 pub const CFG_GATEWAY: u32 = 1 << 0;
 /// This node is a worker: it SNATs pod traffic.
 pub const CFG_WORKER: u32 = 1 << 1;
+/// The tunnel runs over IPv6: every 4-byte tunnel endpoint field is an
+/// index into `TUNNEL_ENDPOINTS` (see `endpoints`), and the outer headers
+/// are IPv6 (70 bytes with the inner Ethernet header instead of 50).
+pub const CFG_UNDERLAY_V6: u32 = 1 << 2;
 
 /// Slot 0 of the `CONFIG` array.
 #[repr(C)]
@@ -32,7 +36,8 @@ pub struct DatapathConfig {
     /// UDP port on which the datapath answers the controller's probes to
     /// `node_tunnel_ip` (0: not answered here; the agent's socket may).
     pub probe_port: u16,
-    /// This node's tunnel endpoint (IPv4 underlay, network byte order).
+    /// This node's tunnel endpoint: the IPv4 address (network byte order),
+    /// or on an IPv6 underlay its index in `TUNNEL_ENDPOINTS`.
     pub node_tunnel_ip: [u8; 4],
     /// Seconds a NAT entry lives without traffic, per protocol/state.
     pub timeouts: NatTimeouts,

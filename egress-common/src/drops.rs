@@ -37,7 +37,12 @@ pub const DROP_UNTRANSLATED_ICMP: u32 = 12;
 /// follows, headers past the first 256 bytes) to a policy destination.
 pub const DROP_UNTRANSLATED_V6_EXT: u32 = 13;
 
-pub const DROP_REASONS: usize = 14;
+/// IPv6 underlay: the tunnel endpoint a packet is sent to (a gateway, or
+/// the worker of a reply) has no address in `TUNNEL_ENDPOINTS` (the agent
+/// has not written it yet, or the index is stale).
+pub const DROP_NO_TUNNEL_ENDPOINT: u32 = 14;
+
+pub const DROP_REASONS: usize = 15;
 
 /// Names in index order, for tools.
 pub const DROP_NAMES: [&str; DROP_REASONS] = [
@@ -55,4 +60,5 @@ pub const DROP_NAMES: [&str; DROP_REASONS] = [
     "untranslated_proto",
     "untranslated_icmp",
     "untranslated_v6_ext",
+    "no_tunnel_endpoint",
 ];

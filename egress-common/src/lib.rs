@@ -9,6 +9,7 @@ pub mod addr;
 pub mod config;
 pub mod counters;
 pub mod drops;
+pub mod endpoints;
 pub mod maps;
 pub mod nat;
 pub mod pod_link;

@@ -50,6 +50,8 @@ pub const NAT_EVENTS: &str = "NAT_EVENTS";
 /// back out with `XDP_TX`, by path (`XDP_TX_PATHS`; the TC paths' are
 /// not counted).
 pub const XDP_TX_COUNT: &str = "XDP_TX_COUNT";
+/// Array: endpoint index -> `endpoints::TunnelEndpoint` (IPv6 underlay).
+pub const TUNNEL_ENDPOINTS: &str = "TUNNEL_ENDPOINTS";
 /// The slots of `XDP_TX_COUNT`: steered replies, decapsulated forwards.
 pub const XDP_TX_PATHS: [&str; 2] = ["reply", "forward"];
 
@@ -73,6 +75,7 @@ pub const PINNED_MAPS: &[&str] = &[
     POD_LINKS,
     NAT_EVENTS,
     XDP_TX_COUNT,
+    TUNNEL_ENDPOINTS,
 ];
 
 /// Programs in the object.

@@ -10,7 +10,10 @@ use aya_ebpf::{
     },
     programs::TcContext,
 };
-use egress_common::{config::DatapathConfig, drops::*};
+use egress_common::{
+    config::{DatapathConfig, CFG_UNDERLAY_V6},
+    drops::*,
+};
 
 use crate::{
     ctx::{csum_update16, ptr_at},
@@ -32,6 +35,11 @@ pub fn encap(
     remote: [u8; 4],
     entropy: u32,
 ) -> Result<i32, u32> {
+    if cfg.flags & CFG_UNDERLAY_V6 != 0 {
+        return crate::vxlan6::encap(ctx, cfg, remote, entropy)
+            .get()
+            .map(|v| v as i32);
+    }
     if let Some(v) = crate::vxlan::encapsulate(ctx, cfg, remote, entropy) {
         return Ok(v);
     }

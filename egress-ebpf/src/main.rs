@@ -11,6 +11,8 @@
 //!   reply steered back out with `XDP_TX`, and with `xdp_forward` the
 //!   common forward decapsulated and sent out; everything else to `uplink`
 //!   (and the VXLAN device).
+//! - `vxlan` / `vxlan6`: the tunnel's outer headers over an IPv4 / IPv6
+//!   underlay.
 //! - `count`: `tc_count`, the smallest program (packets and bytes).
 #![no_std]
 #![no_main]
@@ -43,6 +45,7 @@ mod uplink;
 mod uplink_xdp;
 mod verdict;
 mod vxlan;
+mod vxlan6;
 mod xdp_forward;
 
 #[cfg(not(test))]

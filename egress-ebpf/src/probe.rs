@@ -8,7 +8,7 @@
 //! discriminator echoed and this node's own (its tunnel address).
 
 use aya_ebpf::{helpers::generated::bpf_redirect, programs::TcContext};
-use egress_common::config::DatapathConfig;
+use egress_common::config::{DatapathConfig, CFG_UNDERLAY_V6};
 
 use crate::{
     ctx::{fold, ptr_at, sum_words},
@@ -51,7 +51,9 @@ const IPV4_LEN: usize = core::mem::size_of::<Ipv4Hdr>();
 /// came in on), or `None` when the packet is not one.
 #[inline(always)]
 pub fn answer(ctx: &TcContext, cfg: &DatapathConfig) -> Option<i32> {
-    if cfg.probe_port == 0 {
+    // Over an IPv6 underlay the agent's socket answers (this answer is
+    // IPv4's); `node_tunnel_ip` is an endpoint index there.
+    if cfg.probe_port == 0 || cfg.flags & CFG_UNDERLAY_V6 != 0 {
         return None;
     }
     let eth: *mut EthHdr = ptr_at(ctx, 0).ok()?;

@@ -23,7 +23,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use egress_common::{
-    config::{DatapathConfig, CFG_GATEWAY},
+    config::{DatapathConfig, CFG_GATEWAY, CFG_UNDERLAY_V6},
     maps::XDP_TX_PATHS,
     steering::STEER_LOCAL,
     TrafficCounter,
@@ -37,7 +37,7 @@ use crate::{
     maps::{CONFIG, OWNED_EIPS, REPLY_STEERING},
     pkt,
     uplink::{steer_key, PlainReplyV4},
-    vxlan::{write_outer_ip, write_outer_udp_vxlan, Outer, GROW, OUTER_LEN},
+    vxlan::{write_outer_ip, write_udp_vxlan, Outer, GROW, OUTER_LEN},
 };
 
 const AF_INET: u8 = 2;
@@ -91,7 +91,12 @@ pub fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
 fn try_uplink_xdp(ctx: &XdpContext) -> Option<u32> {
     let cfg = CONFIG.get(0)?;
     let bs = cfg.port_block_size;
-    if cfg.flags & CFG_GATEWAY == 0 || bs == 0 || cfg.gateway_epoch == 0 {
+    // On an IPv6 underlay the TC path steers and the VXLAN device
+    // decapsulates: the XDP paths write and read IPv4 outer headers only.
+    if cfg.flags & (CFG_GATEWAY | CFG_UNDERLAY_V6) != CFG_GATEWAY
+        || bs == 0
+        || cfg.gateway_epoch == 0
+    {
         return None;
     }
     if crate::xdp_forward::is_tunnel_packet(ctx, cfg) {
@@ -201,7 +206,7 @@ fn encapsulate(
     unsafe {
         write_outer_eth(d, smac, dmac);
         write_outer_ip(d, ip_len, cfg.node_tunnel_ip, remote);
-        write_outer_udp_vxlan(d, ip_len - 20, sport, cfg);
+        write_udp_vxlan(d + offset_of!(Outer, udp), ip_len - 20, sport, cfg);
     }
     count_tx(TX_REPLY, ctx);
     Some(XDP_TX)

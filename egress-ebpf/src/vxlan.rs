@@ -167,7 +167,7 @@ pub const PLAIN_ROOM: u32 = 0x6265_6e63;
 /// kernel records the inner headers' offsets, so a GSO packet is segmented
 /// as a tunnelled one) of an Ethernet frame in IPv4/UDP.
 #[inline(always)]
-fn room_flags(ctx: &TcContext) -> u64 {
+pub fn room_flags(ctx: &TcContext, outer_l3: u32) -> u64 {
     // The benchmark's repeated runs (see `bench`) grow the room without
     // the encapsulation flags: the kernel refuses to encapsulate an skb
     // twice, and `repeat` runs one skb again and again.
@@ -179,7 +179,7 @@ fn room_flags(ctx: &TcContext) -> u64 {
     #[cfg(not(feature = "bench"))]
     let _ = ctx;
     u64::from(
-        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+        outer_l3
             | BPF_F_ADJ_ROOM_ENCAP_L4_UDP
             | BPF_F_ADJ_ROOM_ENCAP_L2_ETH
             // The pod's segments already fit the tunnel (MSS clamp).
@@ -199,8 +199,12 @@ fn encapsulate_in_place(
         return None;
     }
     let (ifindex, via) = next_hop(ctx, cfg, remote)?;
-    ctx.adjust_room(GROW as i32, BPF_ADJ_ROOM_MAC, room_flags(ctx))
-        .ok()?;
+    ctx.adjust_room(
+        GROW as i32,
+        BPF_ADJ_ROOM_MAC,
+        room_flags(ctx, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4),
+    )
+    .ok()?;
     // The room lies between the frame's Ethernet header, still in front,
     // and its IP header.
     let d = ctx.data();
@@ -219,9 +223,9 @@ fn encapsulate_in_place(
     // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above; no
     // helper call until the checksum update.
     let added = unsafe {
-        move_inner_eth(d);
+        move_inner_eth(d, offset_of!(Outer, inner_eth), ETH_P_IP);
         write_outer_ip(d, ip_len, cfg.node_tunnel_ip, remote);
-        write_outer_udp_vxlan(d, ip_len - 20, sport, cfg);
+        write_udp_vxlan(d + offset_of!(Outer, udp), ip_len - 20, sport, cfg);
         sum_of_new_bytes(d)
     };
     crate::ctx::csum_carry(ctx, added);
@@ -233,22 +237,22 @@ fn encapsulate_in_place(
 /// would) goes to the device, which fragments the outer packet as the
 /// kernel's tunnels do; we send with DF.
 #[inline(always)]
-fn fits_tunnel(ctx: &TcContext, cfg: &DatapathConfig, frame_len: u32) -> bool {
+pub fn fits_tunnel(ctx: &TcContext, cfg: &DatapathConfig, frame_len: u32) -> bool {
     // SAFETY: skb pointer from the context.
     let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
     gso || cfg.tunnel_mtu == 0 || frame_len <= u32::from(cfg.tunnel_mtu) + ETH_LEN as u32
 }
 
-/// The inner Ethernet header is the frame's own, moved behind the outer
-/// headers; the outer one keeps its addresses, which the neighbour
-/// subsystem writes when the packet leaves (`bpf_redirect_neigh`), and
-/// gets the IPv4 type.
+/// The inner Ethernet header is the frame's own, moved to `inner` (behind
+/// the outer headers); the outer one keeps its addresses, which the
+/// neighbour subsystem writes when the packet leaves
+/// (`bpf_redirect_neigh`), and gets the underlay's type `outer_type`.
 ///
 /// # Safety
-/// `d .. d + size_of::<Outer>()` is inside the packet.
+/// `d .. d + inner + ETH_LEN` is inside the packet.
 #[inline(always)]
-unsafe fn move_inner_eth(d: usize) {
-    let inner = d + offset_of!(Outer, inner_eth);
+pub unsafe fn move_inner_eth(d: usize, inner: usize, outer_type: u16) {
+    let inner = d + inner;
     // SAFETY: see the function's contract.
     unsafe {
         pkt::store32(inner, pkt::load32(d));
@@ -257,7 +261,7 @@ unsafe fn move_inner_eth(d: usize) {
         pkt::store16(inner + 12, pkt::load16(d + 12));
         pkt::store16(
             d + offset_of!(EthHdr, proto),
-            u16::from_ne_bytes(ETH_P_IP.to_be_bytes()),
+            u16::from_ne_bytes(outer_type.to_be_bytes()),
         );
     }
 }
@@ -305,24 +309,25 @@ pub unsafe fn write_outer_ip(d: usize, ip_len: u16, s: [u8; 4], r: [u8; 4]) {
     }
 }
 
-/// UDP: checksum zero, RFC 7348's advice for IPv4, as the kernel device
-/// does. VXLAN: the I flag and the VNI.
+/// UDP at `udp`: checksum zero (RFC 7348's advice for IPv4, as the kernel
+/// device does; over IPv6 RFC 6935 allows it for tunnels, and the
+/// receivers' VXLAN devices accept it: `udp6zerocsumrx`). VXLAN after it:
+/// the I flag and the VNI.
 ///
 /// # Safety
-/// As `move_inner_eth`.
+/// `udp .. udp + 16` is inside the packet.
 #[inline(always)]
-pub unsafe fn write_outer_udp_vxlan(d: usize, udp_len: u16, sport: u16, cfg: &DatapathConfig) {
+pub unsafe fn write_udp_vxlan(udp: usize, udp_len: u16, sport: u16, cfg: &DatapathConfig) {
     let w = u32::from_ne_bytes;
     let (len, sport) = (udp_len.to_be_bytes(), sport.to_be_bytes());
     let dport = cfg.vxlan_port.to_be_bytes();
     let v = cfg.vni.to_be_bytes();
-    let udp = d + offset_of!(Outer, udp);
     // SAFETY: see the function's contract.
     unsafe {
         pkt::store32(udp, w([sport[0], sport[1], dport[0], dport[1]]));
         pkt::store32(udp + 4, w([len[0], len[1], 0, 0]));
-        pkt::store32(d + offset_of!(Outer, vxlan_flags), w([0x08, 0, 0, 0]));
-        pkt::store32(d + offset_of!(Outer, vni), w([v[1], v[2], v[3], 0]));
+        pkt::store32(udp + 8, w([0x08, 0, 0, 0]));
+        pkt::store32(udp + 12, w([v[1], v[2], v[3], 0]));
     }
 }
 

@@ -46,14 +46,14 @@ fn gateway(owned: bool, steered: bool) -> DesiredMaps {
             uplink_ifindex: 1,
             tunnel_mtu: 1450,
             port_block_size: BLOCK_SIZE,
-            node_tunnel_ip: Ipv4Addr::new(10, 100, 0, 11),
+            node_tunnel_ip: Ipv4Addr::new(10, 100, 0, 11).into(),
             ..Default::default()
         },
         reply_steering: match steered {
             true => vec![ReplySteering {
                 eip: EIP.into(),
                 block: BLOCK,
-                worker_tunnel_ip: WORKER_TUNNEL,
+                worker_tunnel_ip: WORKER_TUNNEL.into(),
                 local: false,
             }],
             false => vec![],

@@ -364,7 +364,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 excluded: vec![cidr("203.0.113.192/26")],
                 eip_v4: Some(ip4(EIP1)),
                 eip_v6: Some(EIP1_6.parse().unwrap()),
-                gateway_tunnel_ip: ip4("10.100.0.11"),
+                gateway_tunnel_ip: ip4("10.100.0.11").into(),
                 spread: vec![],
                 local_gateway: false,
                 use_node_ip: false,
@@ -378,7 +378,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 excluded: vec![],
                 eip_v4: Some(ip4(EIP2)),
                 eip_v6: None,
-                gateway_tunnel_ip: ip4("10.100.0.12"),
+                gateway_tunnel_ip: ip4("10.100.0.12").into(),
                 spread: vec![],
                 local_gateway: false,
                 use_node_ip: false,
@@ -397,31 +397,31 @@ fn build(wiring: Wiring) -> Result<Topology> {
         ReplySteering {
             eip: EIP1.parse()?,
             block: 40,
-            worker_tunnel_ip: ip4("10.100.0.21"),
+            worker_tunnel_ip: ip4("10.100.0.21").into(),
             local: false,
         },
         ReplySteering {
             eip: EIP1_6.parse()?,
             block: 40,
-            worker_tunnel_ip: ip4("10.100.0.21"),
+            worker_tunnel_ip: ip4("10.100.0.21").into(),
             local: false,
         },
         ReplySteering {
             eip: EIP1.parse()?,
             block: 41,
-            worker_tunnel_ip: ip4("10.100.0.22"),
+            worker_tunnel_ip: ip4("10.100.0.22").into(),
             local: false,
         },
         ReplySteering {
             eip: EIP1_6.parse()?,
             block: 41,
-            worker_tunnel_ip: ip4("10.100.0.22"),
+            worker_tunnel_ip: ip4("10.100.0.22").into(),
             local: false,
         },
         ReplySteering {
             eip: EIP2.parse()?,
             block: 42,
-            worker_tunnel_ip: ip4("10.100.0.22"),
+            worker_tunnel_ip: ip4("10.100.0.22").into(),
             local: false,
         },
     ];
@@ -462,7 +462,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 is_gateway: false,
                 vxlan_ifindex: vx,
                 vni: VNI,
-                node_tunnel_ip: ip4(&underlay_ip(20 + wn).0),
+                node_tunnel_ip: ip4(&underlay_ip(20 + wn).0).into(),
                 port_block_size: BLOCK_SIZE,
                 tunnel_mtu: 1450,
                 ..Default::default()
@@ -492,7 +492,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 vni: VNI,
                 uplink_ifindex: uplink,
                 uplink_mac: mac,
-                node_tunnel_ip: ip4(&underlay_ip(gn).0),
+                node_tunnel_ip: ip4(&underlay_ip(gn).0).into(),
                 port_block_size: BLOCK_SIZE,
                 tunnel_mtu: 1450,
                 ..Default::default()
@@ -829,7 +829,7 @@ fn established_tcp_survives_gateway_failover(wiring: Wiring) -> Result<()> {
     for w in [&mut t.w1, &mut t.w2] {
         let mut d = w.desired.clone();
         for p in d.policies.iter_mut().filter(|p| p.id == 1) {
-            p.gateway_tunnel_ip = ip4("10.100.0.12");
+            p.gateway_tunnel_ip = ip4("10.100.0.12").into();
         }
         w.update(d)?;
     }

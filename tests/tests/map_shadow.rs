@@ -28,7 +28,7 @@ fn gateway(blocks: &[(u16, u8)]) -> DesiredMaps {
             uplink_ifindex: 1,
             tunnel_mtu: 1450,
             port_block_size: 64,
-            node_tunnel_ip: Ipv4Addr::new(10, 100, 0, 11),
+            node_tunnel_ip: Ipv4Addr::new(10, 100, 0, 11).into(),
             ..Default::default()
         },
         reply_steering: blocks
@@ -36,7 +36,7 @@ fn gateway(blocks: &[(u16, u8)]) -> DesiredMaps {
             .map(|(block, worker)| ReplySteering {
                 eip: EIP.into(),
                 block: *block,
-                worker_tunnel_ip: Ipv4Addr::new(10, 100, 0, 20 + worker),
+                worker_tunnel_ip: Ipv4Addr::new(10, 100, 0, 20 + worker).into(),
                 local: false,
             })
             .collect(),

@@ -97,7 +97,7 @@ pub fn desired_maps(
             .filter(|s| *s != 0)
             .or(block_size)
             .unwrap_or(NodeConfig::default().port_block_size),
-        node_tunnel_ip: facts.tunnel_ip,
+        node_tunnel_ip: facts.tunnel_ip.into(),
         probe_port: facts.probe_port,
         vxlan_port: facts.vxlan_port,
         ..NodeConfig::default()
@@ -172,8 +172,8 @@ fn policy_rules(
             excluded,
             eip_v4: target.eip_v4,
             eip_v6: target.eip_v6,
-            gateway_tunnel_ip,
-            spread,
+            gateway_tunnel_ip: gateway_tunnel_ip.into(),
+            spread: spread.into_iter().map(IpAddr::V4).collect(),
             local_gateway: target.local,
             use_node_ip: target.use_node_ip,
             no_gateway: false,
@@ -249,7 +249,7 @@ fn reply_steering(nd: &NodeDesired, facts: &NodeFacts) -> Vec<ReplySteering> {
             IpAddr::V4(w) => Some(ReplySteering {
                 eip: *eip,
                 block: *block,
-                worker_tunnel_ip: *w,
+                worker_tunnel_ip: IpAddr::V4(*w),
                 local: *w == facts.tunnel_ip,
             }),
             IpAddr::V6(_) => None,

@@ -51,7 +51,7 @@ pub fn eip_routes(learned: &BTreeMap<Prefix, Learned>, datastore: &[Assignment])
             }
             Some(EipRoute {
                 eip: p.addr(),
-                tunnel_ip: ipv4_next_hop(l.next_hop)?,
+                tunnel_ip: ipv4_next_hop(l.next_hop)?.into(),
                 epoch,
             })
         })

@@ -4,6 +4,7 @@
 //! they hold is read from the kernel, or taken from the [`MapShadow`] of
 //! the last apply.
 
+mod endpoints;
 mod shadow;
 
 pub use shadow::MapShadow;
@@ -29,7 +30,7 @@ use egress_common::{
 
 use super::{
     desired::DesiredMaps,
-    translate::{translate_keeping, LpmKey, MapContents, StatsSlots, TranslateError},
+    translate::{translate_keeping, Kept, LpmKey, MapContents, StatsSlots, TranslateError},
     Datapath,
 };
 
@@ -308,8 +309,10 @@ pub fn apply_contents_with(
     shadow: &mut MapShadow,
 ) -> Result<ApplyReport, ApplyError> {
     let mut r = ApplyReport::default();
-    // Order: what replies need first (so a new flow's reply is never
-    // dropped), then config, then the match tables that start new flows.
+    // Order: the endpoints every other table may name by index, then what
+    // replies need (so a new flow's reply is never dropped), then config,
+    // then the match tables that start new flows.
+    endpoints::write(src, &m.endpoints, shadow, &mut r)?;
     diff_hash::<Addr, OwnedEip>(src, OWNED_EIPS, &m.owned, shadow, &mut r)?;
     diff_hash::<SteerKey, SteerTarget>(src, REPLY_STEERING, &m.steering, shadow, &mut r)?;
     diff_hash::<Addr, PortBlocks>(src, PORT_BLOCKS, &m.port_blocks, shadow, &mut r)?;
@@ -362,9 +365,12 @@ pub fn apply_with(
     desired: &DesiredMaps,
     shadow: &mut MapShadow,
 ) -> Result<ApplyReport, ApplyError> {
-    let prev_slots = last_stats_slots(src, shadow)?;
-    let m = translate_keeping(desired, &prev_slots)?;
-    let mut report = apply_contents_with(src, &m, &prev_slots, shadow)?;
+    let kept = Kept {
+        stats_slots: last_stats_slots(src, shadow)?,
+        endpoints: endpoints::kept(src, shadow, desired.config.node_tunnel_ip.is_ipv6())?,
+    };
+    let m = translate_keeping(desired, &kept)?;
+    let mut report = apply_contents_with(src, &m, &kept.stats_slots, shadow)?;
     report.over_capacity = m.over_capacity;
     Ok(report)
 }

@@ -117,11 +117,12 @@ pub struct PolicyRule {
     pub excluded: Vec<Cidr>,
     pub eip_v4: Option<Ipv4Addr>,
     pub eip_v6: Option<Ipv6Addr>,
-    /// Tunnel endpoint of the gateway that owns the EIPs.
-    pub gateway_tunnel_ip: Ipv4Addr,
+    /// Tunnel endpoint of the gateway that owns the EIPs (of the
+    /// underlay's family, see `NodeConfig::node_tunnel_ip`).
+    pub gateway_tunnel_ip: IpAddr,
     /// ActiveActive: the tunnel endpoints of every gateway holding the
     /// EIPs; new flows spread over them by hash. Empty: `gateway_tunnel_ip`.
-    pub spread: Vec<Ipv4Addr>,
+    pub spread: Vec<IpAddr>,
     /// The gateway is this node: SNAT and forward without the tunnel.
     pub local_gateway: bool,
     /// `useNodeIP`: the EIP is the gateway node's own address.
@@ -147,7 +148,7 @@ pub struct PortBlockGrant {
 pub struct ReplySteering {
     pub eip: IpAddr,
     pub block: u16,
-    pub worker_tunnel_ip: Ipv4Addr,
+    pub worker_tunnel_ip: IpAddr,
     /// The worker is this node: no tunnel.
     pub local: bool,
 }
@@ -168,7 +169,7 @@ pub struct OwnedEip {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EipRoute {
     pub eip: IpAddr,
-    pub tunnel_ip: Ipv4Addr,
+    pub tunnel_ip: IpAddr,
     pub epoch: u32,
 }
 
@@ -184,7 +185,11 @@ pub struct NodeConfig {
     /// Largest inner IP packet the tunnel carries (1450 over a 1500 IPv4 underlay).
     pub tunnel_mtu: u16,
     pub port_block_size: u16,
-    pub node_tunnel_ip: Ipv4Addr,
+    /// This node's tunnel endpoint. Its family is the underlay's: on an
+    /// IPv6 one every endpoint is IPv6 and the maps name them by index
+    /// (see `egress_common::endpoints`); endpoints of the other family
+    /// are taken as absent.
+    pub node_tunnel_ip: IpAddr,
     pub timeouts: NatTimeouts,
     /// UDP port of the controller's probes the datapath answers (0: none).
     pub probe_port: u16,
@@ -238,7 +243,7 @@ impl Default for NodeConfig {
             uplink_mac: [0; 6],
             tunnel_mtu: 1450,
             port_block_size: 1024,
-            node_tunnel_ip: Ipv4Addr::UNSPECIFIED,
+            node_tunnel_ip: Ipv4Addr::UNSPECIFIED.into(),
             timeouts: NatTimeouts::default(),
             probe_port: 0,
             vxlan_port: 4789,
@@ -279,7 +284,7 @@ impl PolicyRule {
             excluded,
             eip_v4: None,
             eip_v6: None,
-            gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED,
+            gateway_tunnel_ip: Ipv4Addr::UNSPECIFIED.into(),
             spread: Vec::new(),
             local_gateway: false,
             use_node_ip: false,
@@ -300,7 +305,7 @@ impl PolicyRule {
     ) -> Self {
         PolicyRule {
             eip_v4: Some(Ipv4Addr::new(198, 51, 100, 1)),
-            gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
+            gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1).into(),
             no_gateway: false,
             ..Self::fail_closed(id, priority, sources, destinations, Vec::new())
         }

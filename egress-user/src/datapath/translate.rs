@@ -8,7 +8,7 @@ use std::{
 
 use egress_common::{
     addr::{v4_mapped, Addr},
-    config::{DatapathConfig, CFG_GATEWAY, CFG_WORKER},
+    config::{DatapathConfig, CFG_GATEWAY, CFG_UNDERLAY_V6, CFG_WORKER},
     policy::*,
     ports::{PortBlocks, MAX_BLOCKS_PER_EIP},
     route::RouteNextHop,
@@ -17,6 +17,7 @@ use egress_common::{
     },
 };
 
+pub use endpoints::{EndpointIndex, Underlay};
 pub use stats_slots::StatsSlots;
 
 use super::{
@@ -39,6 +40,9 @@ pub struct MapContents {
     pub spread: BTreeMap<u32, GatewaySpread>,
     /// Where each policy's counters are (the targets carry the same slots).
     pub stats_slots: StatsSlots,
+    /// On an IPv6 underlay, the index of every tunnel endpoint the other
+    /// tables name (empty on an IPv4 one).
+    pub endpoints: EndpointIndex,
     pub port_blocks: BTreeMap<Addr, PortBlocks>,
     pub steering: BTreeMap<SteerKey, SteerTarget>,
     pub owned: BTreeMap<Addr, OwnedVal>,
@@ -83,24 +87,30 @@ pub const NODE_CAPS: Caps = Caps {
     eips: egress_common::maps::PORT_BLOCKS_SIZE as usize,
 };
 
-/// [`translate_keeping`] with no counter slots given out before.
-pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
-    translate_keeping(d, &StatsSlots::default())
+/// What the maps hold now that a new translation keeps: each policy's
+/// counter slot, each IPv6 tunnel endpoint's index.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub stats_slots: StatsSlots,
+    pub endpoints: EndpointIndex,
 }
 
-/// The maps for `d`; each policy keeps its counter slot in `slots`.
-pub fn translate_keeping(
-    d: &DesiredMaps,
-    slots: &StatsSlots,
-) -> Result<MapContents, TranslateError> {
-    translate_within(d, NODE_CAPS, slots)
+/// [`translate_keeping`] with nothing given out before.
+pub fn translate(d: &DesiredMaps) -> Result<MapContents, TranslateError> {
+    translate_keeping(d, &Kept::default())
+}
+
+/// The maps for `d`; each policy keeps its counter slot and each endpoint
+/// its index in `kept`.
+pub fn translate_keeping(d: &DesiredMaps, kept: &Kept) -> Result<MapContents, TranslateError> {
+    translate_within(d, NODE_CAPS, kept)
 }
 
 /// [`translate_keeping`] into maps of the sizes `caps` (smaller in tests).
 pub fn translate_within(
     d: &DesiredMaps,
     caps: Caps,
-    slots: &StatsSlots,
+    kept: &Kept,
 ) -> Result<MapContents, TranslateError> {
     if d.config.port_block_size == 0 {
         return Err(TranslateError::BlockSize);
@@ -112,20 +122,28 @@ pub fn translate_within(
     let placed = capacity::place(&sorted, &cluster, caps);
     let policies: Vec<_> = placed.rules.iter().collect();
 
+    let endpoints = match d.config.node_tunnel_ip {
+        IpAddr::V6(_) => kept.endpoints.assign(&endpoints::named_v6(d)),
+        IpAddr::V4(_) => EndpointIndex::default(),
+    };
+    let underlay = match d.config.node_tunnel_ip {
+        IpAddr::V6(_) => Underlay::V6(&endpoints),
+        IpAddr::V4(_) => Underlay::V4,
+    };
     let mut out = MapContents {
         targets: vec![EgressTarget::default(); MAX_POLICY_SLOTS],
         over_capacity: placed.over,
-        config: datapath_config(&d.config),
+        config: datapath_config(&d.config, underlay),
         ..Default::default()
     };
     let ids: BTreeSet<u32> = policies.iter().map(|p| p.id).collect();
-    out.stats_slots = slots.assign(&ids);
+    out.stats_slots = kept.stats_slots.assign(&ids);
     for (slot, p) in policies.iter().enumerate() {
-        out.targets[slot] = egress_target(p)?;
+        out.targets[slot] = egress_target(p, underlay)?;
         out.targets[slot].stats_slot = out.stats_slots.of(p.id);
         if out.targets[slot].flags & TARGET_SPREAD != 0 {
-            out.spread
-                .insert(slot as u32, spread::spread_table(&p.spread));
+            let table = spread::spread_table(&p.spread, |g| underlay.field(g));
+            out.spread.insert(slot as u32, table);
         }
     }
     fold_prefixes(&policies, &cluster, &mut out);
@@ -133,31 +151,34 @@ pub fn translate_within(
         out.routes.insert(
             (128, addr_key(r.eip)),
             RouteNextHop {
-                tunnel_ip: r.tunnel_ip.octets(),
+                tunnel_ip: underlay.field(r.tunnel_ip),
                 epoch: r.epoch,
             },
         );
     }
     out.config.policy_epoch = policy_epoch(&out);
     write_port_blocks(d, &policies, caps, &mut out)?;
-    write_gateway_side(d, &mut out);
+    write_gateway_side(d, underlay, &mut out);
     out.config.gateway_epoch = gateway_epoch(&out);
+    out.endpoints = endpoints;
     Ok(out)
 }
 
 /// The programs' config (both epochs 0: the caller digests them last).
-fn datapath_config(c: &NodeConfig) -> DatapathConfig {
+fn datapath_config(c: &NodeConfig, underlay: Underlay) -> DatapathConfig {
+    let v6 = matches!(underlay, Underlay::V6(_));
     DatapathConfig {
         vxlan_ifindex: c.vxlan_ifindex,
         vni: c.vni,
         uplink_ifindex: c.uplink_ifindex,
         flags: if c.is_gateway { CFG_GATEWAY } else { 0 }
-            | if c.is_worker { CFG_WORKER } else { 0 },
+            | if c.is_worker { CFG_WORKER } else { 0 }
+            | if v6 { CFG_UNDERLAY_V6 } else { 0 },
         tunnel_mtu: c.tunnel_mtu,
         port_block_size: c.port_block_size,
         uplink_mac: c.uplink_mac,
         probe_port: c.probe_port,
-        node_tunnel_ip: c.node_tunnel_ip.octets(),
+        node_tunnel_ip: underlay.field(c.node_tunnel_ip),
         timeouts: c.timeouts,
         policy_epoch: 0,
         gateway_epoch: 0,
@@ -168,7 +189,7 @@ fn datapath_config(c: &NodeConfig) -> DatapathConfig {
 }
 
 /// One slot's target: the EIPs, the gateway, and the flags.
-fn egress_target(p: &PolicyRule) -> Result<EgressTarget, TranslateError> {
+fn egress_target(p: &PolicyRule, underlay: Underlay) -> Result<EgressTarget, TranslateError> {
     if p.eip_v4.is_none() && p.eip_v6.is_none() && !p.no_gateway {
         return Err(TranslateError::NoEip(p.id));
     }
@@ -187,7 +208,7 @@ fn egress_target(p: &PolicyRule) -> Result<EgressTarget, TranslateError> {
     }
     let mut t = EgressTarget {
         policy_id: p.id,
-        gateway_tunnel_ip: p.gateway_tunnel_ip.octets(),
+        gateway_tunnel_ip: underlay.field(p.gateway_tunnel_ip),
         ..Default::default()
     };
     if let Some(v4) = p.eip_v4 {
@@ -302,7 +323,7 @@ fn write_port_blocks(
 }
 
 /// The gateway's side: reply steering and the EIPs it owns.
-fn write_gateway_side(d: &DesiredMaps, out: &mut MapContents) {
+fn write_gateway_side(d: &DesiredMaps, underlay: Underlay, out: &mut MapContents) {
     for s in &d.reply_steering {
         out.steering.insert(
             SteerKey {
@@ -311,7 +332,7 @@ fn write_gateway_side(d: &DesiredMaps, out: &mut MapContents) {
                 _pad: [0; 2],
             },
             SteerTarget {
-                worker_tunnel_ip: s.worker_tunnel_ip.octets(),
+                worker_tunnel_ip: underlay.field(s.worker_tunnel_ip),
                 flags: if s.local { STEER_LOCAL } else { 0 },
             },
         );
@@ -360,6 +381,8 @@ impl Fnv1a {
 fn policy_epoch(m: &MapContents) -> u32 {
     let mut h = Fnv1a::new();
     let mut eat = |bytes: &[u8]| h.eat(bytes);
+    // The endpoint fields mean addresses on one underlay, indexes on the other.
+    eat(&(m.config.flags & CFG_UNDERLAY_V6).to_le_bytes());
     for ((len, a), v) in &m.policy_src {
         eat(&len.to_le_bytes());
         eat(a);
@@ -401,6 +424,7 @@ fn policy_epoch(m: &MapContents) -> u32 {
 fn gateway_epoch(m: &MapContents) -> u32 {
     let mut h = Fnv1a::new();
     let mut eat = |bytes: &[u8]| h.eat(bytes);
+    eat(&(m.config.flags & CFG_UNDERLAY_V6).to_le_bytes());
     eat(&m.config.port_block_size.to_le_bytes());
     for (a, o) in &m.owned {
         eat(a);
@@ -471,7 +495,7 @@ mod tests {
             excluded: cidrs(excl),
             eip_v4: Some(Ipv4Addr::new(198, 51, 100, id as u8)),
             eip_v6: Some(format!("2001:db8::{id}").parse().unwrap()),
-            gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1),
+            gateway_tunnel_ip: Ipv4Addr::new(10, 0, 0, 1).into(),
             spread: Vec::new(),
             local_gateway: false,
             use_node_ip: false,
@@ -497,7 +521,7 @@ mod tests {
             reply_steering: vec![ReplySteering {
                 eip,
                 block: 40,
-                worker_tunnel_ip: Ipv4Addr::new(10, 0, 0, 21),
+                worker_tunnel_ip: Ipv4Addr::new(10, 0, 0, 21).into(),
                 local: false,
             }],
             ..Default::default()
@@ -509,7 +533,7 @@ mod tests {
         d2.policies = vec![policy(1, 0, &["10.244.0.0/16"], &[], &[])];
         d2.owned_eips[0].epoch = 2;
         assert_eq!(epoch(&d2), a, "policies and takeover epochs do not matter");
-        d2.reply_steering[0].worker_tunnel_ip = Ipv4Addr::new(10, 0, 0, 22);
+        d2.reply_steering[0].worker_tunnel_ip = Ipv4Addr::new(10, 0, 0, 22).into();
         assert_ne!(epoch(&d2), a, "a block steered elsewhere");
         let mut d3 = d.clone();
         d3.owned_eips.clear();
@@ -531,7 +555,7 @@ mod tests {
             a,
             "config only"
         );
-        d2.policies[0].gateway_tunnel_ip = Ipv4Addr::new(10, 0, 0, 2);
+        d2.policies[0].gateway_tunnel_ip = Ipv4Addr::new(10, 0, 0, 2).into();
         assert_ne!(
             translate(&d2).unwrap().config.policy_epoch,
             a,
@@ -541,7 +565,11 @@ mod tests {
 
     #[test]
     fn a_spread_policy_gets_its_buckets_and_a_change_of_them_moves_the_epoch() {
-        let gws = |n: u8| (1..=n).map(|i| Ipv4Addr::new(10, 100, 0, i)).collect();
+        let gws = |n: u8| -> Vec<IpAddr> {
+            (1..=n)
+                .map(|i| Ipv4Addr::new(10, 100, 0, i).into())
+                .collect()
+        };
         let mut d = DesiredMaps {
             policies: vec![policy(1, 0, &["10.244.0.0/16"], &[], &[])],
             ..Default::default()
@@ -552,7 +580,10 @@ mod tests {
         d.policies[0].spread = gws(3);
         let three = translate(&d).unwrap();
         assert_ne!(three.targets[0].flags & TARGET_SPREAD, 0);
-        assert_eq!(three.spread[&0], spread::spread_table(&gws(3)));
+        assert_eq!(
+            three.spread[&0],
+            spread::spread_table(&gws(3), |g| Underlay::V4.field(g))
+        );
         assert_ne!(three.config.policy_epoch, plain.config.policy_epoch);
         d.policies[0].spread = gws(2);
         let two = translate(&d).unwrap();
@@ -713,7 +744,7 @@ mod tests {
         d.reply_steering.push(ReplySteering {
             eip: ip("198.51.100.1"),
             block: 3,
-            worker_tunnel_ip: Ipv4Addr::new(10, 0, 0, 7),
+            worker_tunnel_ip: Ipv4Addr::new(10, 0, 0, 7).into(),
             local: false,
         });
         d.owned_eips.push(OwnedEip {
@@ -750,7 +781,7 @@ mod tests {
         let mut pending = policy(7, 0, &["10.244.1.5/32"], &["203.0.113.0/24"], &[]);
         pending.eip_v4 = None;
         pending.eip_v6 = None;
-        pending.gateway_tunnel_ip = Ipv4Addr::UNSPECIFIED;
+        pending.gateway_tunnel_ip = Ipv4Addr::UNSPECIFIED.into();
         pending.no_gateway = true;
         let d = DesiredMaps {
             policies: vec![pending.clone(), policy(8, 5, &["10.244.1.5/32"], &[], &[])],
@@ -782,5 +813,6 @@ mod tests {
 mod capacity_tests;
 
 mod cover;
+pub mod endpoints;
 pub mod spread;
 pub mod stats_slots;

@@ -94,7 +94,8 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
                 "10.100.0.11"
             } else {
                 "10.100.0.21"
-            }),
+            })
+            .into(),
             ..Default::default()
         },
         policies: if worker {
@@ -106,7 +107,7 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
                 excluded: vec![],
                 eip_v4: Some(ip4(EIP)),
                 eip_v6: None,
-                gateway_tunnel_ip: ip4("10.100.0.11"),
+                gateway_tunnel_ip: ip4("10.100.0.11").into(),
                 spread: vec![],
                 local_gateway: false,
                 use_node_ip: false,
@@ -131,7 +132,7 @@ fn desired(worker: bool, gateway: bool, vxlan_ifindex: u32, uplink: (u32, [u8; 6
             .map(|b| ReplySteering {
                 eip: EIP.parse().unwrap(),
                 block: b,
-                worker_tunnel_ip: ip4("10.100.0.21"),
+                worker_tunnel_ip: ip4("10.100.0.21").into(),
                 local: false,
             })
             .collect(),

@@ -39,7 +39,7 @@ impl Gateway {
     pub(crate) fn desired(&self) -> DesiredMaps {
         let mut d = desired();
         d.config.uplink_ifindex = self.ifindex;
-        d.reply_steering[0].worker_tunnel_ip = self.other_worker;
+        d.reply_steering[0].worker_tunnel_ip = self.other_worker.into();
         d
     }
 
@@ -138,7 +138,7 @@ fn xdp_passes_everything_else_to_tc_untouched() -> anyhow::Result<()> {
     d.reply_steering.push(ReplySteering {
         eip: EIP.into(),
         block: BLOCK + 1,
-        worker_tunnel_ip: WORKER_TUNNEL,
+        worker_tunnel_ip: WORKER_TUNNEL.into(),
         local: true,
     });
     let steered = udp4(SERVER, EIP, 53, BLOCK * BLOCK_SIZE + 1, b"a");

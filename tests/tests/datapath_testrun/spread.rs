@@ -18,7 +18,7 @@ const FLOWS: u16 = 60;
 /// Policy 7 of the shared set-up, held by `gateways`.
 fn spread_over(gateways: &[Ipv4Addr]) -> DesiredMaps {
     let mut d = desired();
-    d.policies[0].spread = gateways.to_vec();
+    d.policies[0].spread = gateways.iter().map(|g| IpAddr::V4(*g)).collect();
     d
 }
 

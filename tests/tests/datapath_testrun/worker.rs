@@ -112,7 +112,7 @@ fn worker_encapsulates_itself_when_the_gateway_is_routable() -> anyhow::Result<(
         d.config.uplink_ifindex = uplink_ifindex;
         // Replies to the EIP go to another worker on this underlay.
         let other_worker = Ipv4Addr::new(10, 100, 0, 31);
-        d.reply_steering[0].worker_tunnel_ip = other_worker;
+        d.reply_steering[0].worker_tunnel_ip = other_worker.into();
         let mut fx = fixture_with(&d)?;
         let pkt = udp4(POD, SERVER, 5353, 53, b"q");
 
@@ -303,7 +303,7 @@ fn a_bgp_route_for_the_eip_sends_flows_to_its_node() -> anyhow::Result<()> {
     // on its next packet, keeping its port.
     d.routes = vec![EipRoute {
         eip: EIP.into(),
-        tunnel_ip: OTHER_GW,
+        tunnel_ip: OTHER_GW.into(),
         epoch: 2,
     }];
     apply(&mut fx.dp, &d)?;
@@ -312,7 +312,7 @@ fn a_bgp_route_for_the_eip_sends_flows_to_its_node() -> anyhow::Result<()> {
     assert_eq!(nat_gateways(&fx), [OTHER_GW]);
 
     // A route naming this node itself is not a tunnel destination.
-    d.routes[0].tunnel_ip = WORKER_TUNNEL;
+    d.routes[0].tunnel_ip = WORKER_TUNNEL.into();
     apply(&mut fx.dp, &d)?;
     let (rc, _) = fx.run("worker_egress", &tcp4(POD, SERVER, 40000, 443, false))?;
     assert_eq!(rc, TC_ACT_REDIRECT);
