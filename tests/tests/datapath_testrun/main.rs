@@ -16,6 +16,7 @@ mod port_blocks;
 mod slots;
 mod spread;
 mod stats_slots;
+mod underlay_v6;
 mod userspace_apply;
 mod worker;
 mod worker_drops;

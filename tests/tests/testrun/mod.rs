@@ -201,6 +201,23 @@ impl Fixture {
             .packets
     }
 
+    /// The gateway field of policy slot `slot`, as pinned.
+    pub fn target_gateway(&self, slot: u32) -> [u8; 4] {
+        let path = self.pins.path().join("POLICY_TARGETS");
+        let data = aya::maps::MapData::from_pin(path).unwrap();
+        let m: aya::maps::Array<_, egress_common::policy::EgressTarget> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+        m.get(&slot, 0).unwrap().gateway_tunnel_ip
+    }
+
+    /// The programs' config, as pinned.
+    pub fn config(&self) -> anyhow::Result<egress_common::config::DatapathConfig> {
+        let path = self.pins.path().join("CONFIG");
+        let m: aya::maps::Array<_, egress_common::config::DatapathConfig> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(aya::maps::MapData::from_pin(path)?))?;
+        Ok(m.get(&0, 0)?)
+    }
+
     pub fn all_drops(&self) -> u64 {
         stats::read_drops(self.pins.path())
             .unwrap()
