@@ -243,7 +243,36 @@ struct Pod {
     v6: String,
 }
 
+/// The family of the nodes' addresses (the tunnel's outer headers). On an
+/// IPv6 one the nodes have no IPv4 address at all; pods stay dual-stack
+/// (their IPv4 routes have IPv6 next hops).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Underlay {
+    V4,
+    V6,
+}
+
+impl Underlay {
+    /// Node `n`'s tunnel endpoint.
+    fn endpoint(self, n: u8) -> std::net::IpAddr {
+        let (v4, v6) = underlay_ip(n);
+        match self {
+            Underlay::V4 => v4.parse().unwrap(),
+            Underlay::V6 => v6.parse().unwrap(),
+        }
+    }
+
+    /// The largest inner packet: 1500 less the outer headers (50 / 70).
+    fn tunnel_mtu(self) -> u16 {
+        match self {
+            Underlay::V4 => 1450,
+            Underlay::V6 => 1430,
+        }
+    }
+}
+
 struct Topology {
+    underlay: Underlay,
     // Field order is drop order: nodes (and their programs) go before the fabric.
     w1: Node,
     w2: Node,
@@ -266,19 +295,36 @@ fn join_bridge(fab: &Netns, node: &Netns, node_if: &str, fab_if: &str, bridge: &
     Ok(())
 }
 
+/// The VXLAN device as the agent makes it: external (collect_md), and
+/// accepting the zero UDP checksum our IPv6 outer headers carry.
 fn add_vxlan(ns: &Netns) -> Result<u32> {
     ns.ip(&[
-        "link", "add", VXLAN, "type", "vxlan", "external", "dstport", "4789",
+        "link",
+        "add",
+        VXLAN,
+        "type",
+        "vxlan",
+        "external",
+        "dstport",
+        "4789",
+        "udp6zerocsumrx",
     ])?;
     ns.ip(&["link", "set", VXLAN, "up"])?;
     Ok(link_info(ns, VXLAN)?.0)
 }
 
 fn build(wiring: Wiring) -> Result<Topology> {
+    build_on(wiring, Underlay::V4)
+}
+
+fn build_on(wiring: Wiring, underlay: Underlay) -> Result<Topology> {
+    let v4_underlay = underlay == Underlay::V4;
     let fab = Netns::new("fab")?;
     fab.bridge("ul")?;
     fab.bridge("ext")?;
-    fab.addr("ul", "10.100.0.1/24")?;
+    if v4_underlay {
+        fab.addr("ul", "10.100.0.1/24")?;
+    }
     fab.addr("ul", "fd00:100::1/64")?;
     fab.addr("ext", "203.0.113.1/24")?;
     fab.addr("ext", "2001:db8:e::1/64")?;
@@ -309,7 +355,9 @@ fn build(wiring: Wiring) -> Result<Topology> {
     ] {
         join_bridge(&fab, &node.ns, "eth0", fab_if, "ul")?;
         let (v4, v6) = underlay_ip(n);
-        node.ns.addr("eth0", &format!("{v4}/24"))?;
+        if v4_underlay {
+            node.ns.addr("eth0", &format!("{v4}/24"))?;
+        }
         node.ns.addr("eth0", &format!("{v6}/64"))?;
         node.ns.enable_forwarding()?;
     }
@@ -319,7 +367,19 @@ fn build(wiring: Wiring) -> Result<Topology> {
         g.ns.addr("eth1", &format!("2001:db8:e::{n}/64"))?;
     }
     for w in [&w1, &w2] {
-        w.ns.route(&["default", "via", "10.100.0.1"])?;
+        if v4_underlay {
+            w.ns.route(&["default", "via", "10.100.0.1"])?;
+        } else {
+            w.ns.ip(&[
+                "-4",
+                "route",
+                "add",
+                "default",
+                "via",
+                "inet6",
+                "fd00:100::1",
+            ])?;
+        }
         w.ns.route(&["default", "via", "fd00:100::1"])?;
     }
     // Pods, wired as `wiring` says (by hand, or by the CNI plugins).
@@ -341,11 +401,21 @@ fn build(wiring: Wiring) -> Result<Topology> {
     for (net, via) in [
         ("10.244.1.0/24", "10.100.0.21"),
         ("10.244.2.0/24", "10.100.0.22"),
+    ] {
+        if v4_underlay {
+            fab.route(&[net, "via", via])?;
+        } else {
+            let via6 = format!("fd00:100::{}", via.rsplit('.').next().unwrap());
+            fab.ip(&["-4", "route", "add", net, "via", "inet6", &via6])?;
+        }
+    }
+    for (net, via) in [
         ("fd00:244:1::/64", "fd00:100::21"),
         ("fd00:244:2::/64", "fd00:100::22"),
     ] {
         fab.route(&[net, "via", via])?;
     }
+    let tun = |n: u8| underlay.endpoint(n);
 
     // VXLAN devices and the maps.
     let policies = |w_local: Option<&str>| {
@@ -364,7 +434,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 excluded: vec![cidr("203.0.113.192/26")],
                 eip_v4: Some(ip4(EIP1)),
                 eip_v6: Some(EIP1_6.parse().unwrap()),
-                gateway_tunnel_ip: ip4("10.100.0.11").into(),
+                gateway_tunnel_ip: tun(11),
                 spread: vec![],
                 local_gateway: false,
                 use_node_ip: false,
@@ -378,7 +448,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 excluded: vec![],
                 eip_v4: Some(ip4(EIP2)),
                 eip_v6: None,
-                gateway_tunnel_ip: ip4("10.100.0.12").into(),
+                gateway_tunnel_ip: tun(12),
                 spread: vec![],
                 local_gateway: false,
                 use_node_ip: false,
@@ -397,31 +467,31 @@ fn build(wiring: Wiring) -> Result<Topology> {
         ReplySteering {
             eip: EIP1.parse()?,
             block: 40,
-            worker_tunnel_ip: ip4("10.100.0.21").into(),
+            worker_tunnel_ip: tun(21),
             local: false,
         },
         ReplySteering {
             eip: EIP1_6.parse()?,
             block: 40,
-            worker_tunnel_ip: ip4("10.100.0.21").into(),
+            worker_tunnel_ip: tun(21),
             local: false,
         },
         ReplySteering {
             eip: EIP1.parse()?,
             block: 41,
-            worker_tunnel_ip: ip4("10.100.0.22").into(),
+            worker_tunnel_ip: tun(22),
             local: false,
         },
         ReplySteering {
             eip: EIP1_6.parse()?,
             block: 41,
-            worker_tunnel_ip: ip4("10.100.0.22").into(),
+            worker_tunnel_ip: tun(22),
             local: false,
         },
         ReplySteering {
             eip: EIP2.parse()?,
             block: 42,
-            worker_tunnel_ip: ip4("10.100.0.22").into(),
+            worker_tunnel_ip: tun(22),
             local: false,
         },
     ];
@@ -456,15 +526,19 @@ fn build(wiring: Wiring) -> Result<Topology> {
     };
     for (w, wn) in [(&mut w1, 1u8), (&mut w2, 2)] {
         let vx = add_vxlan(&w.ns)?;
+        // The uplink, as the agent sets it: the FIB routes the tunnel from
+        // there, and the worker writes the outer headers itself.
+        let (uplink, _) = link_info(&w.ns, "eth0")?;
         let desired = DesiredMaps {
             config: NodeConfig {
                 is_worker: true,
                 is_gateway: false,
                 vxlan_ifindex: vx,
                 vni: VNI,
-                node_tunnel_ip: ip4(&underlay_ip(20 + wn).0).into(),
+                uplink_ifindex: uplink,
+                node_tunnel_ip: tun(20 + wn),
                 port_block_size: BLOCK_SIZE,
-                tunnel_mtu: 1450,
+                tunnel_mtu: underlay.tunnel_mtu(),
                 ..Default::default()
             },
             policies: policies(None),
@@ -492,9 +566,9 @@ fn build(wiring: Wiring) -> Result<Topology> {
                 vni: VNI,
                 uplink_ifindex: uplink,
                 uplink_mac: mac,
-                node_tunnel_ip: ip4(&underlay_ip(gn).0).into(),
+                node_tunnel_ip: tun(gn),
                 port_block_size: BLOCK_SIZE,
-                tunnel_mtu: 1450,
+                tunnel_mtu: underlay.tunnel_mtu(),
                 ..Default::default()
             },
             reply_steering: steering.clone(),
@@ -515,6 +589,7 @@ fn build(wiring: Wiring) -> Result<Topology> {
         )?;
     }
     Ok(Topology {
+        underlay,
         w1,
         w2,
         g1,
@@ -585,22 +660,22 @@ mod pods_reach_the_server_through_eips_and_back {
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn routed() -> Result<()> {
-        super::pods_reach_the_server_through_eips_and_back(Wiring::Routed)
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Routed, Underlay::V4)
     }
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn bridge() -> Result<()> {
-        super::pods_reach_the_server_through_eips_and_back(Wiring::Bridge)
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Bridge, Underlay::V4)
     }
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn ptp() -> Result<()> {
-        super::pods_reach_the_server_through_eips_and_back(Wiring::Ptp)
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Ptp, Underlay::V4)
     }
 }
 
-fn pods_reach_the_server_through_eips_and_back(wiring: Wiring) -> Result<()> {
-    let t = build(wiring)?;
+fn pods_reach_the_server_through_eips_and_back(wiring: Wiring, underlay: Underlay) -> Result<()> {
+    let t = build_on(wiring, underlay)?;
     let mut server = t.srv.spawn(&[
         "python3",
         "-u",
@@ -643,7 +718,9 @@ fn pods_reach_the_server_through_eips_and_back(wiring: Wiring) -> Result<()> {
         .exec(&["ping", "-c", "2", "-i", "0.2", "-W", "2", SRV_POLICY2])?;
 
     // Path MTU discovery for non-TCP: a 1500-byte ping with DF gets
-    // "fragmentation needed" (mtu 1450) back from the datapath.
+    // "fragmentation needed" (mtu 1450, or 1430 over IPv6) back from the
+    // datapath.
+    let mtu = t.underlay.tunnel_mtu();
     let out = t.pods[0]
         .ns
         .command(&["ping", "-M", "do", "-s", "1472", "-c", "1", "-W", "2", SRV])
@@ -651,13 +728,26 @@ fn pods_reach_the_server_through_eips_and_back(wiring: Wiring) -> Result<()> {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(
-        text.contains("mtu = 1450") || text.contains("mtu=1450"),
+        text.contains(&format!("mtu = {mtu}")) || text.contains(&format!("mtu={mtu}")),
         "{text}"
     );
     // After that, a ping that fits goes through.
     t.pods[0]
         .ns
         .exec(&["ping", "-M", "do", "-s", "1400", "-c", "1", "-W", "2", SRV])?;
+
+    // The workers wrote every outer header themselves: their VXLAN
+    // devices sent nothing (the device is the fallback).
+    for w in [&t.w1, &t.w2] {
+        let link: serde_json::Value =
+            serde_json::from_str(&w.ns.ip(&["-s", "-j", "link", "show", "dev", VXLAN])?)?;
+        assert_eq!(
+            link[0]["stats64"]["tx"]["packets"],
+            0,
+            "{} sent by its device: {link}",
+            w.ns.name()
+        );
+    }
 
     // The counters saw it: NAT use per EIP on the workers, policy counters both ways.
     let w1_pins = t.w1._pins.path();
@@ -714,22 +804,22 @@ mod multi_megabyte_tcp_with_mss_1400_completes {
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn routed() -> Result<()> {
-        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Routed)
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Routed, Underlay::V4)
     }
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn bridge() -> Result<()> {
-        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Bridge)
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Bridge, Underlay::V4)
     }
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn ptp() -> Result<()> {
-        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Ptp)
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Ptp, Underlay::V4)
     }
 }
 
-fn multi_megabyte_tcp_with_mss_1400_completes(wiring: Wiring) -> Result<()> {
-    let t = build(wiring)?;
+fn multi_megabyte_tcp_with_mss_1400_completes(wiring: Wiring, underlay: Underlay) -> Result<()> {
+    let t = build_on(wiring, underlay)?;
     let mut server = t
         .srv
         .spawn(&["python3", "-u", "-c", COUNT_SERVER_PY, "9100"])?;
@@ -769,22 +859,22 @@ mod established_tcp_survives_gateway_failover {
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn routed() -> Result<()> {
-        super::established_tcp_survives_gateway_failover(Wiring::Routed)
+        super::established_tcp_survives_gateway_failover(Wiring::Routed, Underlay::V4)
     }
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn bridge() -> Result<()> {
-        super::established_tcp_survives_gateway_failover(Wiring::Bridge)
+        super::established_tcp_survives_gateway_failover(Wiring::Bridge, Underlay::V4)
     }
     #[test]
     #[ignore = "needs root: creates namespaces and loads BPF programs, runs the CNI plugins"]
     fn ptp() -> Result<()> {
-        super::established_tcp_survives_gateway_failover(Wiring::Ptp)
+        super::established_tcp_survives_gateway_failover(Wiring::Ptp, Underlay::V4)
     }
 }
 
-fn established_tcp_survives_gateway_failover(wiring: Wiring) -> Result<()> {
-    let mut t = build(wiring)?;
+fn established_tcp_survives_gateway_failover(wiring: Wiring, underlay: Underlay) -> Result<()> {
+    let mut t = build_on(wiring, underlay)?;
     let traffic = egress_tests::traffic_bin()?;
     let traffic = traffic.to_str().unwrap();
     let mut sink = t.srv.spawn(&[traffic, "tcp-sink", "0.0.0.0:9000"])?;
@@ -829,7 +919,7 @@ fn established_tcp_survives_gateway_failover(wiring: Wiring) -> Result<()> {
     for w in [&mut t.w1, &mut t.w2] {
         let mut d = w.desired.clone();
         for p in d.policies.iter_mut().filter(|p| p.id == 1) {
-            p.gateway_tunnel_ip = ip4("10.100.0.12").into();
+            p.gateway_tunnel_ip = underlay.endpoint(12);
         }
         w.update(d)?;
     }
@@ -858,6 +948,28 @@ fn established_tcp_survives_gateway_failover(wiring: Wiring) -> Result<()> {
     assert_eq!(conns[0]["peer"], EIP1);
     eprintln!("failover: source {report}; sink {sink_report}");
     Ok(())
+}
+
+/// The same traffic, TCP carried as GSO segments and a failover, on an
+/// IPv6-only underlay: the programs' own IPv6 outer headers must be taken
+/// by the kernel's VXLAN devices and segmented right.
+mod on_an_ipv6_underlay {
+    use super::*;
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs"]
+    fn pods_reach_the_server_through_eips_and_back() -> Result<()> {
+        super::pods_reach_the_server_through_eips_and_back(Wiring::Routed, Underlay::V6)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs"]
+    fn multi_megabyte_tcp_with_mss_1400_completes() -> Result<()> {
+        super::multi_megabyte_tcp_with_mss_1400_completes(Wiring::Routed, Underlay::V6)
+    }
+    #[test]
+    #[ignore = "needs root: creates namespaces and loads BPF programs"]
+    fn established_tcp_survives_gateway_failover() -> Result<()> {
+        super::established_tcp_survives_gateway_failover(Wiring::Routed, Underlay::V6)
+    }
 }
 
 /// A UDP datagram larger than the pod's MTU leaves in fragments (IPv4 and
