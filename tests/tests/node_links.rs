@@ -22,6 +22,7 @@ fn vxlan_device_is_created_kept_and_replaced() -> anyhow::Result<()> {
         name: "egress.vxlan".into(),
         port: 4789,
         mtu: 1450,
+        ipv6_underlay: false,
     };
     let first = {
         let want = want.clone();
@@ -49,7 +50,10 @@ fn vxlan_device_is_created_kept_and_replaced() -> anyhow::Result<()> {
     assert!(details.contains(",UP"), "not up: {details}");
 
     // Another port cannot be set on a live device: it is replaced.
-    let moved = VxlanSpec { port: 8472, ..want };
+    let moved = VxlanSpec {
+        port: 8472,
+        ..want.clone()
+    };
     let second = node.enter(move || {
         runtime().block_on(async {
             let (conn, handle, _) = rtnetlink::new_connection()?;
@@ -62,6 +66,50 @@ fn vxlan_device_is_created_kept_and_replaced() -> anyhow::Result<()> {
     assert!(
         details.contains("dstport 8472"),
         "port not changed: {details}"
+    );
+
+    // An IPv6 underlay needs a device that takes zero UDP checksums over
+    // IPv6 (the programs write none). A device made without that (as an
+    // older agent made them) is replaced, then kept.
+    node.ip(&["link", "del", "egress.vxlan"])?;
+    node.ip(&[
+        "link",
+        "add",
+        "egress.vxlan",
+        "type",
+        "vxlan",
+        "external",
+        "dstport",
+        "8472",
+    ])?;
+    let old = node.ip(&["-d", "link", "show", "egress.vxlan"])?;
+    assert!(old.contains(" noudp6zerocsumrx"), "{old}");
+    let v6 = VxlanSpec {
+        port: 8472,
+        mtu: 1430,
+        ipv6_underlay: true,
+        ..want
+    };
+    let third = node.enter(move || {
+        runtime().block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection()?;
+            tokio::spawn(conn);
+            let a = vxlan::ensure(&handle, &v6).await?;
+            let b = vxlan::ensure(&handle, &v6).await?;
+            Ok((a, b))
+        })
+    })?;
+    let _ = second;
+    assert_ne!(
+        old.split(':').next(),
+        Some(third.0.to_string().as_str()),
+        "the device must be replaced: {old}"
+    );
+    assert_eq!(third.0, third.1, "a fitting device must be kept");
+    let details = node.ip(&["-d", "link", "show", "egress.vxlan"])?;
+    assert!(
+        details.contains(" udp6zerocsumrx"),
+        "zero checksums over IPv6 refused: {details}"
     );
     Ok(())
 }

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
 };
 
 use egress_control::{
@@ -20,7 +20,8 @@ use crate::datapath::{
 /// What the agent knows about its own node's devices.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeFacts {
-    pub tunnel_ip: Ipv4Addr,
+    /// This node's tunnel endpoint; its family is the underlay's.
+    pub tunnel_ip: IpAddr,
     pub vxlan_ifindex: u32,
     pub uplink_ifindex: u32,
     pub uplink_mac: [u8; 6],
@@ -97,7 +98,7 @@ pub fn desired_maps(
             .filter(|s| *s != 0)
             .or(block_size)
             .unwrap_or(NodeConfig::default().port_block_size),
-        node_tunnel_ip: facts.tunnel_ip.into(),
+        node_tunnel_ip: facts.tunnel_ip,
         probe_port: facts.probe_port,
         vxlan_port: facts.vxlan_port,
         ..NodeConfig::default()
@@ -141,7 +142,7 @@ fn policy_rules(
             .unwrap_or_default();
         let excluded: Vec<Cidr> = target.excluded.iter().map(cidr).collect();
         let sources = srcs.iter().copied().collect();
-        if let Some(why) = not_carried(target) {
+        if let Some(why) = not_carried(target, facts.tunnel_ip.is_ipv6()) {
             let name = format!(
                 "{}/{}/{}",
                 target.kind.name(),
@@ -158,10 +159,11 @@ fn policy_rules(
             ));
             continue;
         }
-        let spread = spread_endpoints(target);
+        let v6 = facts.tunnel_ip.is_ipv6();
+        let spread = spread_endpoints(target, v6);
         let gateway_tunnel_ip = match (target.tunnel_endpoint, spread.first()) {
             (_, Some(ip)) => *ip,
-            (Some(IpAddr::V4(ip)), None) => ip,
+            (Some(ip), None) if ip.is_ipv6() == v6 => ip,
             _ => facts.tunnel_ip, // local gateway (see `not_carried`)
         };
         policies.push(PolicyRule {
@@ -172,8 +174,8 @@ fn policy_rules(
             excluded,
             eip_v4: target.eip_v4,
             eip_v6: target.eip_v6,
-            gateway_tunnel_ip: gateway_tunnel_ip.into(),
-            spread: spread.into_iter().map(IpAddr::V4).collect(),
+            gateway_tunnel_ip,
+            spread,
             local_gateway: target.local,
             use_node_ip: target.use_node_ip,
             no_gateway: false,
@@ -182,37 +184,45 @@ fn policy_rules(
     policies
 }
 
-/// The IPv4 tunnel endpoints of an ActiveActive policy's gateways (the
-/// underlay is IPv4; a gateway without one yet takes no flows).
-fn spread_endpoints(target: &PolicyTarget) -> Vec<std::net::Ipv4Addr> {
+/// The tunnel endpoints of an ActiveActive policy's gateways on the
+/// underlay's family (a gateway without one yet takes no flows).
+fn spread_endpoints(target: &PolicyTarget, v6_underlay: bool) -> Vec<IpAddr> {
     target
         .spread
         .iter()
-        .filter_map(|(_, e)| match e {
-            Some(IpAddr::V4(ip)) => Some(*ip),
-            _ => None,
-        })
+        .filter_map(|(_, e)| e.filter(|ip| ip.is_ipv6() == v6_underlay))
         .collect()
 }
 
+/// The underlay's name in messages.
+fn family(v6_underlay: bool) -> &'static str {
+    if v6_underlay {
+        "IPv6"
+    } else {
+        "IPv4"
+    }
+}
+
 /// Why this datapath cannot send an assigned policy's traffic yet (no EIP,
-/// or no IPv4 tunnel endpoint of a remote gateway); `None` when it can.
-fn not_carried(target: &PolicyTarget) -> Option<String> {
+/// or no tunnel endpoint of the underlay's family for a remote gateway);
+/// `None` when it can.
+fn not_carried(target: &PolicyTarget, v6_underlay: bool) -> Option<String> {
     let spread = !target.spread.is_empty();
+    let fam = family(v6_underlay);
     match target.tunnel_endpoint {
         _ if target.eip_v4.is_none() && target.eip_v6.is_none() => {
             Some("no EIP assigned yet".to_string())
         }
         _ if target.local => None,
-        _ if spread && spread_endpoints(target).is_empty() => {
-            Some("none of the policy's gateway nodes has an IPv4 tunnel endpoint yet".to_string())
-        }
+        _ if spread && spread_endpoints(target, v6_underlay).is_empty() => Some(format!(
+            "none of the policy's gateway nodes has an {fam} tunnel endpoint yet"
+        )),
         _ if spread => None,
-        Some(IpAddr::V4(_)) => None,
+        Some(ip) if ip.is_ipv6() == v6_underlay => None,
         None if target.local => None,
-        Some(IpAddr::V6(_)) => {
-            Some("the gateway has only an IPv6 tunnel endpoint; the underlay is IPv4".into())
-        }
+        Some(_) => Some(format!(
+            "the gateway's tunnel endpoint is not {fam}; the underlay is {fam}",
+        )),
         None => Some(format!(
             "gateway node {} has no tunnel endpoint yet",
             target.gateway_node
@@ -240,19 +250,18 @@ fn port_blocks(nd: &NodeDesired) -> (Vec<PortBlockGrant>, Option<u16>) {
     (grants, block_size)
 }
 
-/// Where replies to each (EIP, block) go; IPv6 worker endpoints are left
-/// out (the underlay is IPv4).
+/// Where replies to each (EIP, block) go; worker endpoints of the other
+/// family than the underlay's are left out (no tunnel reaches them).
 fn reply_steering(nd: &NodeDesired, facts: &NodeFacts) -> Vec<ReplySteering> {
+    let v6 = facts.tunnel_ip.is_ipv6();
     nd.reply_steering
         .iter()
-        .filter_map(|((eip, block), worker)| match worker {
-            IpAddr::V4(w) => Some(ReplySteering {
-                eip: *eip,
-                block: *block,
-                worker_tunnel_ip: IpAddr::V4(*w),
-                local: *w == facts.tunnel_ip,
-            }),
-            IpAddr::V6(_) => None,
+        .filter(|(_, worker)| worker.is_ipv6() == v6)
+        .map(|((eip, block), worker)| ReplySteering {
+            eip: *eip,
+            block: *block,
+            worker_tunnel_ip: *worker,
+            local: *worker == facts.tunnel_ip,
         })
         .collect()
 }
@@ -486,7 +495,10 @@ mod tests {
                 assert_eq!((r.eip_v4, r.eip_v6), (None, None));
             } else {
                 assert_eq!(r.eip_v4, Some("203.0.113.100".parse().unwrap()));
-                assert_eq!(r.gateway_tunnel_ip, Ipv4Addr::new(192, 168, 0, 2));
+                assert_eq!(
+                    r.gateway_tunnel_ip,
+                    "192.168.0.2".parse::<IpAddr>().unwrap()
+                );
             }
             // Whatever the case, the maps translate.
             crate::datapath::translate::translate(&maps)

@@ -148,8 +148,16 @@ pub struct AgentBgp {
 }
 
 impl AgentBgp {
-    pub async fn start(cfg: &AgentBgpConfig, tunnel_ip: Ipv4Addr) -> Result<Self> {
-        let mut sc = SpeakerConfig::new(cfg.asn, cfg.router_id.unwrap_or(tunnel_ip));
+    pub async fn start(cfg: &AgentBgpConfig, tunnel_ip: IpAddr) -> Result<Self> {
+        let IpAddr::V4(tunnel_v4) = tunnel_ip else {
+            // IPv4 routes would need IPv6 next hops (RFC 8950), which the
+            // speaker does not negotiate yet.
+            anyhow::bail!(
+                "--bgp-reflectors with an IPv6 underlay (tunnel endpoint {tunnel_ip}) is not supported yet: \
+                 the agent's routes would need IPv6 next hops; run BGP on an IPv4 underlay or leave --bgp-reflectors unset"
+            );
+        };
+        let mut sc = SpeakerConfig::new(cfg.asn, cfg.router_id.unwrap_or(tunnel_v4));
         // Agents only connect out: they never take port 179 on the host.
         sc.listen = None;
         sc.hold_time = cfg.hold_time;

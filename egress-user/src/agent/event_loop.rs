@@ -14,7 +14,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -76,7 +76,7 @@ pub(super) struct Agent {
     pub shadow: MapShadow,
     pub facts: NodeFacts,
     pub me: SelfDescription,
-    pub tunnel_ip: Ipv4Addr,
+    pub tunnel_ip: IpAddr,
     pub bgp: Option<AgentBgp>,
     pub learned: Option<Learned>,
     pub published: Arc<Mutex<Published>>,

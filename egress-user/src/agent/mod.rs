@@ -24,6 +24,7 @@ pub mod register;
 pub mod routes;
 pub mod runtime;
 mod settings;
+pub mod underlay;
 pub mod uplink_addr;
 
 pub use runtime::run;

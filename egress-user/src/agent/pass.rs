@@ -152,7 +152,7 @@ impl Agent {
             .map(|o| (o.eip, u64::from(o.epoch)))
             .collect();
         let pod_cidrs = super::bgp::node_pod_cidrs(&self.s.pod_cidrs, &view.nodes, &self.s.node);
-        let want = super::bgp::wanted_routes(&pod_cidrs, &eips, IpAddr::V4(self.tunnel_ip));
+        let want = super::bgp::wanted_routes(&pod_cidrs, &eips, self.tunnel_ip);
         if let Err(e) = bgp.sync(&want).await {
             tracing::warn!(error = %format!("{e:#}"), "BGP announcements not in step");
         }

@@ -3,7 +3,7 @@
 //! also driven against the Kubernetes API at the HTTP level); here, what
 //! needs the agent's own parts (the fence's announcements, the uplink).
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::collections::BTreeSet;
 
 use anyhow::Result;
 pub use egress_control::registration::{
@@ -65,7 +65,7 @@ pub async fn addresses_changed(
             return false;
         }
     };
-    if !addrs.iter().any(|a| a.addr == IpAddr::V4(me.tunnel_ip)) {
+    if !addrs.iter().any(|a| a.addr == me.tunnel_ip) {
         tracing::error!(tunnel_ip = %me.tunnel_ip, uplink = %s.uplink,
             "the tunnel endpoint is no longer an address of the uplink; restart the agent to register a new one");
     }

@@ -21,7 +21,7 @@ use super::{
     published::{admin_handler, Published},
     register::{node_addresses, register, SelfDescription},
     settings::AgentSettings,
-    uplink_addr,
+    underlay, uplink_addr,
 };
 use crate::{
     admin,
@@ -151,23 +151,29 @@ async fn attach_edge(
     let uplink = vxlan::find_link(handle, &s.uplink)
         .await?
         .with_context(|| format!("uplink interface {} does not exist (--uplink)", s.uplink))?;
+    let routes = match s.underlay {
+        underlay::UnderlayChoice::Auto => {
+            crate::node::route::default_route_families(handle).await?
+        }
+        _ => underlay::DefaultRoutes::default(),
+    };
+    let v6 = underlay::is_ipv6(s.underlay, s.tunnel_ip, routes).map_err(anyhow::Error::msg)?;
     if s.vxlan.mtu == 0 {
-        // VXLAN over IPv4 adds 50 bytes.
-        s.vxlan.mtu = uplink.mtu.saturating_sub(50);
+        s.vxlan.mtu = uplink.mtu.saturating_sub(underlay::overhead(v6));
     }
+    s.vxlan.ipv6_underlay = v6;
     let vxlan_ifindex = vxlan::ensure(handle, &s.vxlan).await?;
     let uplink_mac = uplink
         .mac
         .with_context(|| format!("uplink {} has no Ethernet address", s.uplink))?;
     let uplink_addrs = uplink_addr::link_addresses(handle, uplink.index).await?;
-    let tunnel_ip = match s.tunnel_ip {
-        Some(ip) => ip,
-        None => uplink_addr::first_ipv4(&uplink_addrs)
-            .with_context(|| format!("uplink {} has no IPv4 address; set --tunnel-ip", s.uplink))?,
-    };
-    let node_ipv6 = s
-        .node_ipv6
-        .or_else(|| uplink_addr::node_ipv6(&uplink_addrs));
+    let tunnel_ip = underlay::endpoint(v6, s.tunnel_ip, &uplink_addrs, &s.uplink)
+        .map_err(anyhow::Error::msg)?;
+    let node_ipv6 = s.node_ipv6.or_else(|| match tunnel_ip {
+        std::net::IpAddr::V6(v6) => Some(v6),
+        std::net::IpAddr::V4(_) => uplink_addr::node_ipv6(&uplink_addrs),
+    });
+    tracing::info!(underlay = if v6 { "ipv6" } else { "ipv4" }, %tunnel_ip, mtu = s.vxlan.mtu, "tunnel");
     links::attach_ingress(&mut dp, PROG_TUNNEL_INGRESS, &s.vxlan.name, vxlan_ifindex)?;
     links::attach_ingress(&mut dp, PROG_UPLINK_INGRESS, &s.uplink, uplink.index)?;
     let reply_path = uplink_xdp::attach(&mut dp, s.uplink_xdp, &s.uplink, uplink.index);

@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{Ipv6Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -18,8 +18,11 @@ pub struct AgentSettings {
     pub node: String,
     pub labels: BTreeMap<String, String>,
     pub uplink: String,
-    /// Tunnel endpoint; the uplink's first IPv4 address when not given.
-    pub tunnel_ip: Option<Ipv4Addr>,
+    /// The tunnel's outer family (`--underlay`).
+    pub underlay: super::underlay::UnderlayChoice,
+    /// Tunnel endpoint; the uplink's first address of the underlay's
+    /// family when not given.
+    pub tunnel_ip: Option<std::net::IpAddr>,
     /// The node's IPv6 address (useNodeIP); the uplink's first global one
     /// when not given.
     pub node_ipv6: Option<Ipv6Addr>,

@@ -47,9 +47,15 @@ pub struct AgentArgs {
     /// leaves by).
     #[arg(long, env = "EGRESS_UPLINK")]
     pub uplink: Option<String>,
-    /// The tunnel endpoint address (default: the uplink's first IPv4 address).
+    /// The family the tunnel runs over, the same on every node: `ipv4`,
+    /// `ipv6`, or `auto` (the family of the node's default route, IPv4
+    /// when it has both).
+    #[arg(long, value_enum, default_value = "ipv4", env = "EGRESS_UNDERLAY")]
+    pub underlay: crate::agent::underlay::UnderlayChoice,
+    /// The tunnel endpoint address, of the underlay's family (default: the
+    /// uplink's first address of that family).
     #[arg(long)]
-    pub tunnel_ip: Option<Ipv4Addr>,
+    pub tunnel_ip: Option<std::net::IpAddr>,
     /// The node's IPv6 address, the IPv6 address of a dual-stack useNodeIP
     /// policy placed on this node (default: the uplink's first global IPv6
     /// address; none: such policies' IPv6 traffic is not translated here).
@@ -64,7 +70,8 @@ pub struct AgentArgs {
     /// VXLAN UDP port (the same on every node).
     #[arg(long, default_value_t = egress_common::config::DEFAULT_VXLAN_PORT)]
     pub vxlan_port: u16,
-    /// MTU of the tunnel device; 0: the uplink's MTU minus 50 (VXLAN over IPv4).
+    /// MTU of the tunnel device; 0: the uplink's MTU minus 50 (VXLAN over
+    /// IPv4) or 70 (over IPv6).
     #[arg(long, default_value_t = 0)]
     pub mtu: u32,
     /// This node's pod CIDRs (where the datastore does not know them).
@@ -254,12 +261,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             Some(name) => name.clone(),
             None => default_uplink().await?,
         },
+        underlay: args.underlay,
         tunnel_ip: args.tunnel_ip,
         node_ipv6: args.node_ipv6,
         vxlan: VxlanSpec {
             name: args.vxlan_name.clone(),
             port: args.vxlan_port,
             mtu: args.mtu,
+            ipv6_underlay: false, // decided with the uplink's routes at start
         },
         vni: args.vxlan_id,
         pod_cidrs: args.pod_cidrs.clone(),

@@ -25,6 +25,8 @@ pub struct ObservedLink {
 pub struct ObservedVxlan {
     pub external: bool,
     pub port: u16,
+    /// Takes IPv6 VXLAN packets whose UDP checksum is zero (`udp6zerocsumrx`).
+    pub zero_csum6_rx: bool,
 }
 
 impl ObservedLink {
@@ -72,6 +74,7 @@ fn read_link_info(infos: &[LinkInfo], link: &mut ObservedLink) {
                     match a {
                         InfoVxlan::CollectMetadata(on) => vx.external = *on,
                         InfoVxlan::Port(p) => vx.port = *p,
+                        InfoVxlan::UDPZeroCsumRX(on) => vx.zero_csum6_rx = *on,
                         _ => {}
                     }
                 }

@@ -47,6 +47,22 @@ pub async fn default_route_interface(handle: &rtnetlink::Handle) -> Result<Strin
     Ok(super::link::ObservedLink::from_message(&msg).name)
 }
 
+/// Which families have a default route in the main table (for
+/// `--underlay auto`).
+pub async fn default_route_families(
+    handle: &rtnetlink::Handle,
+) -> Result<crate::agent::underlay::DefaultRoutes> {
+    use futures::TryStreamExt;
+    let v4 = rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build();
+    let v6 = rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build();
+    let v4: Vec<RouteMessage> = handle.route().get(v4).execute().try_collect().await?;
+    let v6: Vec<RouteMessage> = handle.route().get(v6).execute().try_collect().await?;
+    Ok(crate::agent::underlay::DefaultRoutes {
+        v4: default_route_oif(&v4).is_some(),
+        v6: default_route_oif(&v6).is_some(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

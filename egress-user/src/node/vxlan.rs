@@ -14,8 +14,13 @@ pub struct VxlanSpec {
     pub name: String,
     /// UDP destination port of the tunnel (the chart's feature.vxlan.port).
     pub port: u16,
-    /// MTU of the device: the underlay MTU minus 50 bytes of VXLAN over IPv4.
+    /// MTU of the device: the underlay MTU minus 50 bytes of VXLAN over
+    /// IPv4, 70 over IPv6.
     pub mtu: u32,
+    /// The underlay is IPv6: the device must take the zero UDP checksum
+    /// of the programs' IPv6 outer headers (RFC 6935). Every device is
+    /// made so; one made without it is replaced only when this is set.
+    pub ipv6_underlay: bool,
 }
 
 /// What to do to reach the spec from what exists.
@@ -48,6 +53,9 @@ pub fn plan(existing: Option<&ObservedLink>, want: &VxlanSpec) -> VxlanAction {
         Some(vx) if !vx.external => Some("not in external (collect_md) mode".to_owned()),
         Some(vx) if vx.port != want.port => {
             Some(format!("port {} instead of {}", vx.port, want.port))
+        }
+        Some(vx) if want.ipv6_underlay && !vx.zero_csum6_rx => {
+            Some("refuses zero IPv6 UDP checksums (udp6zerocsumrx off)".to_owned())
         }
         Some(_) => None,
     };
@@ -103,6 +111,9 @@ pub async fn ensure(handle: &Handle, want: &VxlanSpec) -> Result<u32> {
         .collect_metadata(true)
         .port(want.port)
         .learning(false)
+        // IPv6 outer headers carry a zero UDP checksum, as IPv4 ones do.
+        .udp_zero_csum6_rx(true)
+        .udp_zero_csum6_tx(true)
         .mtu(want.mtu)
         .up()
         .build();
@@ -128,6 +139,7 @@ mod tests {
             name: "egress.vxlan".into(),
             port: 4789,
             mtu: 1450,
+            ipv6_underlay: false,
         }
     }
 
@@ -140,7 +152,11 @@ mod tests {
             mtu,
             mac: None,
             peer_netns_id: None,
-            vxlan: Some(ObservedVxlan { external, port }),
+            vxlan: Some(ObservedVxlan {
+                external,
+                port,
+                zero_csum6_rx: false,
+            }),
         }
     }
 
@@ -189,5 +205,23 @@ mod tests {
             plan(Some(&vxlan(true, 4789, 1450, false)), &spec()),
             VxlanAction::Adjust { index: 7 }
         );
+    }
+
+    #[test]
+    fn an_ipv6_underlay_replaces_a_device_that_refuses_zero_checksums() {
+        let old = vxlan(true, 4789, 1450, true);
+        let v6 = VxlanSpec {
+            ipv6_underlay: true,
+            ..spec()
+        };
+        assert!(matches!(
+            plan(Some(&old), &v6),
+            VxlanAction::Recreate { index: 7, .. }
+        ));
+        // On an IPv4 underlay the same device is kept: no upgrade restarts it.
+        assert_eq!(plan(Some(&old), &spec()), VxlanAction::Keep);
+        let mut fit = old;
+        fit.vxlan.as_mut().unwrap().zero_csum6_rx = true;
+        assert_eq!(plan(Some(&fit), &v6), VxlanAction::Keep);
     }
 }

@@ -4,7 +4,7 @@
 //! agent reports facts; the controller alone decides the tunnel's phase
 //! (Ready, HeartbeatTimeout, ...) from them and from the heartbeats.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -33,9 +33,10 @@ pub const CAPACITY_MANAGER: &str = "egress-agent-capacity";
 #[derive(Clone, Debug)]
 pub struct SelfDescription {
     pub node: NodeRecord,
-    pub tunnel_ip: Ipv4Addr,
+    /// The tunnel endpoint; its family is the underlay's.
+    pub tunnel_ip: IpAddr,
     /// The node's IPv6 address on the underlay, if it has one: a useNodeIP
-    /// policy's IPv6 address (the tunnel itself runs over IPv4).
+    /// policy's IPv6 address (on an IPv6 underlay, the tunnel endpoint).
     pub ipv6: Option<Ipv6Addr>,
     pub mac: [u8; 6],
     pub parent: String,
@@ -82,10 +83,11 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
             Err(e) => return Err(e).context("creating the EgressTunnel"),
         }
     }
+    let (ipv4, ipv6) = published_addresses(me);
     let status = json!({
         "tunnel": {
-            "ipv4": me.tunnel_ip.to_string(),
-            "ipv6": me.ipv6.map(|a| a.to_string()).unwrap_or_default(),
+            "ipv4": ipv4,
+            "ipv6": ipv6,
             "mac": mac_string(&me.mac),
             "parent": { "name": me.parent },
         },
@@ -104,12 +106,26 @@ pub async fn register(ds: &dyn Datastore, me: &SelfDescription) -> Result<()> {
     Ok(())
 }
 
-/// The node record's addresses: the tunnel endpoint, then the IPv6 address.
-pub fn node_addresses(tunnel_ip: Ipv4Addr, ipv6: Option<Ipv6Addr>) -> Vec<String> {
-    std::iter::once(IpAddr::V4(tunnel_ip))
-        .chain(ipv6.map(IpAddr::V6))
-        .map(|a| a.to_string())
-        .collect()
+/// What `status.tunnel` says of the node's addresses: on an IPv4 underlay
+/// the tunnel endpoint as `ipv4` and the node's IPv6 address (if any) as
+/// `ipv6`; on an IPv6 underlay the tunnel endpoint as `ipv6` and no `ipv4`,
+/// so every reader takes the endpoint the tunnel uses.
+pub fn published_addresses(me: &SelfDescription) -> (String, String) {
+    match me.tunnel_ip {
+        IpAddr::V4(v4) => (
+            v4.to_string(),
+            me.ipv6.map(|a| a.to_string()).unwrap_or_default(),
+        ),
+        IpAddr::V6(v6) => (String::new(), v6.to_string()),
+    }
+}
+
+/// The node record's addresses: the tunnel endpoint, then the IPv6 address
+/// (once: on an IPv6 underlay it is usually the endpoint).
+pub fn node_addresses(tunnel_ip: IpAddr, ipv6: Option<Ipv6Addr>) -> Vec<String> {
+    let mut out = vec![tunnel_ip];
+    out.extend(ipv6.map(IpAddr::V6).filter(|a| *a != tunnel_ip));
+    out.iter().map(|a| a.to_string()).collect()
 }
 
 /// Whether the datastore no longer holds what the agent registered: its
@@ -126,10 +142,8 @@ pub fn registration_lost(view: &ClusterView, me: &SelfDescription, writes_node: 
         return true;
     };
     let t = &st.tunnel;
-    t.ipv4 != me.tunnel_ip.to_string()
-        || t.ipv6 != me.ipv6.map(|a| a.to_string()).unwrap_or_default()
-        || t.mac != mac_string(&me.mac)
-        || t.parent.name != me.parent
+    let (ipv4, ipv6) = published_addresses(me);
+    t.ipv4 != ipv4 || t.ipv6 != ipv6 || t.mac != mac_string(&me.mac) || t.parent.name != me.parent
 }
 
 #[cfg(test)]
