@@ -153,7 +153,7 @@ fn encapsulate_packed(ctx: &TcContext, cfg: &DatapathConfig, index: u32, entropy
 /// The entry of endpoint `index` (read in place: copies would take the
 /// stack this path does not have); `None` for index 0 or an unused one.
 #[inline(always)]
-fn endpoint(index: u32) -> Option<&'static [u8; 16]> {
+pub(crate) fn endpoint(index: u32) -> Option<&'static [u8; 16]> {
     if index == 0 {
         return None;
     }

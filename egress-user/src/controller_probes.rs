@@ -33,19 +33,18 @@ pub async fn probe_view(ds: &dyn Datastore) -> Result<ClusterView> {
     Ok(load_kinds(ds, &PROBE_KINDS).await?)
 }
 
-/// Pure: the probe targets of a view (gateway-eligible node -> tunnel address).
+/// Pure: the probe targets of a view (gateway-eligible node -> tunnel
+/// endpoint: its IPv4 address, or on an IPv6 underlay, where the status
+/// publishes no IPv4 one, its IPv6 address).
 pub fn probe_targets(view: &ClusterView, port: u16) -> BTreeMap<SocketAddr, String> {
     gateway_eligible(view)
         .into_iter()
         .filter_map(|node| {
-            let ip: IpAddr = view
-                .tunnel(&node)?
-                .status
-                .as_ref()?
-                .tunnel
-                .ipv4
-                .parse()
-                .ok()?;
+            let t = &view.tunnel(&node)?.status.as_ref()?.tunnel;
+            let ip: IpAddr = match t.ipv4.as_str() {
+                "" => t.ipv6.parse().ok()?,
+                v4 => v4.parse().ok()?,
+            };
             Some((SocketAddr::new(ip, port), node))
         })
         .collect()
@@ -82,6 +81,32 @@ pub struct ProbeWatch {
     pub health: watch::Receiver<BTreeMap<String, ProbeHealth>>,
 }
 
+/// The prober on any local port (the agents answer to the source of each
+/// probe, and several controller replicas may share a network namespace),
+/// dual-stack so that it reaches IPv4 and IPv6 underlays alike; IPv4 only
+/// where the host has no IPv6.
+async fn start_prober(
+    session: SessionConfig,
+) -> Result<(
+    Prober,
+    tokio::sync::mpsc::UnboundedReceiver<egress_failover::prober::ProbeEvent>,
+)> {
+    let config = |ip: IpAddr| ProberConfig {
+        bind: SocketAddr::new(ip, 0),
+        session,
+        accept_unknown_peers: false,
+    };
+    match Prober::start(config(std::net::Ipv6Addr::UNSPECIFIED.into())).await {
+        Ok(started) => Ok(started),
+        Err(e) => {
+            tracing::warn!(%e, "no IPv6 probe socket; probing IPv4 tunnel endpoints only");
+            Prober::start(config(std::net::Ipv4Addr::UNSPECIFIED.into()))
+                .await
+                .context("starting the datapath prober")
+        }
+    }
+}
+
 /// Starts the prober and the task that keeps its peers and the down set current.
 pub async fn start(
     ds: Arc<dyn Datastore>,
@@ -89,15 +114,7 @@ pub async fn start(
     port: u16,
     refresh: Duration,
 ) -> Result<ProbeWatch> {
-    let (prober, mut events) = Prober::start(ProberConfig {
-        // Any local port: the agents answer to the source of each probe, and
-        // several controller replicas may share a network namespace.
-        bind: SocketAddr::from(([0, 0, 0, 0], 0)),
-        session,
-        accept_unknown_peers: false,
-    })
-    .await
-    .context("starting the datapath prober")?;
+    let (prober, mut events) = start_prober(session).await?;
     let (tx, rx) = watch::channel(BTreeSet::new());
     let (health_tx, health_rx) = watch::channel(BTreeMap::new());
     tokio::spawn(async move {
@@ -198,6 +215,42 @@ mod tests {
         assert_eq!(
             probe_targets(&view, 13784),
             BTreeMap::from([("10.10.0.3:13784".parse().unwrap(), "g1".to_string())])
+        );
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_underlay_node_is_probed_at_its_ipv6_endpoint() {
+        let ds = MemoryDatastore::new();
+        for (name, v4, v6) in [("g6", "", "fd00:10::3"), ("g4", "10.10.0.4", "fd00:10::4")] {
+            let node = NodeRecord {
+                name: name.into(),
+                labels: [("egress-gateway".to_string(), "true".to_string())].into(),
+                ready: true,
+                ..Default::default()
+            };
+            ds.create(Kind::Node, node_object(&node)).await.unwrap();
+            let tunnel = json!({"apiVersion": egress_control::api::API_VERSION, "kind": "EgressTunnel",
+                                "metadata": {"name": name}, "spec": {},
+                                "status": {"tunnel": {"ipv4": v4, "ipv6": v6, "mac": "02:00:00:00:00:03"}}});
+            ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
+        }
+        let gateway: serde_json::Value = serde_yaml::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../docs/examples/gateway.yaml"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        ds.create(Kind::EgressGateway, gateway).await.unwrap();
+        let view = probe_view(&ds).await.unwrap();
+        assert_eq!(
+            probe_targets(&view, 13784),
+            BTreeMap::from([
+                ("[fd00:10::3]:13784".parse().unwrap(), "g6".to_string()),
+                // A dual-stack node on an IPv4 underlay: its IPv4 endpoint.
+                ("10.10.0.4:13784".parse().unwrap(), "g4".to_string()),
+            ])
         );
     }
 

@@ -11,6 +11,8 @@
 //! matched to sessions by our discriminator once the peer knows it, by source
 //! address before that.
 //!
+//! Bound to `[::]`, one socket probes IPv4 and IPv6 peers alike.
+//!
 //! Not done (yet): RFC 5881's TTL 255 check and binding to a device; the
 //! underlay is trusted as it is for VXLAN.
 
@@ -192,7 +194,7 @@ impl Worker {
             let deadline = self.sessions.values().map(Session::next_deadline).min();
             tokio::select! {
                 received = self.socket.recv_from(&mut buf) => match received {
-                    Ok((len, from)) => self.receive(&buf[..len], from),
+                    Ok((len, from)) => self.receive(&buf[..len], canonical(from)),
                     // Unconnected UDP reports no ICMP errors; anything here is
                     // transient (e.g. ENOMEM) and the next packet may work.
                     Err(err) => warn!(%err, "probe receive failed"),
@@ -383,6 +385,13 @@ impl Worker {
                 .send_if_modified(|s| s.insert(peer, state) != Some(state));
         }
     }
+}
+
+/// A dual-stack socket (bound to `[::]`) sees IPv4 peers as IPv4-mapped
+/// IPv6 addresses; sessions are keyed by the address they were added
+/// with, so those are turned back into IPv4 ones.
+fn canonical(from: SocketAddr) -> SocketAddr {
+    SocketAddr::new(from.ip().to_canonical(), from.port())
 }
 
 async fn sleep_until_some(deadline: Option<std::time::Instant>) {

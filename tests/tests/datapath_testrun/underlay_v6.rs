@@ -187,3 +187,73 @@ fn endpoints(fx: &Fixture) -> anyhow::Result<Vec<TunnelEndpoint>> {
         aya::maps::Array::try_from(aya::maps::Map::Array(aya::maps::MapData::from_pin(path)?))?;
     Ok(m.iter().collect::<Result<_, _>>()?)
 }
+
+/// The controller's probe over IPv6, from the controller to `dst`.
+fn probe_frame6(pkt: &egress_failover::probe::Packet, dst: Ipv6Addr, dport: u16) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, UPLINK_MAC)
+        .ipv6(CONTROLLER6.octets(), dst.octets(), 255)
+        .udp(40000, dport)
+        .write(&mut v, &pkt.encode())
+        .unwrap();
+    v
+}
+
+const CONTROLLER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x99);
+
+#[test]
+#[ignore = "needs root: loads BPF programs"]
+fn the_datapath_answers_probes_over_ipv6_and_the_session_comes_up() -> anyhow::Result<()> {
+    use egress_failover::probe::{Packet, Session, SessionConfig, SessionState};
+    use std::time::Instant;
+    let mut fx = fixture_with(&desired_v6(1))?;
+    let now = Instant::now();
+    let cfg = SessionConfig {
+        desired_min_tx_ms: 100,
+        required_min_rx_ms: 100,
+        detect_multiplier: 3,
+    };
+    // The discriminator the node gives: its address's words XORed.
+    let o = WORKER6.octets();
+    let disc = (0..4).fold(0u32, |d, i| {
+        d ^ u32::from_be_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    });
+    let mut controller = Session::new(cfg, 77, now);
+    for round in 0..3 {
+        let ask = controller.packet_to_send(now, 0).expect("Down/Init sends");
+        let (rc, out) = fx.run("uplink_ingress", &probe_frame6(&ask, WORKER6, PROBE_PORT))?;
+        assert_eq!(rc, TC_ACT_REDIRECT, "round {round}: answered");
+        let seen = check(&out); // the UDP checksum over IPv6, by etherparse
+        assert_eq!(
+            (seen.src, seen.dst, seen.sport, seen.dport, seen.ttl),
+            (WORKER6.into(), CONTROLLER6.into(), PROBE_PORT, 40000, 64)
+        );
+        assert_eq!((&out[0..6], &out[6..12]), (&PEER_MAC[..], &UPLINK_MAC[..]));
+        let reply = Packet::decode(&out[out.len() - 24..])?;
+        assert_eq!(
+            (reply.your_discriminator, reply.my_discriminator),
+            (77, disc)
+        );
+        controller.on_packet(now, &reply)?;
+        if controller.state() == SessionState::Up {
+            break;
+        }
+    }
+    assert_eq!(controller.state(), SessionState::Up);
+    // To another address, another port, or over IPv4: left to the stack.
+    let ask = controller.packet_to_send(now, 0).unwrap();
+    let mut v4 = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, UPLINK_MAC)
+        .ipv4(CONTROLLER.octets(), WORKER_TUNNEL.octets(), 64)
+        .udp(40000, PROBE_PORT)
+        .write(&mut v4, &ask.encode())?;
+    for frame in [
+        probe_frame6(&ask, GW6, PROBE_PORT),
+        probe_frame6(&ask, WORKER6, PROBE_PORT + 1),
+        v4,
+    ] {
+        let (rc, out) = fx.run("uplink_ingress", &frame)?;
+        assert_eq!((rc, out), (TC_ACT_OK, frame));
+    }
+    Ok(())
+}
