@@ -113,6 +113,9 @@ pub struct ClusterSpec {
     pub controller_args: Vec<String>,
     /// More flags for every agent process.
     pub agent_args: Vec<String>,
+    /// Nodes with IPv6 addresses only, the tunnels over IPv6 (`--underlay
+    /// ipv6`); etcd and the probes reached over IPv6.
+    pub ipv6_underlay: bool,
 }
 
 /// How a [`Cluster`] starts its agents and controllers.
@@ -147,6 +150,7 @@ impl Default for ClusterSpec {
             launcher: Launcher::Process,
             controller_args: Vec::new(),
             agent_args: Vec::new(),
+            ipv6_underlay: false,
         }
     }
 }
@@ -261,7 +265,11 @@ impl Cluster {
                 format!("127.0.0.1:{port}")
             }
         };
-        let mut topo = Topology::build(&refs)?;
+        ensure!(
+            !spec.ipv6_underlay || !(spec.bgp || spec.kubernetes),
+            "the harness runs an IPv6 underlay on etcd without BGP only"
+        );
+        let mut topo = Topology::build_on(&refs, spec.ipv6_underlay)?;
         for w in 0..spec.workers {
             for p in 0..spec.pods_per_worker {
                 topo.add_pod_wired(w, &format!("p{}{}", w + 1, p + 1), spec.wiring)?;
@@ -272,7 +280,7 @@ impl Cluster {
         } else {
             DatastoreServer::Etcd(EtcdServer::start_in(
                 topo.fabric.name(),
-                &FABRIC_UNDERLAY_IP.to_string(),
+                &topo.fabric_host(),
             )?)
         };
         let mut cluster = Self {
@@ -639,6 +647,9 @@ impl Cluster {
         }
         if self.agent_probes {
             args.extend(probe_flags(t.probe));
+        }
+        if self.spec.ipv6_underlay {
+            args.extend(["--underlay".into(), "ipv6".into()]);
         }
         args.extend(self.spec.agent_args.iter().cloned());
         let argv = self.egress_argv(Caller::Agent, &args);

@@ -12,8 +12,14 @@
 //! L2 mode the fabric finds an EIP's owner by ARP/NDP. Pod CIDRs are routed
 //! by the fabric to their node, so traffic outside any policy leaves with the
 //! pod's own address.
+//!
+//! On an IPv6 underlay ([`Topology::build_on`]) the nodes have no IPv4
+//! address: the tunnels, the datastore and the probes run over
+//! fd00:10::/64, and IPv4 routes (the nodes' default, the fabric's routes
+//! to the pods) have IPv6 next hops. The fabric keeps 10.10.0.254 on the
+//! bridge: the IPv4 EIPs are still found there by ARP.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 
@@ -24,6 +30,7 @@ use crate::{
 
 pub const UNDERLAY_PREFIX: &str = "10.10.0";
 pub const FABRIC_UNDERLAY_IP: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 254);
+pub const FABRIC_UNDERLAY_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0, 0, 0, 0, 0, 0x254);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 pub const SERVER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x10);
 
@@ -50,8 +57,11 @@ pub struct Pod {
 pub struct Node {
     pub name: String,
     pub ns: Netns,
+    /// The node's IPv4 address (not configured on an IPv6 underlay).
     pub ip: Ipv4Addr,
     pub ip6: Ipv6Addr,
+    /// The address it has on the underlay: `ip`, or `ip6` on an IPv6 one.
+    pub underlay_ip: IpAddr,
     /// Index into the topology's nodes; also picks the pod CIDR 10.244.<index+1>.0/24.
     pub index: u8,
     pub uplink: String,
@@ -75,11 +85,35 @@ pub struct Topology {
     pub fabric: Netns,
     pub server: Netns,
     pub nodes: Vec<Node>,
+    /// The nodes have IPv6 addresses only.
+    pub ipv6_underlay: bool,
 }
 
 impl Topology {
     /// Builds the fabric, the server and one namespace per node name.
     pub fn build(node_names: &[&str]) -> Result<Self> {
+        Self::build_on(node_names, false)
+    }
+
+    /// The fabric's address on the underlay (where etcd listens).
+    pub fn fabric_ip(&self) -> IpAddr {
+        if self.ipv6_underlay {
+            FABRIC_UNDERLAY_IP6.into()
+        } else {
+            FABRIC_UNDERLAY_IP.into()
+        }
+    }
+
+    /// [`Topology::fabric_ip`] as the host part of a URL.
+    pub fn fabric_host(&self) -> String {
+        match self.fabric_ip() {
+            IpAddr::V4(a) => a.to_string(),
+            IpAddr::V6(a) => format!("[{a}]"),
+        }
+    }
+
+    /// As [`Topology::build`], on an IPv6-only underlay when `ipv6_underlay`.
+    pub fn build_on(node_names: &[&str], ipv6_underlay: bool) -> Result<Self> {
         let fabric = Netns::new("fab")?;
         let server = Netns::new("srv")?;
         fabric.enable_forwarding()?;
@@ -97,6 +131,7 @@ impl Topology {
             fabric,
             server,
             nodes: Vec::new(),
+            ipv6_underlay,
         };
         for name in node_names {
             topo.add_node(name)?;
@@ -114,15 +149,25 @@ impl Topology {
             .ip(&["link", "set", &fabric_port, "master", "br0"])?;
         let ip = Ipv4Addr::new(10, 10, 0, index + 1);
         let ip6: Ipv6Addr = format!("fd00:10::{}", index + 1).parse()?;
-        ns.addr("eth0", &format!("{ip}/24"))?;
         ns.addr("eth0", &format!("{ip6}/64"))?;
-        ns.route(&["default", "via", &FABRIC_UNDERLAY_IP.to_string()])?;
-        ns.route(&["default", "via", "fd00:10::254"])?;
+        let fab6 = FABRIC_UNDERLAY_IP6.to_string();
+        if self.ipv6_underlay {
+            ns.ip(&["-4", "route", "add", "default", "via", "inet6", &fab6])?;
+        } else {
+            ns.addr("eth0", &format!("{ip}/24"))?;
+            ns.route(&["default", "via", &FABRIC_UNDERLAY_IP.to_string()])?;
+        }
+        ns.route(&["default", "via", &fab6])?;
         let node = Node {
             name: name.to_owned(),
             ns,
             ip,
             ip6,
+            underlay_ip: if self.ipv6_underlay {
+                ip6.into()
+            } else {
+                ip.into()
+            },
             index,
             uplink: "eth0".into(),
             fabric_port,
@@ -130,8 +175,20 @@ impl Topology {
             cni: None,
         };
         // The fabric routes each node's pod CIDRs to it (what BGP would teach it).
-        self.fabric
-            .route(&[&node.pod_cidr(), "via", &ip.to_string()])?;
+        if self.ipv6_underlay {
+            self.fabric.ip(&[
+                "-4",
+                "route",
+                "add",
+                &node.pod_cidr(),
+                "via",
+                "inet6",
+                &ip6.to_string(),
+            ])?;
+        } else {
+            self.fabric
+                .route(&[&node.pod_cidr(), "via", &ip.to_string()])?;
+        }
         self.fabric
             .route(&[&node.pod_cidr6(), "via", &ip6.to_string()])?;
         self.nodes.push(node);

@@ -91,3 +91,28 @@ fn gateway_agent_crash() -> anyhow::Result<()> {
 fn gateway_under_load_with_default_timers() -> anyhow::Result<()> {
     run("gateway-under-load", &Options::defaults())
 }
+
+/// The failover scenarios on an IPv6-only underlay: the nodes have no IPv4
+/// address, the tunnels run over IPv6 (IPv4 pod traffic inside), etcd and
+/// the controller's probes are reached over IPv6.
+mod on_an_ipv6_underlay {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF, etcd"]
+    fn gateway_kill() -> anyhow::Result<()> {
+        run("gateway-kill", &Options::fast().on_ipv6_underlay())
+    }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF, etcd"]
+    fn gateway_link_down() -> anyhow::Result<()> {
+        run("gateway-link-down", &Options::fast().on_ipv6_underlay())
+    }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF, etcd"]
+    fn datastore_partition() -> anyhow::Result<()> {
+        run("datastore-partition", &Options::fast().on_ipv6_underlay())
+    }
+}

@@ -15,10 +15,7 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use super::{ms, say, Outcome};
-use crate::{
-    cluster::{wait_until, Cluster, DatastoreServer},
-    topology::FABRIC_UNDERLAY_IP,
-};
+use crate::cluster::{wait_until, Cluster, DatastoreServer};
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -176,7 +173,9 @@ impl DsWatch {
     pub(super) fn start(cluster: &Cluster) -> Result<Self> {
         let file = std::fs::File::open(cluster.topo.fabric.path())?;
         let source = match &cluster.datastore {
-            DatastoreServer::Etcd(_) => Source::Etcd(format!("{FABRIC_UNDERLAY_IP}:2379")),
+            DatastoreServer::Etcd(_) => {
+                Source::Etcd(format!("{}:2379", cluster.topo.fabric_host()))
+            }
             DatastoreServer::Kubernetes(k) => Source::Kubernetes(k.server.reader()),
         };
         let stop = Arc::new(AtomicBool::new(false));

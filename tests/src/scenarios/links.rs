@@ -16,10 +16,7 @@ use super::{
     },
     Bins, Options, Outcome,
 };
-use crate::{
-    cluster::{wait_until, Cluster},
-    topology::FABRIC_UNDERLAY_IP,
-};
+use crate::cluster::{wait_until, Cluster};
 
 /// Gives node `i` a management link to the fabric that carries only its
 /// TCP to and from etcd (policy routing on both ends), so the underlay port
@@ -29,53 +26,47 @@ pub fn add_management_link(cluster: &Cluster, i: usize) -> Result<()> {
     let fab = &cluster.topo.fabric;
     let port = format!("m{}", node.index);
     crate::link_veth(&node.ns, "mgmt0", fab, &port)?;
-    let (fab_ip, node_ip) = (
-        format!("10.11.{}.1", node.index),
-        format!("10.11.{}.2", node.index),
-    );
-    fab.addr(&port, &format!("{fab_ip}/30"))?;
-    node.ns.addr("mgmt0", &format!("{node_ip}/30"))?;
+    let v6 = cluster.topo.ipv6_underlay;
+    let (fab_ip, node_ip, len) = if v6 {
+        (
+            format!("fd00:11:{}::1", node.index),
+            format!("fd00:11:{}::2", node.index),
+            64,
+        )
+    } else {
+        (
+            format!("10.11.{}.1", node.index),
+            format!("10.11.{}.2", node.index),
+            30,
+        )
+    };
+    fab.addr(&port, &format!("{fab_ip}/{len}"))?;
+    node.ns.addr("mgmt0", &format!("{node_ip}/{len}"))?;
     for (ns, dev) in [(&node.ns, "mgmt0"), (fab, port.as_str())] {
         ns.sysctl(&[
             "net.ipv4.conf.all.rp_filter=0",
             &format!("net.ipv4.conf.{dev}.rp_filter=0"),
         ])?;
     }
-    let etcd = FABRIC_UNDERLAY_IP.to_string();
+    let family = if v6 { "-6" } else { "-4" };
+    let etcd = cluster.topo.fabric_ip().to_string();
     let ds_port = cluster.datastore_port().to_string();
+    let node_addr = node.underlay_ip.to_string();
     // Node: its datastore traffic (source: its underlay address) via mgmt0.
     node.ns.ip(&[
-        "route", "add", "default", "via", &fab_ip, "dev", "mgmt0", "table", "100",
+        family, "route", "add", "default", "via", &fab_ip, "dev", "mgmt0", "table", "100",
     ])?;
     node.ns.ip(&[
-        "rule", "add", "to", &etcd, "ipproto", "tcp", "dport", &ds_port, "lookup", "100",
+        family, "rule", "add", "to", &etcd, "ipproto", "tcp", "dport", &ds_port, "lookup", "100",
         "priority", "100",
     ])?;
     // Fabric: etcd's replies to that node via the management port.
     fab.ip(&[
-        "route",
-        "add",
-        &node.ip.to_string(),
-        "via",
-        &node_ip,
-        "dev",
-        &port,
-        "table",
-        "100",
+        family, "route", "add", &node_addr, "via", &node_ip, "dev", &port, "table", "100",
     ])?;
     fab.ip(&[
-        "rule",
-        "add",
-        "to",
-        &node.ip.to_string(),
-        "ipproto",
-        "tcp",
-        "sport",
-        &ds_port,
-        "lookup",
-        "100",
-        "priority",
-        "100",
+        family, "rule", "add", "to", &node_addr, "ipproto", "tcp", "sport", &ds_port, "lookup",
+        "100", "priority", "100",
     ])?;
     Ok(())
 }

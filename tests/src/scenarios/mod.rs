@@ -147,6 +147,9 @@ pub struct Options {
     /// Run the cluster on the Kubernetes datastore (the in-memory API
     /// server) instead of etcd.
     pub kubernetes: bool,
+    /// Nodes with IPv6 addresses only: the tunnels, etcd and the probes
+    /// over IPv6 ([`crate::topology::Topology::build_on`]).
+    pub ipv6_underlay: bool,
 }
 
 impl Options {
@@ -171,6 +174,15 @@ impl Options {
             slack: Duration::from_secs(2),
             tcp_rto_max_ms: None,
             kubernetes: false,
+            ipv6_underlay: false,
+        }
+    }
+
+    /// The same options on an IPv6-only underlay.
+    pub fn on_ipv6_underlay(&self) -> Self {
+        Self {
+            ipv6_underlay: true,
+            ..self.clone()
         }
     }
 

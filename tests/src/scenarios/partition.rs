@@ -17,17 +17,24 @@ use super::{
 };
 use crate::cluster::Cluster;
 
-/// Drops TCP 2379 between the fabric's etcd and node `i` (iptables in the fabric).
+/// Drops TCP 2379 between the fabric's etcd and node `i` (iptables, or
+/// ip6tables on an IPv6 underlay, in the fabric).
 pub fn block_datastore(cluster: &Cluster, i: usize, block: bool) -> Result<()> {
-    let ip = cluster.topo.nodes[i].ip.to_string();
+    let node_ip = cluster.topo.nodes[i].underlay_ip;
+    let ip = node_ip.to_string();
+    let tables = if node_ip.is_ipv6() {
+        "ip6tables"
+    } else {
+        "iptables"
+    };
     let op = if block { "-I" } else { "-D" };
     let fab = &cluster.topo.fabric;
     let port = cluster.datastore_port().to_string();
     fab.exec(&[
-        "iptables", op, "INPUT", "-s", &ip, "-p", "tcp", "--dport", &port, "-j", "DROP",
+        tables, op, "INPUT", "-s", &ip, "-p", "tcp", "--dport", &port, "-j", "DROP",
     ])?;
     fab.exec(&[
-        "iptables", op, "OUTPUT", "-d", &ip, "-p", "tcp", "--sport", &port, "-j", "DROP",
+        tables, op, "OUTPUT", "-d", &ip, "-p", "tcp", "--sport", &port, "-j", "DROP",
     ])?;
     Ok(())
 }

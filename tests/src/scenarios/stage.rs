@@ -44,9 +44,18 @@ pub(super) fn stage(
         controllers,
         timers: opts.timers.clone(),
         kubernetes: opts.kubernetes,
+        ipv6_underlay: opts.ipv6_underlay,
         ..ClusterSpec::default()
     };
     let cluster = Cluster::start(&bins.egress, spec)?;
+    if opts.ipv6_underlay {
+        // Nothing may fall back to IPv4 between the nodes.
+        for n in &cluster.topo.nodes {
+            let v4 = n.ns.ip(&["-4", "-o", "addr", "show", "dev", &n.uplink])?;
+            anyhow::ensure!(v4.trim().is_empty(), "{} has IPv4: {v4}", n.name);
+        }
+        say("underlay: IPv6 only (no node has an IPv4 address)");
+    }
     if opts.timers.probe.is_some() && !cluster.agents_probe() {
         say(
             "note: `egress agent` has no probe flags yet (prober not wired): the heartbeat decides",
