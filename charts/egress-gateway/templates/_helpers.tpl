@@ -94,6 +94,9 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 {{- fail (printf "feature.nodeIpPortRange (%s) holds no whole block of %d ports (feature.portBlockSize): useNodeIP policies would get no ports" $f.nodeIpPortRange $size) -}}
 {{- end -}}
 {{- $b := .Values.bgp -}}
+{{- if and $b.enabled (eq $f.vxlan.underlay "ipv6") -}}
+{{- fail "bgp.enabled with feature.vxlan.underlay ipv6 is not supported yet: the agents' IPv4 routes would need IPv6 next hops (RFC 8950); use underlay ipv4 with BGP" -}}
+{{- end -}}
 {{- if and $b.enabled (gt (int $b.holdTime) 0) (ge (int $b.keepaliveTime) (int $b.holdTime)) -}}
 {{- fail (printf "bgp.keepaliveTime (%d) must be less than bgp.holdTime (%d); a third of it is usual, 0 picks that" (int $b.keepaliveTime) (int $b.holdTime)) -}}
 {{- end -}}

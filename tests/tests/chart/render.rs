@@ -158,6 +158,15 @@ fn helm_rejects_bad_values() {
             json!({"feature": {"portReleaseQuarantine": "soon"}}),
             "portReleaseQuarantine",
         ),
+        // the agents refuse BGP on an IPv6 underlay (no RFC 8950 yet)
+        (
+            json!({"bgp": {"enabled": true}, "feature": {"vxlan": {"underlay": "ipv6"}}}),
+            "feature.vxlan.underlay ipv6 is not supported yet",
+        ),
+        (
+            json!({"feature": {"vxlan": {"underlay": "ip6"}}}),
+            "underlay",
+        ),
     ];
     for (overrides, expected) in cases {
         match helm(&["template", RELEASE], &overrides, &[]) {

@@ -306,6 +306,22 @@ fn the_nat_table_size_is_bounded_as_the_agent_bounds_it() {
     }
 }
 
+/// `feature.vxlan.underlay` takes the agent's three families and nothing else.
+#[test]
+fn the_underlay_is_one_the_agent_knows() {
+    for (family, ok) in [
+        ("ipv4", true),
+        ("ipv6", true),
+        ("auto", true),
+        ("IPv6", false),
+        ("", false),
+    ] {
+        let mut v = default_values();
+        set(&mut v, "feature.vxlan.underlay", json!(family));
+        assert_eq!(schema_errors(&v).is_empty(), ok, "underlay {family:?}");
+    }
+}
+
 /// `agent.uplinkXdp` takes the agent's three modes and nothing else.
 #[test]
 fn the_uplink_xdp_mode_is_one_the_agent_knows() {
