@@ -31,18 +31,21 @@ pub fn require_root() -> Result<()> {
     Ok(())
 }
 
-/// Runs scenario `name` (or every one with `all`). With `default_timers` the
-/// product's defaults (5 s / 5 s / 15 s, lease 15 s) are used; otherwise the
-/// short timers of the e2e tests (250 ms / 250 ms / 1.5 s, lease 2 s).
-/// `probe` sets the datapath probes (interval ms, multiplier);
-/// `kubernetes` runs the cluster on the Kubernetes datastore.
-pub fn run(
-    root: &Path,
-    name: &str,
-    default_timers: bool,
-    probe: Option<(u64, u32)>,
-    kubernetes: bool,
-) -> Result<()> {
+/// How `cargo xtask e2e` runs its scenarios.
+pub struct Choices {
+    /// The product's defaults (5 s / 5 s / 15 s, lease 15 s); otherwise the
+    /// short timers of the e2e tests (250 ms / 250 ms / 1.5 s, lease 2 s).
+    pub default_timers: bool,
+    /// The datapath probes (interval ms, multiplier).
+    pub probe: Option<(u64, u32)>,
+    /// On the Kubernetes datastore.
+    pub kubernetes: bool,
+    /// On an IPv6-only underlay.
+    pub ipv6_underlay: bool,
+}
+
+/// Runs scenario `name` (or every one with `all`) as `how` says.
+pub fn run(root: &Path, name: &str, how: Choices) -> Result<()> {
     let names: Vec<&str> = match name {
         "all" => SCENARIOS.to_vec(),
         n if SCENARIOS.contains(&n) || LOAD_SCENARIOS.contains(&n) => vec![n],
@@ -54,13 +57,14 @@ pub fn run(
     };
     require_root()?;
     let bins = build_bins(root)?;
-    let mut opts = if default_timers {
+    let mut opts = if how.default_timers {
         Options::defaults()
     } else {
         Options::fast()
     };
-    opts.timers.probe = probe;
-    opts.kubernetes = kubernetes;
+    opts.timers.probe = how.probe;
+    opts.kubernetes = how.kubernetes;
+    opts.ipv6_underlay = how.ipv6_underlay;
     let mut failed = Vec::new();
     for n in names {
         step(&format!("scenario {n}"));

@@ -82,6 +82,9 @@ enum Task {
         /// chart's RBAC) instead of etcd.
         #[arg(long)]
         kubernetes: bool,
+        /// On an IPv6-only underlay (nodes without IPv4 addresses, `--underlay ipv6`).
+        #[arg(long)]
+        ipv6_underlay: bool,
     },
     /// Benchmarks (not part of the tests): `datapath`, `control-plane`, `failover`, `bgp`.
     Bench {
@@ -151,12 +154,16 @@ fn main() {
             probe_interval_ms,
             probe_detect_multiplier,
             kubernetes,
+            ipv6_underlay,
         } => e2e::run(
             &root,
             &name,
-            default_timers,
-            probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
-            kubernetes,
+            e2e::Choices {
+                default_timers,
+                probe: probe_interval_ms.map(|ms| (ms, probe_detect_multiplier)),
+                kubernetes,
+                ipv6_underlay,
+            },
         ),
         Task::Bench {
             what,
