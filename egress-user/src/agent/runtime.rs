@@ -151,10 +151,12 @@ async fn attach_edge(
     let uplink = vxlan::find_link(handle, &s.uplink)
         .await?
         .with_context(|| format!("uplink interface {} does not exist (--uplink)", s.uplink))?;
+    let uplink_addrs = uplink_addr::link_addresses(handle, uplink.index).await?;
     let routes = match s.underlay {
-        underlay::UnderlayChoice::Auto => {
-            crate::node::route::default_route_families(handle).await?
-        }
+        underlay::UnderlayChoice::Auto => underlay::usable(
+            crate::node::route::default_route_families(handle).await?,
+            &uplink_addrs,
+        ),
         _ => underlay::DefaultRoutes::default(),
     };
     let v6 = underlay::is_ipv6(s.underlay, s.tunnel_ip, routes).map_err(anyhow::Error::msg)?;
@@ -166,7 +168,6 @@ async fn attach_edge(
     let uplink_mac = uplink
         .mac
         .with_context(|| format!("uplink {} has no Ethernet address", s.uplink))?;
-    let uplink_addrs = uplink_addr::link_addresses(handle, uplink.index).await?;
     let tunnel_ip = underlay::endpoint(v6, s.tunnel_ip, &uplink_addrs, &s.uplink)
         .map_err(anyhow::Error::msg)?;
     let node_ipv6 = s.node_ipv6.or_else(|| match tunnel_ip {

@@ -25,6 +25,17 @@ pub struct DefaultRoutes {
     pub v6: bool,
 }
 
+/// The default routes `auto` may follow: only a family the uplink also
+/// has an address of (an IPv6-only node may route IPv4 by IPv6 next hops,
+/// `ip -4 route add default via inet6 ...`, and still has no IPv4
+/// endpoint to offer).
+pub fn usable(routes: DefaultRoutes, addrs: &[LinkAddress]) -> DefaultRoutes {
+    DefaultRoutes {
+        v4: routes.v4 && first_ipv4(addrs).is_some(),
+        v6: routes.v6 && node_ipv6(addrs).is_some(),
+    }
+}
+
 /// Whether the underlay is IPv6. A `--tunnel-ip` of the other family than
 /// an explicit `--underlay` cannot work and is refused.
 pub fn is_ipv6(
@@ -129,6 +140,18 @@ mod tests {
         );
         assert_eq!(is_ipv6(Ipv6, None, DefaultRoutes::default()), Ok(true));
         assert_eq!(is_ipv6(Ipv4, None, V6_ONLY), Ok(false));
+    }
+
+    #[test]
+    fn auto_follows_no_default_route_of_a_family_without_an_address() {
+        let v6_only = [addr("fe80::1"), addr("fd00:10::7")];
+        assert_eq!(usable(BOTH, &v6_only), V6_ONLY);
+        assert_eq!(
+            is_ipv6(UnderlayChoice::Auto, None, usable(BOTH, &v6_only)),
+            Ok(true)
+        );
+        let dual = [addr("10.0.0.7"), addr("fd00:10::7")];
+        assert_eq!(usable(BOTH, &dual), BOTH);
     }
 
     #[test]
