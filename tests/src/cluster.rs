@@ -649,7 +649,11 @@ impl Cluster {
             args.extend(probe_flags(t.probe));
         }
         if self.spec.ipv6_underlay {
-            args.extend(["--underlay".into(), "ipv6".into()]);
+            // Every other node finds the family itself: with an IPv4
+            // default route by an IPv6 next hop and no IPv4 address, `auto`
+            // must still choose IPv6.
+            let family = if i % 2 == 0 { "ipv6" } else { "auto" };
+            args.extend(["--underlay".into(), family.into()]);
         }
         args.extend(self.spec.agent_args.iter().cloned());
         let argv = self.egress_argv(Caller::Agent, &args);
