@@ -652,7 +652,7 @@ impl Cluster {
             // Every other node finds the family itself: with an IPv4
             // default route by an IPv6 next hop and no IPv4 address, `auto`
             // must still choose IPv6.
-            let family = if i % 2 == 0 { "ipv6" } else { "auto" };
+            let family = if i.is_multiple_of(2) { "ipv6" } else { "auto" };
             args.extend(["--underlay".into(), family.into()]);
         }
         args.extend(self.spec.agent_args.iter().cloned());
