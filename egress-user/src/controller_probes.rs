@@ -177,6 +177,18 @@ mod tests {
     };
     use serde_json::json;
 
+    /// The example EgressGateway of the docs (selects `egress-gateway=true`).
+    fn example_gateway() -> serde_json::Value {
+        serde_yaml::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../docs/examples/gateway.yaml"
+            ))
+            .unwrap(),
+        )
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn the_probe_targets_come_from_nodes_gateways_and_tunnels_not_pods() {
         let ds = MemoryDatastore::new();
@@ -188,15 +200,9 @@ mod tests {
             ..Default::default()
         };
         ds.create(Kind::Node, node_object(&node)).await.unwrap();
-        let gateway: serde_json::Value = serde_yaml::from_str(
-            &std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../docs/examples/gateway.yaml"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
-        ds.create(Kind::EgressGateway, gateway).await.unwrap();
+        ds.create(Kind::EgressGateway, example_gateway())
+            .await
+            .unwrap();
         let tunnel = json!({"apiVersion": egress_control::api::API_VERSION, "kind": "EgressTunnel",
                             "metadata": {"name": "g1"}, "spec": {},
                             "status": {"tunnel": {"ipv4": "10.10.0.3", "mac": "02:00:00:00:00:03"}}});
@@ -234,15 +240,9 @@ mod tests {
                                 "status": {"tunnel": {"ipv4": v4, "ipv6": v6, "mac": "02:00:00:00:00:03"}}});
             ds.create(Kind::EgressTunnel, tunnel).await.unwrap();
         }
-        let gateway: serde_json::Value = serde_yaml::from_str(
-            &std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../docs/examples/gateway.yaml"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
-        ds.create(Kind::EgressGateway, gateway).await.unwrap();
+        ds.create(Kind::EgressGateway, example_gateway())
+            .await
+            .unwrap();
         let view = probe_view(&ds).await.unwrap();
         assert_eq!(
             probe_targets(&view, 13784),
