@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::codec::{
-    negotiate_add_path, notif, Capability, CodecOptions, DecodeError, Message, Notification, Open,
-    RouteRefresh, Update,
+    negotiate_add_path, negotiate_ext_next_hop, notif, Capability, CodecOptions, DecodeError,
+    Message, Notification, Open, RouteRefresh, Update,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -597,6 +597,15 @@ impl Fsm {
             })
             .unwrap_or(&[]);
         let add_path = negotiate_add_path(ours, open.add_path());
+        let our_next_hops = self
+            .cfg
+            .capabilities
+            .iter()
+            .find_map(|c| match c {
+                Capability::ExtendedNextHop(t) => Some(t.as_slice()),
+                _ => None,
+            })
+            .unwrap_or(&[]);
         Ok(Negotiated {
             peer_open: open.clone(),
             hold_time,
@@ -605,6 +614,7 @@ impl Fsm {
                 four_octet_as: we_do_4octet && open.four_octet_as().is_some(),
                 add_path_rx: add_path.receive,
                 add_path_tx: add_path.send,
+                ipv4_via_ipv6: negotiate_ext_next_hop(our_next_hops, open.extended_next_hop()),
             },
             peer_asn,
             peer_id: open.bgp_id,

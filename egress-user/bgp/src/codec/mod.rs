@@ -8,6 +8,7 @@
 mod add_path;
 mod as_path;
 mod error;
+mod ext_next_hop;
 mod notification;
 mod open;
 mod reader;
@@ -17,6 +18,7 @@ pub use add_path::{
     negotiate as negotiate_add_path, AddPathFamilies, AddPathFamily, AddPathNegotiated,
 };
 pub use error::DecodeError;
+pub use ext_next_hop::{negotiate as negotiate_ext_next_hop, Ipv4ViaIpv6, NextHopTuple};
 pub use notification::{notif, Notification, RouteRefresh, RouteRefreshSubtype};
 pub use open::{Capability, GrFamily, GracefulRestartCap, LlgrFamily, Open};
 pub use update::{
@@ -44,6 +46,8 @@ pub struct CodecOptions {
     pub add_path_rx: AddPathFamilies,
     /// ... and in what we encode.
     pub add_path_tx: AddPathFamilies,
+    /// RFC 8950: IPv4 routes with IPv6 next hops, each way.
+    pub ipv4_via_ipv6: Ipv4ViaIpv6,
 }
 
 impl Default for CodecOptions {
@@ -52,6 +56,7 @@ impl Default for CodecOptions {
             four_octet_as: true,
             add_path_rx: AddPathFamilies::NONE,
             add_path_tx: AddPathFamilies::NONE,
+            ipv4_via_ipv6: Ipv4ViaIpv6::default(),
         }
     }
 }

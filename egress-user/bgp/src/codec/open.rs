@@ -5,6 +5,7 @@ use std::net::Ipv4Addr;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::add_path::{self, AddPathFamily, CAP_ADD_PATH};
+use super::ext_next_hop::{self, NextHopTuple, CAP_EXTENDED_NEXT_HOP};
 use super::reader::Reader;
 use super::DecodeError;
 use crate::types::{AfiSafi, AS_TRANS};
@@ -56,6 +57,8 @@ pub enum Capability {
     LongLivedGr(Vec<LlgrFamily>),
     /// RFC 7911: per family, whether the sender sends and receives path ids.
     AddPath(Vec<AddPathFamily>),
+    /// RFC 8950: the (NLRI family, next hop AFI) pairs the sender takes.
+    ExtendedNextHop(Vec<NextHopTuple>),
     Unknown {
         code: u8,
         value: Bytes,
@@ -119,6 +122,9 @@ impl Capability {
                     })
                 }
             },
+            CAP_EXTENDED_NEXT_HOP => {
+                return ext_next_hop::decode(value).map(Capability::ExtendedNextHop)
+            }
             code => {
                 return Ok(Capability::Unknown {
                     code,
@@ -176,6 +182,10 @@ impl Capability {
             Capability::AddPath(tuples) => {
                 add_path::encode(tuples, &mut v);
                 CAP_ADD_PATH
+            }
+            Capability::ExtendedNextHop(tuples) => {
+                ext_next_hop::encode(tuples, &mut v);
+                CAP_EXTENDED_NEXT_HOP
             }
             Capability::Unknown { code, value } => {
                 v.put_slice(value);
@@ -252,6 +262,17 @@ impl Open {
             .iter()
             .find_map(|c| match c {
                 Capability::AddPath(t) => Some(t.as_slice()),
+                _ => None,
+            })
+            .unwrap_or(&[])
+    }
+
+    /// The extended next hop tuples (RFC 8950); empty without the capability.
+    pub fn extended_next_hop(&self) -> &[NextHopTuple] {
+        self.capabilities
+            .iter()
+            .find_map(|c| match c {
+                Capability::ExtendedNextHop(t) => Some(t.as_slice()),
                 _ => None,
             })
             .unwrap_or(&[])

@@ -41,17 +41,20 @@ const FOUR: CodecOptions = CodecOptions {
     four_octet_as: true,
     add_path_rx: AddPathFamilies::NONE,
     add_path_tx: AddPathFamilies::NONE,
+    ipv4_via_ipv6: crate::codec::Ipv4ViaIpv6::NONE,
 };
 const TWO: CodecOptions = CodecOptions {
     four_octet_as: false,
     add_path_rx: AddPathFamilies::NONE,
     add_path_tx: AddPathFamilies::NONE,
+    ipv4_via_ipv6: crate::codec::Ipv4ViaIpv6::NONE,
 };
 /// Path ids both ways in both families (RFC 7911).
 const ADD_PATH: CodecOptions = CodecOptions {
     four_octet_as: true,
     add_path_rx: AddPathFamilies::ALL,
     add_path_tx: AddPathFamilies::ALL,
+    ipv4_via_ipv6: crate::codec::Ipv4ViaIpv6::NONE,
 };
 
 fn roundtrip(m: &Message, opts: CodecOptions) -> Message {
@@ -129,6 +132,7 @@ fn full_open() -> Open {
                 forwarding_preserved: true,
                 stale_time: 86400,
             }]),
+            Capability::ExtendedNextHop(vec![NextHopTuple::IPV4_UNICAST_VIA_IPV6]),
             Capability::Unknown {
                 code: 200,
                 value: Bytes::from_static(&[1, 2, 3]),
@@ -193,6 +197,7 @@ fn open_with_every_capability_roundtrips() {
     assert!(o.route_refresh() && o.enhanced_route_refresh());
     assert_eq!(o.long_lived_gr().unwrap()[0].stale_time, 86400);
     assert_eq!(o.families().len(), 2);
+    assert_eq!(o.extended_next_hop(), [NextHopTuple::IPV4_UNICAST_VIA_IPV6]);
 }
 
 #[test]
@@ -530,6 +535,29 @@ fn ipv6_mp_reach_with_global_next_hop_only() {
     };
     assert_eq!(back, u);
     assert_eq!(back.announced(), vec![p("2001:db8::/32")]);
+}
+
+#[test]
+fn ipv4_routes_via_an_ipv6_next_hop_need_our_extended_next_hop_offer() {
+    let with = CodecOptions {
+        ipv4_via_ipv6: Ipv4ViaIpv6::BOTH,
+        ..FOUR
+    };
+    for link_local in [None, Some("fe80::1".parse().unwrap())] {
+        let mut u = ipv6_announce("2001:db8::7".parse().unwrap(), "10.1.0.0/16");
+        let mp = u.mp_reach.as_mut().unwrap();
+        mp.family = Family::Ipv4Unicast;
+        mp.link_local = link_local;
+        let Message::Update(back) = roundtrip(&Message::Update(u.clone()), with) else {
+            panic!()
+        };
+        assert_eq!(back, u);
+        assert_eq!(back.announced(), vec![p("10.1.0.0/16")]);
+        // Not offered on this session: the next hop's length is an error
+        // in MP_REACH_NLRI, which resets the session (RFC 7606 7.11).
+        let bytes = Message::Update(u).to_bytes(with).unwrap();
+        assert_eq!(notification_codes(&bytes), (3, 9), "{link_local:?}");
+    }
 }
 
 #[test]

@@ -31,7 +31,7 @@ pub(super) struct GroupKey {
     pub(super) client: bool,
     /// With next-hop-self: our address on the session, put as next hop.
     pub(super) next_hop_self: Option<IpAddr>,
-    pub(super) llgr: bool,
+    pub(super) understands: out::Understands,
     /// Families sent ADD-PATH (RFC 7911): multipath sets, not best routes.
     pub(super) add_path: crate::codec::AddPathFamilies,
 }
@@ -42,6 +42,8 @@ struct MemoKey {
     next_hop: IpAddr,
     from: Option<IpAddr>,
     llgr_stale: bool,
+    /// Whether an IPv4 route may go depends on its family (RFC 8950).
+    ipv4: bool,
 }
 
 impl MemoKey {
@@ -50,6 +52,7 @@ impl MemoKey {
             && self.next_hop == r.next_hop
             && self.from == r.source.peer_addr()
             && self.llgr_stale == r.llgr_stale
+            && self.ipv4 == r.prefix.addr().is_ipv4()
     }
 }
 
@@ -84,7 +87,8 @@ impl Exports {
             .key
             .next_hop_self
             .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let e = out::export(rib, &peer, ebgp, local, self.key.llgr, r).map(|e| self.intern(e));
+        let e =
+            out::export(rib, &peer, ebgp, local, self.key.understands, r).map(|e| self.intern(e));
         if self.memo.len() == MEMO_SIZE {
             self.memo.remove(0);
         }
@@ -94,6 +98,7 @@ impl Exports {
                 next_hop: r.next_hop,
                 from: r.source.peer_addr(),
                 llgr_stale: r.llgr_stale,
+                ipv4: r.prefix.addr().is_ipv4(),
             },
             e.clone(),
         ));

@@ -169,8 +169,7 @@ struct PeerState {
 struct SessionInfo {
     router_id: Ipv4Addr,
     local_addr: IpAddr,
-    /// Both sides do long-lived graceful restart (RFC 9494).
-    llgr: bool,
+    understands: out::Understands,
 }
 
 /// What a session agreed that changes what the RIB sends on it.
@@ -181,6 +180,8 @@ pub struct SessionOptions {
     /// Families we send ADD-PATH in (RFC 7911): the multipath set, each
     /// path under its path id, instead of the best route.
     pub add_path: AddPathFamilies,
+    /// Both sides agreed on IPv4 routes with IPv6 next hops (RFC 8950).
+    pub ipv4_via_ipv6: bool,
 }
 
 impl PeerState {
@@ -304,20 +305,23 @@ impl Rib {
         local_addr: IpAddr,
         opts: SessionOptions,
     ) {
-        let llgr = opts.llgr;
+        let understands = out::Understands {
+            llgr: opts.llgr,
+            ipv4_via_ipv6: opts.ipv4_via_ipv6,
+        };
         let Some(p) = self.peers.get_mut(&addr) else {
             return;
         };
         p.session = Some(SessionInfo {
             router_id,
             local_addr,
-            llgr,
+            understands,
         });
         let key = GroupKey {
             asn: p.cfg.asn,
             client: p.cfg.client,
             next_hop_self: p.cfg.next_hop_self.then_some(local_addr),
-            llgr,
+            understands,
             add_path: opts.add_path,
         };
         self.leave_group(addr);
@@ -831,8 +835,15 @@ impl Rib {
         let ebgp = self.is_ebgp(&p.cfg);
         self.loc_rib()
             .filter_map(|r| {
-                out::export(&self.cfg, &p.cfg, ebgp, session.local_addr, session.llgr, r)
-                    .map(|e| (r.prefix, e.next_hop, e.attrs))
+                out::export(
+                    &self.cfg,
+                    &p.cfg,
+                    ebgp,
+                    session.local_addr,
+                    session.understands,
+                    r,
+                )
+                .map(|e| (r.prefix, e.next_hop, e.attrs))
             })
             .collect()
     }

@@ -16,19 +16,29 @@ pub(crate) struct Exported {
     pub next_hop: IpAddr,
 }
 
+/// What the receiving session agreed that decides whether it may be sent a
+/// route at all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Understands {
+    /// Long-lived graceful restart (RFC 9494).
+    pub llgr: bool,
+    /// IPv4 routes with IPv6 next hops (RFC 8950).
+    pub ipv4_via_ipv6: bool,
+}
+
 /// The route as `peer` should see it, or None when it must not see it.
 pub(crate) fn export(
     rib: &RibConfig,
     peer: &PeerConfig,
     ebgp: bool,
     local_addr: IpAddr,
-    target_llgr: bool,
+    target: Understands,
     r: &Route,
 ) -> Option<Exported> {
     // RFC 9494 4.5: long-lived stale routes only go to peers that know
     // what LLGR_STALE means.
     let llgr = decision::is_llgr_stale(r);
-    if llgr && !target_llgr {
+    if llgr && !target.llgr {
         return None;
     }
     if r.source.peer_addr() == Some(peer.addr) {
@@ -72,6 +82,10 @@ pub(crate) fn export(
     }
     if peer.next_hop_self && local_addr.is_ipv4() == next_hop.is_ipv4() {
         next_hop = local_addr;
+    }
+    // An IPv4 route via an IPv6 next hop needs RFC 8950 on the session.
+    if r.prefix.addr().is_ipv4() && next_hop.is_ipv6() && !target.ipv4_via_ipv6 {
+        return None;
     }
     Some(Exported { attrs, next_hop })
 }
@@ -148,9 +162,7 @@ pub(crate) fn pack(
         let ids = list.iter().any(|(_, id)| id.is_some());
         let budget = nlri_budget(fam, &e.attrs, ids);
         for chunk in list.chunks(budget) {
-            if let Some(u) = announcement(fam, &e, chunk) {
-                out.push(u);
-            }
+            out.push(announcement(fam, &e, chunk));
         }
     }
     out
@@ -175,11 +187,11 @@ fn withdrawal(fam: Family, chunk: &[OutNlri]) -> Update {
     }
 }
 
-/// One UPDATE announcing `chunk` with `e`; None when it cannot be sent.
-fn announcement(fam: Family, e: &Exported, chunk: &[OutNlri]) -> Option<Update> {
+/// One UPDATE announcing `chunk` with `e`.
+fn announcement(fam: Family, e: &Exported, chunk: &[OutNlri]) -> Update {
     let mut attrs = e.attrs.clone();
     let (prefixes, ids) = split_ids(chunk);
-    Some(match (fam, e.next_hop) {
+    match (fam, e.next_hop) {
         (Family::Ipv4Unicast, IpAddr::V4(nh)) => {
             attrs.next_hop = Some(nh);
             Update {
@@ -192,7 +204,9 @@ fn announcement(fam: Family, e: &Exported, chunk: &[OutNlri]) -> Option<Update> 
         // An IPv6 route via an IPv4 next hop (a node with only an
         // IPv4 tunnel address) travels with the IPv4-mapped form,
         // as RFC 4798 does; MP_REACH needs a next hop of its family.
-        (Family::Ipv6Unicast, nh) => Update {
+        // An IPv4 one via an IPv6 next hop (RFC 8950; `export` only lets
+        // it through to sessions that agreed) goes in MP_REACH of AFI 1.
+        (fam, nh) => Update {
             attrs,
             mp_reach: Some(MpReach {
                 family: fam,
@@ -206,14 +220,5 @@ fn announcement(fam: Family, e: &Exported, chunk: &[OutNlri]) -> Option<Update> 
             }),
             ..Update::default()
         },
-        // IPv4 via an IPv6 next hop needs RFC 8950, which is not
-        // negotiated: such routes are not sent.
-        (Family::Ipv4Unicast, IpAddr::V6(_)) => {
-            tracing::debug!(
-                routes = chunk.len(),
-                "IPv4 routes with an IPv6 next hop not sent"
-            );
-            return None;
-        }
-    })
+    }
 }

@@ -518,6 +518,59 @@ fn next_hop_of_the_other_family_is_mapped_or_not_sent() {
     }
 }
 
+/// RFC 8950: an IPv4 route via an IPv6 next hop (a node with no IPv4
+/// address) goes, in MP_REACH of AFI 1, to sessions that agreed on it, and
+/// only to them; reflected, it keeps its IPv6 next hop.
+#[test]
+fn ipv4_routes_via_ipv6_go_only_to_sessions_that_agreed() {
+    let mut rib = reflector(LOCAL_ASN);
+    let agreed = SessionOptions {
+        ipv4_via_ipv6: true,
+        ..Default::default()
+    };
+    rib.peer_down(ip(CLIENT2), false);
+    rib.peer_up_with(ip(CLIENT2), CLIENT2, ip(ME), agreed);
+    rib.take_outgoing();
+    let mut u = crate::codec::tests::ipv6_announce("fd00::50".parse().unwrap(), "10.244.5.0/24");
+    u.mp_reach.as_mut().unwrap().family = Family::Ipv4Unicast;
+    u.attrs.local_pref = Some(100);
+    assert_eq!(rib.apply_update(ip(CLIENT), &u).accepted, 1);
+    let nh: IpAddr = "fd00::50".parse().unwrap();
+    assert_eq!(
+        out_attrs(&rib, CLIENT2, "10.244.5.0/24").map(|o| o.0),
+        Some(nh)
+    );
+    for not_agreed in [OTHER_RR, UPSTREAM] {
+        assert_eq!(out_attrs(&rib, not_agreed, "10.244.5.0/24"), None);
+    }
+    let sent = outgoing(&mut rib);
+    let to_client2: Vec<&Update> = sent
+        .iter()
+        .filter(|(peers, _)| peers.contains(&ip(CLIENT2)))
+        .flat_map(|(_, ups)| ups)
+        .collect();
+    let mp = to_client2[0].mp_reach.as_ref().expect("MP_REACH");
+    assert_eq!((mp.family, mp.next_hop), (Family::Ipv4Unicast, nh));
+    assert_eq!(mp.nlri, vec![p("10.244.5.0/24")]);
+    assert!(
+        sent.iter()
+            .filter(|(peers, _)| !peers.contains(&ip(CLIENT2)))
+            .all(|(_, ups)| ups.is_empty()),
+        "{sent:?}"
+    );
+    let both = CodecOptions {
+        ipv4_via_ipv6: crate::codec::Ipv4ViaIpv6::BOTH,
+        ..CodecOptions::default()
+    };
+    let back = Message::decode(
+        &Message::Update(to_client2[0].clone())
+            .to_bytes(both)
+            .unwrap(),
+        both,
+    );
+    assert!(back.is_ok(), "{back:?}");
+}
+
 /// The peers sent the same UPDATEs, as [`Rib::take_outgoing`] lists them.
 fn outgoing(rib: &mut Rib) -> Vec<(Vec<IpAddr>, Vec<Update>)> {
     by_peers(rib.take_outgoing())

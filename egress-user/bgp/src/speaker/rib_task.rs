@@ -330,6 +330,7 @@ impl RibTask {
         let opts = SessionOptions {
             llgr,
             add_path: neg.codec.add_path_tx,
+            ipv4_via_ipv6: neg.codec.ipv4_via_ipv6.send,
         };
         self.rib.peer_up_with(peer, neg.peer_id, local_addr, opts);
         self.helper_actions(peer, helper_actions);

@@ -17,11 +17,12 @@ use tokio::time::Instant;
 use super::msg::{RibMsg, SessionCmd, SessionSetup};
 use super::output::Output;
 use crate::codec::{
-    notif, split_frame, AddPathFamily, Capability, CodecOptions, Message, Notification, Open,
-    RouteRefreshSubtype,
+    notif, split_frame, AddPathFamily, Capability, CodecOptions, Message, NextHopTuple,
+    Notification, Open, RouteRefreshSubtype,
 };
 use crate::fsm::{resolve_collision, Action, CollisionWinner, Event, Fsm, State, Timer};
 use crate::gr;
+use crate::types::Family;
 
 /// The reading side of a connection; its writing side is an [`Output`].
 struct Conn {
@@ -197,6 +198,13 @@ impl Session {
             .collect();
         caps.push(Capability::RouteRefresh);
         caps.push(Capability::EnhancedRouteRefresh);
+        if self.peer().is_ipv6() && self.setup.families.contains(&Family::Ipv4Unicast) {
+            // Over IPv6 the nodes may have no IPv4 address to put as the
+            // next hop of IPv4 routes (RFC 8950).
+            caps.push(Capability::ExtendedNextHop(vec![
+                NextHopTuple::IPV4_UNICAST_VIA_IPV6,
+            ]));
+        }
         if self.setup.spec.add_path_send {
             // Send only: we keep one path per (prefix, peer) on receipt.
             let tuples = self.setup.families.iter();

@@ -747,3 +747,61 @@ async fn enhanced_route_refresh_both_ways() {
     .await;
     rr.shutdown().await;
 }
+
+/// RFC 8950 over an IPv6 session (both ends on ::1, told apart by port):
+/// an IPv4 route via an IPv6 next hop arrives as it was announced. Over an
+/// IPv4 session, where it is not offered, such a route is not sent at all.
+#[tokio::test]
+async fn ipv4_route_via_an_ipv6_next_hop_needs_an_ipv6_session() {
+    let v6_lo = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+    let nh: IpAddr = "fd00:100::12".parse().unwrap();
+    let mut rr_cfg = config(41, false);
+    rr_cfg.listen = Some(SocketAddr::new(v6_lo, 0));
+    rr_cfg.peers.push(PeerSpec {
+        client: true,
+        passive: true,
+        ..PeerSpec::new(v6_lo, ASN)
+    });
+    let rr = Speaker::start(rr_cfg).await.unwrap();
+    let mut changes = rr.handle().subscribe().await.unwrap();
+    let mut c_cfg = config(42, false);
+    c_cfg.listen = None;
+    c_cfg
+        .peers
+        .push(upstream(rr.handle().listen_addr().unwrap()));
+    let c = Speaker::start(c_cfg).await.unwrap();
+    c.handle().announce(p("10.244.2.0/24"), nh).await.unwrap();
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Set {
+            prefix: p("10.244.2.0/24"),
+            next_hop: nh,
+            from: Some(v6_lo),
+            local_pref: Some(100),
+        }
+    );
+    c.shutdown().await;
+    rr.shutdown().await;
+
+    let rr = reflector(43, &[44]).await;
+    let mut changes = rr.handle().subscribe().await.unwrap();
+    let c = client(44, &rr, false).await;
+    c.handle().announce(p("10.244.4.0/24"), nh).await.unwrap();
+    c.handle()
+        .announce(p("10.244.5.0/24"), lo(44))
+        .await
+        .unwrap();
+    // The next change is the route with an IPv4 next hop: the other was
+    // never sent.
+    assert_eq!(
+        next_change(&mut changes).await,
+        BestChange::Set {
+            prefix: p("10.244.5.0/24"),
+            next_hop: lo(44),
+            from: Some(lo(44)),
+            local_pref: Some(100),
+        }
+    );
+    c.shutdown().await;
+    rr.shutdown().await;
+}

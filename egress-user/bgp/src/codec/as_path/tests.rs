@@ -8,6 +8,7 @@ const TWO: CodecOptions = CodecOptions {
     four_octet_as: false,
     add_path_rx: crate::codec::AddPathFamilies::NONE,
     add_path_tx: crate::codec::AddPathFamilies::NONE,
+    ipv4_via_ipv6: crate::codec::Ipv4ViaIpv6::NONE,
 };
 
 const AS4_PATH: u8 = 17;

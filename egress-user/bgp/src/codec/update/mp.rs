@@ -32,11 +32,15 @@ pub(super) fn decode_mp_reach(
             IpAddr::from(<[u8; 4]>::try_from(nh).map_err(|_| "next hop")?),
             None,
         ),
-        (Family::Ipv6Unicast, 16) => (
+        // RFC 8950: only where we offered the extended next hop tuple.
+        (Family::Ipv4Unicast, 16 | 32) if !opts.ipv4_via_ipv6.receive => {
+            return Err("IPv6 next hop for IPv4 routes without the extended next hop capability")
+        }
+        (Family::Ipv6Unicast | Family::Ipv4Unicast, 16) => (
             IpAddr::from(<[u8; 16]>::try_from(nh).map_err(|_| "next hop")?),
             None,
         ),
-        (Family::Ipv6Unicast, 32) => {
+        (Family::Ipv6Unicast | Family::Ipv4Unicast, 32) => {
             let g = <[u8; 16]>::try_from(&nh[..16]).map_err(|_| "next hop")?;
             let l = <[u8; 16]>::try_from(&nh[16..]).map_err(|_| "next hop")?;
             (IpAddr::from(g), Some(Ipv6Addr::from(l)))

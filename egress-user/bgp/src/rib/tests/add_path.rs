@@ -61,6 +61,7 @@ fn add_path_reflector() -> Rib {
         SessionOptions {
             llgr: false,
             add_path: AddPathFamilies::ALL,
+            ..Default::default()
         },
     );
     outgoing(&mut rib); // the (empty) initial tables
@@ -168,6 +169,7 @@ fn a_session_coming_up_and_a_refresh_get_the_whole_set() {
     let opts = SessionOptions {
         llgr: false,
         add_path: AddPathFamilies::ALL,
+        ..Default::default()
     };
     rib.peer_down(ip(UPSTREAM), false);
     rib.peer_up_with(ip(UPSTREAM), UPSTREAM, ip(ME), opts);
@@ -203,6 +205,7 @@ fn add_path_is_per_family() {
         SessionOptions {
             llgr: false,
             add_path: AddPathFamilies::NONE.with(Family::Ipv6Unicast),
+            ..Default::default()
         },
     );
     outgoing(&mut rib);
@@ -228,6 +231,7 @@ fn an_add_path_client_never_gets_its_own_path() {
     let opts = SessionOptions {
         llgr: false,
         add_path: AddPathFamilies::ALL,
+        ..Default::default()
     };
     rib.peer_up_with(ip(CLIENT2), CLIENT2, ip(ME), opts);
     outgoing(&mut rib);
