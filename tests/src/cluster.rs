@@ -17,7 +17,7 @@ use crate::{
     kube_api::FakeApiServer,
     netns::PinDir,
     process::Proc,
-    topology::{eip, Topology, FABRIC_UNDERLAY_IP},
+    topology::{eip, Topology, FABRIC_UNDERLAY_IP, FABRIC_UNDERLAY_IP6},
 };
 
 /// Label that the example EgressGateway selects.
@@ -203,6 +203,9 @@ pub const API_SERVER_PORT: u16 = 6443;
 
 /// The FRR upstream router's address on the underlay.
 pub const UPSTREAM_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 10, 0, 253);
+/// ... and on an IPv6 underlay.
+pub const UPSTREAM_IP6: std::net::Ipv6Addr =
+    std::net::Ipv6Addr::new(0xfd00, 0x10, 0, 0, 0, 0, 0, 0x253);
 
 /// An upstream router: FRR in its own namespace on the underlay bridge.
 pub struct Upstream {
@@ -266,8 +269,8 @@ impl Cluster {
             }
         };
         ensure!(
-            !spec.ipv6_underlay || !(spec.bgp || spec.kubernetes),
-            "the harness runs an IPv6 underlay on etcd without BGP only"
+            !spec.ipv6_underlay || !spec.kubernetes,
+            "the harness runs an IPv6 underlay on etcd only"
         );
         let mut topo = Topology::build_on(&refs, spec.ipv6_underlay)?;
         for w in 0..spec.workers {
@@ -309,11 +312,18 @@ impl Cluster {
                 .topo
                 .fabric
                 .ip(&["link", "set", "up0", "master", "br0"])?;
-            ns.addr("eth0", &format!("{UPSTREAM_IP}/24"))?;
-            let peers = [(FABRIC_UNDERLAY_IP, 64512)];
-            let frr = if spec.via_upstream.is_empty() {
+            let frr = if spec.ipv6_underlay {
+                // The reflector over IPv6, IPv4 routes by RFC 8950.
+                ns.addr("eth0", &format!("{UPSTREAM_IP6}/64"))?;
+                let peers = [(FABRIC_UNDERLAY_IP6.into(), 64512)];
+                crate::frr::Frr::start_on(&ns, UPSTREAM_IP, 64512, &peers)?
+            } else if spec.via_upstream.is_empty() {
+                ns.addr("eth0", &format!("{UPSTREAM_IP}/24"))?;
+                let peers = [(FABRIC_UNDERLAY_IP, 64512)];
                 crate::frr::Frr::start(&ns, UPSTREAM_IP, 64512, &peers)?
             } else {
+                ns.addr("eth0", &format!("{UPSTREAM_IP}/24"))?;
+                let peers = [(FABRIC_UNDERLAY_IP, 64512)];
                 crate::frr::Frr::start_forwarding(&ns, UPSTREAM_IP, 64512, &peers)?
             };
             for prefix in &spec.via_upstream {
@@ -454,7 +464,7 @@ impl Cluster {
             args.extend([
                 "--bgp=true".into(),
                 "--bgp-listen".into(),
-                format!("{rid}:179"),
+                format!("{}:179", self.topo.fabric_host()),
                 "--bgp-router-id".into(),
                 rid.clone(),
                 "--bgp-cluster-id".into(),
@@ -463,7 +473,7 @@ impl Cluster {
                 "9".into(),
             ]);
             if self.upstream.is_some() {
-                args.extend(["--bgp-peer".into(), format!("{UPSTREAM_IP},asn=64512")]);
+                args.extend(["--bgp-peer".into(), self.upstream_peer()]);
             }
         }
         let mut p = match &self.spec.launcher {
@@ -567,7 +577,7 @@ impl Cluster {
     /// the datastore become its clients.
     pub fn spawn_reflector(&self) -> Result<Proc> {
         let rid = FABRIC_UNDERLAY_IP.to_string();
-        let listen = format!("{rid}:179");
+        let listen = format!("{}:179", self.topo.fabric_host());
         let mut argv: Vec<&str> = vec![
             "reflector",
             "--bgp-listen",
@@ -582,7 +592,7 @@ impl Cluster {
             "--admin-addr",
             REFLECTOR_ADMIN,
         ];
-        let upstream_peer = format!("{UPSTREAM_IP},asn=64512");
+        let upstream_peer = self.upstream_peer();
         if self.upstream.is_some() {
             argv.extend(["--bgp-peer", &upstream_peer]);
         }
@@ -592,6 +602,17 @@ impl Cluster {
         let mut p = self.topo.fabric.spawn_logged(&argv, "reflector")?;
         p.wait_for_line("ready bgp=", Duration::from_secs(20))?;
         Ok(p)
+    }
+
+    /// The reflector's `--bgp-peer` for the upstream router, in the
+    /// underlay's family.
+    fn upstream_peer(&self) -> String {
+        let ip: std::net::IpAddr = if self.topo.ipv6_underlay {
+            UPSTREAM_IP6.into()
+        } else {
+            UPSTREAM_IP.into()
+        };
+        format!("{ip},asn=64512")
     }
 
     /// Starts (again) the agent of node `i`.
@@ -640,7 +661,7 @@ impl Cluster {
         if self.spec.bgp {
             args.extend([
                 "--bgp-reflectors".into(),
-                FABRIC_UNDERLAY_IP.to_string(),
+                self.topo.fabric_ip().to_string(),
                 "--bgp-hold-time".into(),
                 "9".into(),
             ]);

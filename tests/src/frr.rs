@@ -3,7 +3,12 @@
 //! ([`Frr::start_forwarding`]) it installs its best paths, several at once
 //! (ECMP), into the namespace's kernel and forwards by them.
 
-use std::{collections::BTreeSet, net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use serde_json::Value;
 
@@ -27,6 +32,18 @@ impl Frr {
         asn: u32,
         neighbors: &[(Ipv4Addr, u32)],
     ) -> Result<Self> {
+        Self::start_with(ns, router_id, asn, &addrs(neighbors), false)
+    }
+
+    /// As [`Frr::start`], with neighbours of either family: an IPv6 one is
+    /// activated for IPv4 unicast too, with the extended next hop
+    /// capability (RFC 8950), as on an IPv6-only underlay.
+    pub fn start_on(
+        ns: &Netns,
+        router_id: Ipv4Addr,
+        asn: u32,
+        neighbors: &[(IpAddr, u32)],
+    ) -> Result<Self> {
         Self::start_with(ns, router_id, asn, neighbors, false)
     }
 
@@ -40,14 +57,14 @@ impl Frr {
         neighbors: &[(Ipv4Addr, u32)],
     ) -> Result<Self> {
         ns.enable_forwarding()?;
-        Self::start_with(ns, router_id, asn, neighbors, true)
+        Self::start_with(ns, router_id, asn, &addrs(neighbors), true)
     }
 
     fn start_with(
         ns: &Netns,
         router_id: Ipv4Addr,
         asn: u32,
-        neighbors: &[(Ipv4Addr, u32)],
+        neighbors: &[(IpAddr, u32)],
         zebra: bool,
     ) -> Result<Self> {
         let dir = std::env::temp_dir().join(unique_name("frr"));
@@ -58,10 +75,18 @@ impl Frr {
         );
         for (addr, peer_asn) in neighbors {
             conf += &format!(" neighbor {addr} remote-as {peer_asn}\n neighbor {addr} timers 3 9\n neighbor {addr} timers connect 1\n");
+            if addr.is_ipv6() {
+                conf += &format!(" neighbor {addr} capability extended-nexthop\n");
+            }
         }
+        conf += " address-family ipv4 unicast\n";
         if zebra {
-            conf += " address-family ipv4 unicast\n  maximum-paths ibgp 8\n exit-address-family\n";
+            conf += "  maximum-paths ibgp 8\n";
         }
+        for (addr, _) in neighbors.iter().filter(|(a, _)| a.is_ipv6()) {
+            conf += &format!("  neighbor {addr} activate\n");
+        }
+        conf += " exit-address-family\n";
         conf += " address-family ipv6 unicast\n";
         for (addr, _) in neighbors {
             conf += &format!("  neighbor {addr} activate\n");
@@ -132,6 +157,10 @@ impl Frr {
         }
         Ok(out)
     }
+}
+
+fn addrs(v4: &[(Ipv4Addr, u32)]) -> Vec<(IpAddr, u32)> {
+    v4.iter().map(|(a, asn)| (IpAddr::V4(*a), *asn)).collect()
 }
 
 impl Drop for Frr {

@@ -198,3 +198,85 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
     );
     Ok(())
 }
+
+/// On an IPv6-only underlay: the agents peer with the reflector over IPv6
+/// and announce their IPv4 pod CIDRs and EIPs with their IPv6 tunnel
+/// endpoints as next hops (RFC 8950, extended next hop); they learn each
+/// other's through the reflector, write the EIP's route into ROUTES, and
+/// FRR upstream (extended next hop on its IPv6 session) gets them all.
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn agents_announce_ipv4_routes_by_ipv6_next_hops_on_an_ipv6_underlay() -> anyhow::Result<()> {
+    let egress = egress_bin()?;
+    let cluster = Cluster::start(
+        &egress,
+        ClusterSpec {
+            bgp: true,
+            upstream_frr: true,
+            ipv6_underlay: true,
+            ..ClusterSpec::default()
+        },
+    )?;
+    cluster.apply_examples()?;
+    let endpoint = |n: &egress_tests::topology::Node| n.underlay_ip.to_string();
+
+    let w2 = &cluster.topo.nodes[1];
+    wait_until(
+        "w1 learns w2's pod CIDR via w2's IPv6 endpoint",
+        Duration::from_secs(30),
+        || Ok(learned(&cluster, 0, &w2.pod_cidr()) == Some(endpoint(w2))),
+    )?;
+    let eip = eip(0).to_string();
+    let owner = &cluster.topo.nodes[cluster.example_eip_owner()?];
+    let eip_prefix = format!("{eip}/32");
+    wait_until(
+        "w1 learns the EIP via its owner's IPv6 endpoint",
+        Duration::from_secs(30),
+        || Ok(learned(&cluster, 0, &eip_prefix) == Some(endpoint(owner))),
+    )?;
+    // The route is steered by: ROUTES holds the EIP, its endpoint field an
+    // index into TUNNEL_ENDPOINTS (0 would be "no endpoint").
+    let pin = cluster.pin_dir(0).to_string_lossy().into_owned();
+    wait_until(
+        "w1's ROUTES map holds the EIP",
+        Duration::from_secs(30),
+        || {
+            let out = std::process::Command::new(&egress)
+                .args(["inspect", "--json", "--pin-dir", &pin])
+                .output()?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+            Ok(v["datapath"]["routes"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|e| e["eip"] == eip.as_str() && e["tunnel_ip"] != "0.0.0.0")
+            }))
+        },
+    )?;
+
+    let frr = &cluster.upstream.as_ref().unwrap().frr;
+    wait_until(
+        "FRR has every pod CIDR and the EIP by IPv6 next hops",
+        Duration::from_secs(30),
+        || {
+            let routes = frr.ipv4_routes()?;
+            let cidrs_ok = cluster
+                .topo
+                .nodes
+                .iter()
+                .all(|n| routes.get(&n.pod_cidr()) == Some(&endpoint(n)));
+            Ok(cidrs_ok && routes.get(&eip_prefix) == Some(&endpoint(owner)))
+        },
+    )?;
+    wait_all_established(
+        &cluster,
+        &egress,
+        "every node is an established client over IPv6",
+    )?;
+    let peers = reflector_peers(&cluster, &egress)?;
+    assert!(
+        peers
+            .iter()
+            .all(|p| p["address"].as_str().is_some_and(|a| a.contains(':'))),
+        "every session is over IPv6: {peers:?}"
+    );
+    Ok(())
+}

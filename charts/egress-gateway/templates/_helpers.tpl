@@ -95,13 +95,15 @@ helm.sh/chart: {{ include "egress-gateway.chart" .ctx }}
 {{- end -}}
 {{- $b := .Values.bgp -}}
 {{- if and $b.enabled (eq $f.vxlan.underlay "ipv6") -}}
-{{- fail "bgp.enabled with feature.vxlan.underlay ipv6 is not supported yet: the agents' IPv4 routes would need IPv6 next hops (RFC 8950); use underlay ipv4 with BGP" -}}
+{{- if not (contains ":" $b.listenAddress) -}}
+{{- fail (printf "bgp.listenAddress (%s) must be an IPv6 address (\"::\" for any) with feature.vxlan.underlay ipv6: the agents peer with the reflectors over IPv6" $b.listenAddress) -}}
+{{- end -}}
 {{- end -}}
 {{- if and $b.enabled (gt (int $b.holdTime) 0) (ge (int $b.keepaliveTime) (int $b.holdTime)) -}}
 {{- fail (printf "bgp.keepaliveTime (%d) must be less than bgp.holdTime (%d); a third of it is usual, 0 picks that" (int $b.keepaliveTime) (int $b.holdTime)) -}}
 {{- end -}}
 {{- if and $b.enabled $b.routerId (gt (int .Values.controller.replicas) 1) -}}
-{{- fail (printf "bgp.routerId (%s) is one fixed id, but controller.replicas is %d and every reflector needs its own: leave bgp.routerId empty (each reflector then uses its pod's IPv4 address)" $b.routerId (int .Values.controller.replicas)) -}}
+{{- fail (printf "bgp.routerId (%s) is one fixed id, but controller.replicas is %d and every reflector needs its own: leave bgp.routerId empty (each reflector then uses its pod's address: an IPv4 one, or the last 32 bits of an IPv6 one)" $b.routerId (int .Values.controller.replicas)) -}}
 {{- end -}}
 {{- if and $b.enabled (eq (int $b.listenPort) (int .Values.metrics.port)) -}}
 {{- fail (printf "bgp.listenPort and metrics.port are both %d; the controller pods listen on both" (int $b.listenPort)) -}}

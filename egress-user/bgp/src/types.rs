@@ -14,6 +14,19 @@ pub const AFI_IPV6: u16 = 2;
 pub const SAFI_UNICAST: u8 = 1;
 
 /// AS number put in 2-octet fields when the real one does not fit (RFC 6793).
+/// A BGP identifier from an address: an IPv4 one itself, an IPv6 one its
+/// last 32 bits (where nodes and pods have only IPv6 addresses, these tell
+/// them apart as long as their addresses differ there, as within one /96).
+pub fn router_id_from(addr: IpAddr) -> Ipv4Addr {
+    match addr {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            Ipv4Addr::new(o[12], o[13], o[14], o[15])
+        }
+    }
+}
+
 pub const AS_TRANS: u32 = 23456;
 
 /// The address families this speaker carries.

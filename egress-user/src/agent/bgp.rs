@@ -19,11 +19,19 @@ use egress_bgp::{
 use egress_control::api::NodeRecord;
 use ipnet::IpNet;
 
+/// The BGP identifier of a node without `--bgp-router-id`: its IPv4 tunnel
+/// address, or on an IPv6 underlay the last 32 bits of its IPv6 one (give
+/// the flag where those do not tell the nodes apart: two clients of one
+/// reflector with the same identifier drop each other's routes as looped).
+pub fn default_router_id(tunnel_ip: IpAddr) -> Ipv4Addr {
+    egress_bgp::types::router_id_from(tunnel_ip)
+}
+
 /// Where the agent's speaker connects.
 #[derive(Clone, Debug)]
 pub struct AgentBgpConfig {
     pub asn: u32,
-    /// None: the node's tunnel address.
+    /// None: [`default_router_id`].
     pub router_id: Option<Ipv4Addr>,
     pub reflectors: Vec<(IpAddr, u16)>,
     pub hold_time: u16,
@@ -126,9 +134,29 @@ pub fn route_diff(
     (announce, withdraw)
 }
 
-/// The agent's neighbours: every reflector, with the cluster's TCP-MD5 key.
-pub fn reflector_peers(cfg: &AgentBgpConfig) -> Vec<PeerSpec> {
-    cfg.reflectors
+/// The reflector addresses the agent peers with: those of its tunnel
+/// endpoint's family. A reflector knows a node as a client by the first
+/// address it registered, its tunnel endpoint (see `reflector_clients`); a
+/// session from an address of the other family would never come up.
+pub fn session_family(all: &[(IpAddr, u16)], ipv6_underlay: bool) -> Result<Vec<(IpAddr, u16)>> {
+    let same: Vec<_> = all
+        .iter()
+        .filter(|(a, _)| a.is_ipv6() == ipv6_underlay)
+        .copied()
+        .collect();
+    let family = if ipv6_underlay { "IPv6" } else { "IPv4" };
+    anyhow::ensure!(
+        !same.is_empty(),
+        "--bgp-reflectors: none of {all:?} is an {family} address; on an {family} underlay \
+         the reflectors know this node by its {family} tunnel endpoint"
+    );
+    Ok(same)
+}
+
+/// The agent's neighbours: the reflectors at `addrs`, with the cluster's
+/// TCP-MD5 key.
+pub fn reflector_peers(cfg: &AgentBgpConfig, addrs: &[(IpAddr, u16)]) -> Vec<PeerSpec> {
+    addrs
         .iter()
         .map(|(addr, port)| PeerSpec {
             port: *port,
@@ -149,15 +177,15 @@ pub struct AgentBgp {
 
 impl AgentBgp {
     pub async fn start(cfg: &AgentBgpConfig, tunnel_ip: IpAddr) -> Result<Self> {
-        let IpAddr::V4(tunnel_v4) = tunnel_ip else {
-            // IPv4 routes would need IPv6 next hops (RFC 8950), which the
-            // speaker does not negotiate yet.
-            anyhow::bail!(
-                "--bgp-reflectors with an IPv6 underlay (tunnel endpoint {tunnel_ip}) is not supported yet: \
-                 the agent's routes would need IPv6 next hops; run BGP on an IPv4 underlay or leave --bgp-reflectors unset"
-            );
-        };
-        let mut sc = SpeakerConfig::new(cfg.asn, cfg.router_id.unwrap_or(tunnel_v4));
+        let router_id = cfg
+            .router_id
+            .unwrap_or_else(|| default_router_id(tunnel_ip));
+        anyhow::ensure!(
+            !router_id.is_unspecified(),
+            "--bgp-router-id is needed: the tunnel endpoint {tunnel_ip} gives no usable BGP identifier \
+             (its last 32 bits are zero)"
+        );
+        let mut sc = SpeakerConfig::new(cfg.asn, router_id);
         // Agents only connect out: they never take port 179 on the host.
         sc.listen = None;
         sc.hold_time = cfg.hold_time;
@@ -173,7 +201,8 @@ impl AgentBgp {
             })
         };
         sc.restarting = sc.graceful_restart.is_some();
-        sc.peers = reflector_peers(cfg);
+        let reflectors = session_family(&cfg.reflectors, tunnel_ip.is_ipv6())?;
+        sc.peers = reflector_peers(cfg, &reflectors);
         let speaker = Speaker::start(sc)
             .await
             .context("starting the agent's BGP speaker")?;
@@ -326,14 +355,42 @@ mod tests {
             graceful_restart_time: 120,
             password: Some("s3cret".into()),
         };
-        let peers = reflector_peers(&cfg);
+        let peers = reflector_peers(&cfg, &cfg.reflectors);
         assert_eq!(peers.len(), 2);
         assert!(peers
             .iter()
             .all(|p| p.password.as_deref() == Some("s3cret")));
         assert_eq!(peers[1].port, 1179);
         cfg.password = None;
-        assert!(reflector_peers(&cfg).iter().all(|p| p.password.is_none()));
+        assert!(reflector_peers(&cfg, &cfg.reflectors)
+            .iter()
+            .all(|p| p.password.is_none()));
+    }
+
+    #[test]
+    fn reflectors_are_peered_in_the_underlay_family() {
+        let r = |s: &str| (s.parse().unwrap(), 179);
+        let both = [r("fd00:10::254"), r("10.10.0.254")];
+        assert_eq!(session_family(&both, false).unwrap(), [r("10.10.0.254")]);
+        assert_eq!(session_family(&both, true).unwrap(), [r("fd00:10::254")]);
+        let err = session_family(&[r("10.10.0.254")], true).unwrap_err();
+        assert!(err.to_string().contains("IPv6 address"), "{err}");
+    }
+
+    #[test]
+    fn the_router_id_comes_from_the_tunnel_endpoint() {
+        assert_eq!(default_router_id(nh()), NH.parse::<Ipv4Addr>().unwrap());
+        let v6: IpAddr = "fd00:100::a0b:c0d".parse().unwrap();
+        assert_eq!(default_router_id(v6), Ipv4Addr::new(10, 11, 12, 13));
+    }
+
+    #[test]
+    fn pod_cidrs_and_eips_over_ipv6_keep_the_ipv6_next_hop() {
+        let v6: IpAddr = "fd00:100::3".parse().unwrap();
+        let eips = BTreeMap::from([("10.10.0.200".parse().unwrap(), 7)]);
+        let w = wanted_routes(&["10.244.3.0/24".parse().unwrap()], &eips, v6);
+        // IPv4 routes via the IPv6 endpoint: sent by RFC 8950.
+        assert!(w.values().all(|r| r.next_hop == v6), "{w:?}");
     }
 
     #[test]

@@ -62,7 +62,8 @@ impl Agent {
             .collect();
         let (mut desired, skipped) = desired_maps(view, nd, &self.facts, &allowed);
         if let Some(l) = &self.learned {
-            desired.routes = super::routes::eip_routes(&l.lock().unwrap(), &assignments(view));
+            let v6 = self.facts.tunnel_ip.is_ipv6();
+            desired.routes = super::routes::eip_routes(&l.lock().unwrap(), &assignments(view), v6);
         }
         for sk in &skipped {
             tracing::warn!(policy = %sk.policy, why = %sk.why, "policy not applied on this node");

@@ -6,7 +6,7 @@
 //! from the datastore stays in charge.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use egress_bgp::types::Prefix;
 use egress_failover::fence::Assignment;
@@ -23,15 +23,25 @@ pub struct Learned {
     pub local_pref: Option<u32>,
 }
 
-fn ipv4_next_hop(nh: IpAddr) -> Option<Ipv4Addr> {
-    match nh {
-        IpAddr::V4(a) => Some(a),
-        // IPv6 EIPs are announced with the node's IPv4 address, mapped.
-        IpAddr::V6(a) => a.to_ipv4_mapped(),
-    }
+/// The tunnel endpoint a next hop names on an underlay of `underlay_v6`,
+/// if it is of that family. Over an IPv4 underlay, IPv6 EIPs are announced
+/// with the node's IPv4 address, mapped (RFC 4798); over an IPv6 one, every
+/// route carries the node's IPv6 address (IPv4 routes by RFC 8950).
+fn tunnel_endpoint(nh: IpAddr, underlay_v6: bool) -> Option<IpAddr> {
+    let nh = match nh {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(nh, IpAddr::V4),
+        v4 => v4,
+    };
+    (nh.is_ipv6() == underlay_v6).then_some(nh)
 }
 
-pub fn eip_routes(learned: &BTreeMap<Prefix, Learned>, datastore: &[Assignment]) -> Vec<EipRoute> {
+/// `underlay_v6`: the family of this node's tunnel endpoint; a route whose
+/// next hop is of the other family cannot be followed and is left out.
+pub fn eip_routes(
+    learned: &BTreeMap<Prefix, Learned>,
+    datastore: &[Assignment],
+    underlay_v6: bool,
+) -> Vec<EipRoute> {
     let mut newest: BTreeMap<IpAddr, u64> = BTreeMap::new();
     for a in datastore {
         let e = newest.entry(a.eip).or_insert(a.epoch);
@@ -51,7 +61,7 @@ pub fn eip_routes(learned: &BTreeMap<Prefix, Learned>, datastore: &[Assignment])
             }
             Some(EipRoute {
                 eip: p.addr(),
-                tunnel_ip: ipv4_next_hop(l.next_hop)?.into(),
+                tunnel_ip: tunnel_endpoint(l.next_hop, underlay_v6)?,
                 epoch,
             })
         })
@@ -139,7 +149,7 @@ mod tests {
             ),
         ];
         for (what, rows, want) in cases {
-            let got = eip_routes(&learned(rows), &ds);
+            let got = eip_routes(&learned(rows), &ds, false);
             let want: Vec<EipRoute> = want
                 .iter()
                 .map(|(e, t, ep)| EipRoute {
@@ -150,5 +160,31 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{what}");
         }
+    }
+
+    #[test]
+    fn on_an_ipv6_underlay_routes_are_followed_by_their_ipv6_next_hops() {
+        let ds = [
+            assigned("10.10.0.200", "g1", 3),
+            assigned("fd00:10::200", "g1", 3),
+        ];
+        let rows = [
+            // An IPv4 EIP via an IPv6 next hop (RFC 8950) ...
+            ("10.10.0.200/32", "fd00:100::4", Some(104)),
+            // ... and an IPv6 one; both name the new owner's endpoint.
+            ("fd00:10::200/128", "fd00:100::4", Some(104)),
+        ];
+        let got = eip_routes(&learned(&rows), &ds, true);
+        let nh: IpAddr = "fd00:100::4".parse().unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got.iter().all(|r| r.tunnel_ip == nh && r.epoch == 4));
+        // IPv4 next hops (plain or mapped) name no endpoint there ...
+        let v4 = [
+            ("10.10.0.200/32", "10.10.0.4", Some(104)),
+            ("fd00:10::200/128", "::ffff:10.10.0.4", Some(104)),
+        ];
+        assert!(eip_routes(&learned(&v4), &ds, true).is_empty());
+        // ... as IPv6 ones name none on an IPv4 underlay.
+        assert!(eip_routes(&learned(&rows), &ds, false).is_empty());
     }
 }

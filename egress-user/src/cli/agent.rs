@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     time::Duration,
 };
@@ -147,8 +147,9 @@ pub struct AgentBgpArgs {
     pub reflector_port: u16,
     #[arg(long = "bgp-asn", env = "EGRESS_BGP_ASN", default_value_t = 64512)]
     pub asn: u32,
-    /// BGP identifier (default: the tunnel address).
-    #[arg(long = "bgp-router-id")]
+    /// BGP identifier (default: the IPv4 tunnel address, or the last 32
+    /// bits of the IPv6 one).
+    #[arg(long = "bgp-router-id", value_parser = super::bgp::parse_router_id)]
     pub router_id: Option<Ipv4Addr>,
     #[arg(long = "bgp-hold-time", default_value_t = 90)]
     pub hold_time: u16,
@@ -184,7 +185,6 @@ impl AgentBgpArgs {
                 .map_err(|e| anyhow::anyhow!("--bgp-reflectors: cannot resolve {host:?}: {e}"))?;
             reflectors.extend(addrs.map(|a| (a.ip(), a.port())));
         }
-        let reflectors = session_family(reflectors);
         Ok(Some(AgentBgpConfig {
             asn: self.asn,
             router_id: self.router_id,
@@ -203,17 +203,6 @@ fn parse_node_ipv6(s: &str) -> Result<Ipv6Addr, String> {
     match crate::agent::uplink_addr::unusable_as_node_address(&a) {
         Some(why) => Err(format!("{a} is {why}")),
         None => Ok(a),
-    }
-}
-
-/// The reflector addresses the agent peers with: the IPv4 ones when there
-/// are any. Reflectors know a node as a client by its IPv4 address (see
-/// `reflector_clients`); a session over IPv6 as well would be refused.
-fn session_family(all: Vec<(IpAddr, u16)>) -> Vec<(IpAddr, u16)> {
-    if all.iter().any(|(a, _)| a.is_ipv4()) {
-        all.into_iter().filter(|(a, _)| a.is_ipv4()).collect()
-    } else {
-        all
     }
 }
 
@@ -338,15 +327,6 @@ async fn default_uplink() -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn reflectors_resolved_to_both_families_are_peered_over_ipv4() {
-        let r = |s: &str| (s.parse().unwrap(), 179);
-        let both = vec![r("fd00:10::254"), r("10.10.0.254")];
-        assert_eq!(super::session_family(both), vec![r("10.10.0.254")]);
-        let v6 = vec![r("fd00:10::254")];
-        assert_eq!(super::session_family(v6.clone()), v6);
-    }
-
     #[test]
     fn the_nat_table_size_is_bounded() {
         assert_eq!(super::parse_nat_table_size("65536"), Ok(65536));

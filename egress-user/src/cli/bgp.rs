@@ -19,7 +19,8 @@ pub struct BgpArgs {
     #[arg(long = "bgp-asn", env = "EGRESS_BGP_ASN", default_value_t = 64512)]
     pub asn: u32,
     /// BGP identifier; defaults to the first IPv4 address of --bgp-listen.
-    #[arg(long = "bgp-router-id", env = "EGRESS_BGP_ROUTER_ID")]
+    /// An IPv6 address stands for its last 32 bits (an IPv6-only pod's).
+    #[arg(long = "bgp-router-id", env = "EGRESS_BGP_ROUTER_ID", value_parser = parse_router_id)]
     pub router_id: Option<Ipv4Addr>,
     /// Cluster id shared by every reflector of the cluster (RFC 4456); defaults to the router id.
     #[arg(long = "bgp-cluster-id", env = "EGRESS_BGP_CLUSTER_ID")]
@@ -65,6 +66,20 @@ pub struct BgpArgs {
 /// Upstream (non-client) peers are offered ADD-PATH Send by default, so a
 /// router with `maximum-paths` gets every gateway of an EIP; clients not,
 /// unless `add-path` is given.
+/// `--bgp-router-id`: an IPv4 address, or an IPv6 one for its last 32 bits.
+pub fn parse_router_id(s: &str) -> Result<Ipv4Addr, String> {
+    let addr: IpAddr = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IP address"))?;
+    let id = egress_bgp::types::router_id_from(addr);
+    if id.is_unspecified() {
+        return Err(format!(
+            "{s}: a BGP identifier must not be zero (of an IPv6 address, its last 32 bits are used)"
+        ));
+    }
+    Ok(id)
+}
+
 pub fn parse_peer(s: &str) -> Result<PeerSpec, String> {
     let mut parts = s.split(',');
     let addr: IpAddr = parts
@@ -334,6 +349,18 @@ mod tests {
             .unwrap()
             .default_password
             .is_none());
+    }
+
+    #[test]
+    fn a_router_id_may_be_given_as_an_ipv6_address() {
+        assert_eq!(parse_router_id("10.0.0.9"), Ok(Ipv4Addr::new(10, 0, 0, 9)));
+        assert_eq!(
+            parse_router_id("fd00:10::a0b:c0d"),
+            Ok(Ipv4Addr::new(10, 11, 12, 13))
+        );
+        for bad in ["fd00:10::", "0.0.0.0", "router"] {
+            assert!(parse_router_id(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

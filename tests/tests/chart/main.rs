@@ -313,6 +313,13 @@ pub(crate) fn combinations() -> Vec<(&'static str, Value)> {
             "agent policy off",
             json!({"rbac": {"agentOwnNodeOnly": false}}),
         ),
+        (
+            "bgp over an IPv6 underlay",
+            json!({
+                "bgp": {"listenAddress": "::"},
+                "feature": {"vxlan": {"underlay": "ipv6"}}
+            }),
+        ),
     ]
 }
 

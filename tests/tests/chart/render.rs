@@ -158,10 +158,10 @@ fn helm_rejects_bad_values() {
             json!({"feature": {"portReleaseQuarantine": "soon"}}),
             "portReleaseQuarantine",
         ),
-        // the agents refuse BGP on an IPv6 underlay (no RFC 8950 yet)
+        // BGP over an IPv6 underlay: the reflector must listen on IPv6
         (
             json!({"bgp": {"enabled": true}, "feature": {"vxlan": {"underlay": "ipv6"}}}),
-            "feature.vxlan.underlay ipv6 is not supported yet",
+            "bgp.listenAddress (0.0.0.0) must be an IPv6 address",
         ),
         (
             json!({"feature": {"vxlan": {"underlay": "ip6"}}}),
@@ -182,6 +182,26 @@ fn helm_rejects_bad_values() {
         &json!({"feature": {"eipEvictionTimeout": "1m0.5s", "tunnelMonitorPeriod": "30s", "tunnelUpdatePeriod": "30000ms"}}),
     );
     render(&json!({"feature": {"eipEvictionTimeout": "1h", "tunnelUpdatePeriod": "59m"}}));
+}
+
+/// On an IPv6 underlay the reflector listens on IPv6; agents and
+/// reflectors take their BGP identifiers from their (IPv6) node and pod
+/// addresses, which `--bgp-router-id` accepts.
+#[test]
+fn bgp_over_an_ipv6_underlay_renders_ipv6_sessions() {
+    let args = |spec: &PodSpec| spec.containers[0].args.clone().unwrap_or_default();
+    let objs = render(&crate::combination("bgp over an IPv6 underlay"));
+    let agent = args(&crate::agent(&objs));
+    for want in ["--underlay=ipv6", "--bgp-router-id=$(NODE_IP)"] {
+        assert!(agent.contains(&want.to_string()), "{want}: {agent:?}");
+    }
+    let controller = args(&crate::controller(&objs));
+    for want in ["--bgp-listen=[::]:179", "--bgp-router-id=$(POD_IP)"] {
+        assert!(
+            controller.contains(&want.to_string()),
+            "{want}: {controller:?}"
+        );
+    }
 }
 
 /// What the API server would refuse in a pod's security settings (rules of

@@ -198,9 +198,11 @@ impl Session {
             .collect();
         caps.push(Capability::RouteRefresh);
         caps.push(Capability::EnhancedRouteRefresh);
-        if self.peer().is_ipv6() && self.setup.families.contains(&Family::Ipv4Unicast) {
-            // Over IPv6 the nodes may have no IPv4 address to put as the
-            // next hop of IPv4 routes (RFC 8950).
+        if self.setup.families.contains(&Family::Ipv4Unicast) {
+            // On an IPv6 underlay the nodes have no IPv4 address to put as
+            // the next hop of IPv4 routes (RFC 8950). Offered on IPv4
+            // sessions too: a dual-stack node peers over IPv4 but tunnels
+            // over IPv6. A peer that does not offer it is sent none.
             caps.push(Capability::ExtendedNextHop(vec![
                 NextHopTuple::IPV4_UNICAST_VIA_IPV6,
             ]));
