@@ -234,8 +234,9 @@ fn agents_announce_ipv4_routes_by_ipv6_next_hops_on_an_ipv6_underlay() -> anyhow
         Duration::from_secs(30),
         || Ok(learned(&cluster, 0, &eip_prefix) == Some(endpoint(owner))),
     )?;
-    // The route is steered by: ROUTES holds the EIP, its endpoint field an
-    // index into TUNNEL_ENDPOINTS (0 would be "no endpoint").
+    // ... and steers by it: ROUTES holds the EIP, its endpoint field the
+    // index of the owner's IPv6 endpoint in TUNNEL_ENDPOINTS, which
+    // `egress inspect` shows as that address.
     let pin = cluster.pin_dir(0).to_string_lossy().into_owned();
     wait_until(
         "w1's ROUTES map holds the EIP",
@@ -247,7 +248,7 @@ fn agents_announce_ipv4_routes_by_ipv6_next_hops_on_an_ipv6_underlay() -> anyhow
             let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
             Ok(v["datapath"]["routes"].as_array().is_some_and(|r| {
                 r.iter()
-                    .any(|e| e["eip"] == eip.as_str() && e["tunnel_ip"] != "0.0.0.0")
+                    .any(|e| e["eip"] == eip.as_str() && e["tunnel_ip"] == endpoint(owner).as_str())
             }))
         },
     )?;

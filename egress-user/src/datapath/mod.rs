@@ -16,6 +16,7 @@ pub mod lease;
 pub mod links;
 pub mod loader;
 pub mod stats;
+mod stats_endpoints;
 pub mod translate;
 pub mod uplink_xdp;
 

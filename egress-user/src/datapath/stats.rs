@@ -197,7 +197,13 @@ pub fn datapath_snapshot(pin_dir: &Path) -> anyhow::Result<serde_json::Value> {
             out.insert(key.into(), section(pin_dir)?);
         }
     }
-    Ok(out.into())
+    let mut snapshot = serde_json::Value::from(out);
+    let flags = snapshot["config"]["flags"].as_u64().unwrap_or(0) as u32;
+    if flags & egress_common::config::CFG_UNDERLAY_V6 != 0 {
+        let table = super::stats_endpoints::read_table(pin_dir)?;
+        super::stats_endpoints::name_endpoints(&mut snapshot, &table);
+    }
+    Ok(snapshot)
 }
 
 /// The map pinned as `name`, None when it is not pinned.
