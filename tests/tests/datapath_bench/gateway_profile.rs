@@ -6,6 +6,7 @@ use egress_tests::Netns;
 use crate::{
     cpu::Cpus,
     throughput::{measured, serving_bed, steer_gateway_to, Load, GATEWAY_CPU, MODES},
+    Underlay,
 };
 
 /// Where the gateway's CPU goes under one load: each mode's bed steered as
@@ -34,7 +35,7 @@ fn profile_each_mode(load_name: &str) -> Result<()> {
         _ => Load::Tcp,
     };
     for mode in MODES {
-        let (bed, server, crr) = serving_bed(mode)?;
+        let (bed, server, crr) = serving_bed((Underlay::V4, mode))?;
         steer_gateway_to(&bed, &[&server, &crr])?;
         let out = format!("{dir}/gateway-{mode:?}-{load_name}.perf");
         let cpu = GATEWAY_CPU.to_string();

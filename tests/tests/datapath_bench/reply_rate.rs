@@ -78,7 +78,7 @@ fn reply_bed(xdp: bool) -> Result<ReplyBed> {
     gw.ip(&["link", "set", VXLAN, "up"])?;
     let vx = link_info(&gw, VXLAN)?.0;
     let uplink = link_info(&gw, "eth1")?;
-    let d = desired(false, true, vx, uplink);
+    let d = desired(false, true, vx, uplink, Underlay::V4);
     let pin = PinDir::new("xg")?;
     let path = pin.path().to_owned();
     let dp = gw.enter(move || {

@@ -14,7 +14,7 @@ use egress_user::{
 
 use crate::{
     cpu::{Cpus, Ticks},
-    desired, link_info, EIP, POD, SRV, VXLAN,
+    desired, link_info, Underlay, EIP, GATEWAY_NODE, POD, SRV, VXLAN, WORKER_NODE,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -25,6 +25,22 @@ pub enum Mode {
 }
 
 pub const MODES: [Mode; 3] = [Mode::Ebpf, Mode::Iptables, Mode::Direct];
+
+/// Every bed the throughput rounds take turns on: each mode on the IPv4
+/// underlay, then on the IPv6 one.
+pub const BEDS: [(Underlay, Mode); 6] = [
+    (Underlay::V4, Mode::Ebpf),
+    (Underlay::V4, Mode::Iptables),
+    (Underlay::V4, Mode::Direct),
+    (Underlay::V6, Mode::Ebpf),
+    (Underlay::V6, Mode::Iptables),
+    (Underlay::V6, Mode::Direct),
+];
+
+/// A bed's name in the benchmark's output: `Ebpf`, `v6u_Ebpf`...
+pub fn bed_name((underlay, mode): (Underlay, Mode)) -> String {
+    format!("{}{mode:?}", underlay.key_prefix())
+}
 
 pub struct Bed {
     pub pod: Netns,
@@ -57,7 +73,21 @@ fn snat_to_the_eip(gw: &Netns) -> Result<()> {
     Ok(())
 }
 
-pub fn testbed(mode: Mode) -> Result<Bed> {
+/// An IPv4 route to `dst` by node `n`'s underlay address: on the IPv6
+/// underlay an IPv6 next hop (`via inet6`, RFC 5549).
+fn route_via_node(ns: &Netns, dst: &str, n: u8, underlay: Underlay) -> Result<()> {
+    let via = underlay.node_addr(n);
+    match underlay {
+        Underlay::V4 => ns.route(&[dst, "via", &via]),
+        Underlay::V6 => ns
+            .ip(&["-4", "route", "add", dst, "via", "inet6", &via])
+            .map(|_| ()),
+    }
+}
+
+/// Pod, worker, gateway and server in a row; the worker and the gateway
+/// share only `underlay`'s addresses.
+pub fn testbed(mode: Mode, underlay: Underlay) -> Result<Bed> {
     let pod = Netns::new("bpod")?;
     let wk = Netns::new("bwk")?;
     let gw = Netns::new("bgw")?;
@@ -70,8 +100,8 @@ pub fn testbed(mode: Mode) -> Result<Bed> {
     pod.route(&["default", "via", "10.244.1.1"])?;
     wk.addr("vp11", "10.244.1.1/32")?;
     wk.route(&[&format!("{POD}/32"), "dev", "vp11"])?;
-    wk.addr("eth0", "10.100.0.21/24")?;
-    gw.addr("eth0", "10.100.0.11/24")?;
+    wk.addr("eth0", &underlay.node_cidr(WORKER_NODE))?;
+    gw.addr("eth0", &underlay.node_cidr(GATEWAY_NODE))?;
     gw.addr("eth1", "203.0.113.2/24")?;
     srv.addr("eth0", &format!("{SRV}/24"))?;
     wk.enable_forwarding()?;
@@ -81,14 +111,24 @@ pub fn testbed(mode: Mode) -> Result<Bed> {
     match mode {
         Mode::Ebpf => {
             for (ns, worker) in [(&wk, true), (&gw, false)] {
+                // As the agent makes it: our IPv6 outer headers carry a
+                // zero UDP checksum.
                 ns.ip(&[
-                    "link", "add", VXLAN, "type", "vxlan", "external", "dstport", "4789",
+                    "link",
+                    "add",
+                    VXLAN,
+                    "type",
+                    "vxlan",
+                    "external",
+                    "dstport",
+                    "4789",
+                    "udp6zerocsumrx",
                 ])?;
                 ns.ip(&["link", "set", VXLAN, "up"])?;
                 let vx = link_info(ns, VXLAN)?.0;
                 // The worker's uplink faces the gateway; the gateway's the server.
                 let uplink = link_info(ns, if worker { "eth0" } else { "eth1" })?;
-                let d = desired(worker, !worker, vx, uplink);
+                let d = desired(worker, !worker, vx, uplink, underlay);
                 let pin = PinDir::new(if worker { "bw" } else { "bg" })?;
                 let path = pin.path().to_owned();
                 let dp = ns.enter(move || {
@@ -141,12 +181,13 @@ pub fn testbed(mode: Mode) -> Result<Bed> {
                 "600",
             ])?;
             for (ns, local, remote, tip) in [
-                (&wk, "10.100.0.21", "10.100.0.11", "172.31.0.21/24"),
-                (&gw, "10.100.0.11", "10.100.0.21", "172.31.0.11/24"),
+                (&wk, WORKER_NODE, GATEWAY_NODE, "172.31.0.21/24"),
+                (&gw, GATEWAY_NODE, WORKER_NODE, "172.31.0.11/24"),
             ] {
+                let (local, remote) = (underlay.node_addr(local), underlay.node_addr(remote));
                 ns.ip(&[
-                    "link", "add", "egvx", "type", "vxlan", "id", "100", "local", local, "remote",
-                    remote, "dstport", "4789", "dev", "eth0",
+                    "link", "add", "egvx", "type", "vxlan", "id", "100", "local", &local, "remote",
+                    &remote, "dstport", "4789", "dev", "eth0",
                 ])?;
                 ns.addr("egvx", tip)?;
             }
@@ -164,9 +205,9 @@ pub fn testbed(mode: Mode) -> Result<Bed> {
             gw.route(&["10.244.1.0/24", "via", "172.31.0.21", "dev", "egvx"])?;
         }
         Mode::Direct => {
-            wk.route(&["default", "via", "10.100.0.11"])?;
+            route_via_node(&wk, "default", GATEWAY_NODE, underlay)?;
             snat_to_the_eip(&gw)?;
-            gw.route(&["10.244.1.0/24", "via", "10.100.0.21"])?;
+            route_via_node(&gw, "10.244.1.0/24", WORKER_NODE, underlay)?;
         }
     }
     Ok(Bed {
@@ -179,12 +220,13 @@ pub fn testbed(mode: Mode) -> Result<Bed> {
     })
 }
 
-/// Rounds of the throughput runs; the modes take turns within a round, so
-/// that a change of the machine's speed during the benchmark hits all three
-/// alike, and each figure is the median of its rounds.
+/// Rounds of the throughput runs; the beds take turns within a round, so
+/// that a change of the machine's speed during the benchmark hits all of
+/// them alike, and each figure is the median of its rounds.
 pub const ROUNDS: usize = 5;
 /// Rounds of the runs that measure the gateway's CPU alone (see
-/// [`steer_gateway_to`]).
+/// [`steer_gateway_to`]), on the IPv4 underlay's beds only (the IPv6
+/// underlay's figures are its rates; six beds would double these rounds).
 pub const GATEWAY_CPU_ROUNDS: usize = 3;
 const SECONDS: &str = "4";
 /// The CPU the gateway's receive work is steered to when its CPU time is
@@ -357,7 +399,7 @@ pub struct Figures {
     pub gateway_cpu_per_unit: f64,
 }
 
-/// The medians of each mode, in `MODES` order.
+/// The medians of one bed.
 pub struct Throughput {
     pub tcp: Figures,
     pub udp64: Figures,
@@ -369,10 +411,12 @@ pub struct Throughput {
     pub gateway_cpu_idle_share: f64,
 }
 
-/// A bed of `mode` with its servers listening: iperf3 and the
-/// short-connection server.
-pub fn serving_bed(mode: Mode) -> Result<(Bed, egress_tests::Proc, egress_tests::Proc)> {
-    let bed = testbed(mode)?;
+/// A bed of `mode` on `underlay` with its servers listening: iperf3 and
+/// the short-connection server.
+pub fn serving_bed(
+    (underlay, mode): (Underlay, Mode),
+) -> Result<(Bed, egress_tests::Proc, egress_tests::Proc)> {
+    let bed = testbed(mode, underlay)?;
     let mut server = bed
         .srv
         .spawn(&["iperf3", "-s", "-p", "5201", "--forceflush"])?;
@@ -387,14 +431,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Each mode's throughput figures, in `MODES` order.
+/// Each bed's throughput figures, in `BEDS` order (the gateway-alone
+/// figures NaN on the IPv6 underlay's).
 pub fn throughputs() -> Result<Vec<Throughput>> {
-    let beds = MODES
+    let beds = BEDS
         .into_iter()
         .map(serving_bed)
         .collect::<Result<Vec<_>>>()?;
-    // runs[mode][load]: the whole machine's rounds, then the steered ones.
-    let mut runs: Vec<Vec<Vec<Run>>> = (0..MODES.len())
+    // runs[bed][load]: the whole machine's rounds, then the steered ones.
+    let mut runs: Vec<Vec<Vec<Run>>> = (0..BEDS.len())
         .map(|_| LOADS.iter().map(|_| Vec::new()).collect())
         .collect();
     for round in 0..ROUNDS {
@@ -403,16 +448,20 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
                 runs[m][l].push(measured(bed, *load, Cpus::AllBusy)?);
             }
         }
-        for (m, mode) in MODES.iter().enumerate() {
+        for (m, bed) in BEDS.into_iter().enumerate() {
             let [tcp, udp, crr] = [0, 1, 2].map(|l| &runs[m][l][round]);
             eprintln!(
-                "round {round} {mode:?}: tcp {:.2} Gbit/s, udp64 {:.3} Mpps arriving, \
+                "round {round} {}: tcp {:.2} Gbit/s, udp64 {:.3} Mpps arriving, \
                  {:.0} short connections/s ({} failed)",
-                tcp.rate, udp.rate, crr.rate, crr.failed
+                bed_name(bed),
+                tcp.rate,
+                udp.rate,
+                crr.rate,
+                crr.failed
             );
         }
     }
-    let mut steered: Vec<Vec<Vec<Run>>> = (0..MODES.len())
+    let mut steered: Vec<Vec<Vec<Run>>> = (0..BEDS.len())
         .map(|_| LOADS.iter().map(|_| Vec::new()).collect())
         .collect();
     // A machine with one CPU has no second one to steer the gateway to.
@@ -422,12 +471,15 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
         0
     };
     let idle_share = gateway_cpu_idle_share()?;
-    for (bed, server, crr) in &beds {
+    let v4_beds = || (0..BEDS.len()).filter(|&m| BEDS[m].0 == Underlay::V4);
+    for m in v4_beds() {
+        let (bed, server, crr) = &beds[m];
         steer_gateway_to(bed, &[server, crr])?;
     }
     for _ in 0..gateway_rounds {
         for (l, load) in LOADS.iter().enumerate() {
-            for (m, (bed, _, _)) in beds.iter().enumerate() {
+            for m in v4_beds() {
+                let bed = &beds[m].0;
                 steered[m][l].push(measured(bed, *load, Cpus::InterruptsOf(GATEWAY_CPU))?);
             }
         }
@@ -443,7 +495,7 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
                 .collect(),
         ),
     };
-    Ok((0..MODES.len())
+    Ok((0..BEDS.len())
         .map(|m| Throughput {
             tcp: figures(&runs[m][0], &steered[m][0]),
             udp64: figures(&runs[m][1], &steered[m][1]),
