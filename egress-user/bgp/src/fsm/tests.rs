@@ -493,23 +493,46 @@ fn stopping_stops_the_send_hold_timer() {
 /// The codec options of a session whose OPENs carried these ADD-PATH
 /// tuples (ours in our OPEN, theirs in the peer's).
 fn negotiated_codec(ours: Vec<AddPathFamily>, theirs: Vec<AddPathFamily>) -> CodecOptions {
+    negotiated_with(
+        vec![Capability::AddPath(ours)],
+        vec![Capability::AddPath(theirs)],
+    )
+}
+
+/// The codec options of a session whose OPENs carried these capabilities
+/// besides the usual ones (ours in our OPEN, theirs in the peer's).
+fn negotiated_with(ours: Vec<Capability>, theirs: Vec<Capability>) -> CodecOptions {
     let mut c = cfg();
-    c.capabilities.push(Capability::AddPath(ours));
+    c.capabilities.extend(ours);
     let mut f = Fsm::new(c);
     f.handle(Event::ManualStart);
     f.handle(Event::TcpCrAcked);
-    let open = Open::new(
-        65000,
-        90,
-        Ipv4Addr::new(10, 0, 0, 2),
-        vec![Capability::AddPath(theirs)],
-    );
+    let open = Open::new(65000, 90, Ipv4Addr::new(10, 0, 0, 2), theirs);
     f.handle(Event::BgpOpen(open));
     let a = f.handle(Event::KeepAliveMsg);
     let Some(Action::SessionUp(n)) = a.iter().find(|a| matches!(a, Action::SessionUp(_))) else {
         panic!("no SessionUp in {a:?}")
     };
     n.codec
+}
+
+#[test]
+fn extended_next_hop_is_negotiated_into_the_codec_options() {
+    use crate::codec::{Ipv4ViaIpv6, NextHopTuple};
+    let enh = || Capability::ExtendedNextHop(vec![NextHopTuple::IPV4_UNICAST_VIA_IPV6]);
+    let both = negotiated_with(vec![enh()], vec![enh()]);
+    assert_eq!(both.ipv4_via_ipv6, Ipv4ViaIpv6::BOTH);
+    let ours = negotiated_with(vec![enh()], vec![]);
+    assert_eq!(
+        ours.ipv4_via_ipv6,
+        Ipv4ViaIpv6 {
+            receive: true,
+            send: false
+        },
+        "the peer did not say it takes them"
+    );
+    let theirs = negotiated_with(vec![], vec![enh()]);
+    assert_eq!(theirs.ipv4_via_ipv6, Ipv4ViaIpv6::NONE);
 }
 
 #[test]
