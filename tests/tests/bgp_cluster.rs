@@ -17,6 +17,26 @@ fn learned(cluster: &Cluster, node: usize, prefix: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Whether node `node`'s ROUTES map (as `egress inspect` shows it) sends
+/// `eip` to the tunnel endpoint `tunnel`.
+fn routes_eip_to(
+    cluster: &Cluster,
+    egress: &std::path::Path,
+    node: usize,
+    eip: &str,
+    tunnel: &str,
+) -> anyhow::Result<bool> {
+    let pin = cluster.pin_dir(node).to_string_lossy().into_owned();
+    let out = std::process::Command::new(egress)
+        .args(["inspect", "--json", "--pin-dir", &pin])
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v["datapath"]["routes"].as_array().is_some_and(|r| {
+        r.iter()
+            .any(|e| e["eip"] == eip && e["tunnel_ip"] == tunnel)
+    }))
+}
+
 /// The reflector's peers, from `egress bgp status --json`.
 fn reflector_peers(
     cluster: &Cluster,
@@ -142,21 +162,10 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
 
     // ... and writes it into its datapath's ROUTES map (`egress inspect`),
     // which sends new flows to the EIP's owner.
-    let pin = cluster.pin_dir(0).to_string_lossy().into_owned();
     wait_until(
         "w1's ROUTES map holds the EIP",
         Duration::from_secs(30),
-        || {
-            let out = std::process::Command::new(&egress)
-                .args(["inspect", "--json", "--pin-dir", &pin])
-                .output()?;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-            Ok(v["datapath"]["routes"].as_array().is_some_and(|r| {
-                r.iter().any(|e| {
-                    e["eip"] == eip.as_str() && e["tunnel_ip"] == owner.ip.to_string().as_str()
-                })
-            }))
-        },
+        || routes_eip_to(&cluster, &egress, 0, &eip, &owner.ip.to_string()),
     )?;
 
     // The upstream router (FRR, a non-client) receives every node's pod CIDR
@@ -237,20 +246,10 @@ fn agents_announce_ipv4_routes_by_ipv6_next_hops_on_an_ipv6_underlay() -> anyhow
     // ... and steers by it: ROUTES holds the EIP, its endpoint field the
     // index of the owner's IPv6 endpoint in TUNNEL_ENDPOINTS, which
     // `egress inspect` shows as that address.
-    let pin = cluster.pin_dir(0).to_string_lossy().into_owned();
     wait_until(
         "w1's ROUTES map holds the EIP",
         Duration::from_secs(30),
-        || {
-            let out = std::process::Command::new(&egress)
-                .args(["inspect", "--json", "--pin-dir", &pin])
-                .output()?;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-            Ok(v["datapath"]["routes"].as_array().is_some_and(|r| {
-                r.iter()
-                    .any(|e| e["eip"] == eip.as_str() && e["tunnel_ip"] == endpoint(owner).as_str())
-            }))
-        },
+        || routes_eip_to(&cluster, &egress, 0, &eip, &endpoint(owner)),
     )?;
 
     let frr = &cluster.upstream.as_ref().unwrap().frr;
