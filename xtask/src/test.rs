@@ -12,6 +12,9 @@ use crate::{
 pub fn run(root: &Path, unprivileged: bool) -> Result<()> {
     setup::run(root)?;
     build_ebpf::build(root, true)?;
+    // The benchmark's object too: a test checks that the verifier takes
+    // every program in it.
+    build_ebpf::build_bench(root)?;
 
     step("format");
     exec(&mut cargo(root, &["fmt", "--all", "--check"]))?;
