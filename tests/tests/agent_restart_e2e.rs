@@ -20,3 +20,12 @@ fn on_kubernetes_traffic_does_not_stop_when_agents_restart() -> anyhow::Result<(
     let bins = Bins::beside_test()?;
     run_and_report(&bins, "agent-restart", &Options::fast().on_kubernetes()).map(|_| ())
 }
+
+/// The same on an IPv6-only underlay: the pinned state the restarted
+/// agents resume from holds IPv6 tunnel endpoints.
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn on_an_ipv6_underlay_traffic_does_not_stop_when_agents_restart() -> anyhow::Result<()> {
+    let bins = Bins::beside_test()?;
+    run_and_report(&bins, "agent-restart", &Options::fast().on_ipv6_underlay()).map(|_| ())
+}

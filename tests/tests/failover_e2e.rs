@@ -115,4 +115,22 @@ mod on_an_ipv6_underlay {
     fn datastore_partition() -> anyhow::Result<()> {
         run("datastore-partition", &Options::fast().on_ipv6_underlay())
     }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF, etcd"]
+    fn controller_kill() -> anyhow::Result<()> {
+        run("controller-kill", &Options::fast().on_ipv6_underlay())
+    }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF, etcd"]
+    fn gateway_recover() -> anyhow::Result<()> {
+        run("gateway-recover", &Options::fast().on_ipv6_underlay())
+    }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF, etcd"]
+    fn gateway_agent_crash() -> anyhow::Result<()> {
+        run("gateway-agent-crash", &Options::fast().on_ipv6_underlay())
+    }
 }
