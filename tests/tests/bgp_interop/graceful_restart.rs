@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan};
+use crate::lab::{ip, Kind, Lan, NO_PEERS};
 use crate::{client_prefix, count_present, hold, peer_status, wait_until};
 
 /// Graceful restart both ways between our speaker and `kind`:
@@ -17,7 +17,7 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
         "rr",
         rr,
         &[ip(11), ip(12)],
-        &[],
+        &NO_PEERS,
         vec!["192.0.2.1/32".into()],
     )?;
     let mut theirs = lan.peer(kind, "peer", ip(11), &[rr], vec![client_prefix(11)])?;
@@ -42,7 +42,7 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
         hold(count_present(&theirs, &ours_route)? == 1, || {
             format!("{kind:?} dropped our route")
         })?;
-        Ok(!theirs.established()?.contains(&rr))
+        Ok(!theirs.established()?.contains(&rr.into()))
     })?;
     ours.spawn()?;
     wait_until(
@@ -55,7 +55,8 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
                     restart_at.elapsed()
                 )
             })?;
-            Ok(theirs.established()?.contains(&rr) && ours.established()?.contains(&ip(11)))
+            Ok(theirs.established()?.contains(&rr.into())
+                && ours.established()?.contains(&ip(11).into()))
         },
     )
     .map_err(|e| anyhow::anyhow!("{e:#}"))?;
@@ -93,14 +94,14 @@ pub(crate) fn graceful_restart_both_ways(kind: Kind) -> Result<()> {
         hold(!table_at_start || observer_has_theirs()?, || {
             "observer lost their route".into()
         })?;
-        Ok(!ours.established()?.contains(&ip(11)))
+        Ok(!ours.established()?.contains(&ip(11).into()))
     })?;
     theirs.spawn()?;
     wait_until("their session back", Duration::from_secs(40), || {
         hold(!table_at_start || observer_has_theirs()?, || {
             "observer lost their route".into()
         })?;
-        Ok(ours.established()?.contains(&ip(11)))
+        Ok(ours.established()?.contains(&ip(11).into()))
     })?;
     // Their table came back: nothing stale is left on our side.
     wait_until("stale routes resolved", Duration::from_secs(20), || {

@@ -35,7 +35,7 @@ pub(crate) fn incident(clients: Kind, n: u8) -> Result<()> {
             Ok(prefixes.iter().all(|p| {
                 routes
                     .get(p)
-                    .is_some_and(|from| rrs.iter().all(|r| from.contains(r)))
+                    .is_some_and(|from| rrs.iter().all(|r| from.contains(&(*r).into())))
             }))
         },
     )?;
@@ -63,7 +63,7 @@ pub(crate) fn incident(clients: Kind, n: u8) -> Result<()> {
         Duration::from_secs(20),
         || {
             poll()?;
-            Ok(!frr.established()?.contains(&rrs[0]))
+            Ok(!frr.established()?.contains(&rrs[0].into()))
         },
     )?;
     victim.spawn()?;
@@ -73,10 +73,12 @@ pub(crate) fn incident(clients: Kind, n: u8) -> Result<()> {
         || {
             poll()?;
             let routes = frr.routes()?;
-            Ok(frr.established()?.contains(&rrs[0])
-                && prefixes
-                    .iter()
-                    .all(|p| routes.get(p).is_some_and(|from| from.contains(&rrs[0]))))
+            Ok(frr.established()?.contains(&rrs[0].into())
+                && prefixes.iter().all(|p| {
+                    routes
+                        .get(p)
+                        .is_some_and(|from| from.contains(&rrs[0].into()))
+                }))
         },
     )?;
     assert_eq!(min_seen.get(), prefixes.len());

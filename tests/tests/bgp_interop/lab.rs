@@ -1,7 +1,7 @@
 mod config; // each kind's configuration file
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,8 +62,31 @@ pub(crate) struct Lan {
     ports: usize,
 }
 
+/// Node `n`'s IPv4 address on the LAN.
 pub(crate) fn ip(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 99, 0, n)
+}
+
+/// Node `n`'s IPv6 address on the LAN (every node has both).
+pub(crate) fn ip6(n: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, n as u16)
+}
+
+/// No neighbours, for the lists that take either family.
+pub(crate) const NO_PEERS: [IpAddr; 0] = [];
+
+/// The node number of a LAN address of either family ([`ip`], [`ip6`]).
+fn node_number(a: IpAddr) -> u8 {
+    match a {
+        IpAddr::V4(a) => a.octets()[3],
+        IpAddr::V6(a) => a.octets()[15],
+    }
+}
+
+/// The router id of the node at `me`: its IPv4 address, also when it
+/// speaks BGP over IPv6 only.
+fn router_id_of(me: IpAddr) -> Ipv4Addr {
+    ip(node_number(me))
 }
 
 impl Lan {
@@ -73,13 +96,18 @@ impl Lan {
         Ok(Lan { ns, ports: 0 })
     }
 
-    pub(crate) fn node(&mut self, label: &str, addr: Ipv4Addr) -> Result<Netns> {
+    /// A new node joined to the bridge with both its addresses, [`ip`] and
+    /// [`ip6`] of `addr`'s node number (IPv6 without duplicate address
+    /// detection, so usable at once).
+    pub(crate) fn node(&mut self, label: &str, addr: impl Into<IpAddr>) -> Result<Netns> {
+        let n = node_number(addr.into());
         let ns = Netns::new(label)?;
         self.ports += 1;
         let port = format!("p{}", self.ports);
         link_veth(&ns, "eth0", &self.ns, &port)?;
         self.ns.ip(&["link", "set", &port, "master", "br0"])?;
-        ns.addr("eth0", &format!("{addr}/24"))?;
+        ns.addr("eth0", &format!("{}/24", ip(n)))?;
+        ns.addr("eth0", &format!("{}/64", ip6(n)))?;
         Ok(ns)
     }
 
@@ -90,8 +118,8 @@ impl Lan {
         &mut self,
         kind: Kind,
         label: &str,
-        addr: Ipv4Addr,
-        peers: &[Ipv4Addr],
+        addr: impl Into<IpAddr> + Copy,
+        peers: &[impl Into<IpAddr> + Copy],
         announce: Vec<String>,
     ) -> Result<Router> {
         Router::start(
@@ -106,9 +134,9 @@ impl Lan {
     pub(crate) fn reflector(
         &mut self,
         label: &str,
-        addr: Ipv4Addr,
-        clients: &[Ipv4Addr],
-        peers: &[Ipv4Addr],
+        addr: impl Into<IpAddr> + Copy,
+        clients: &[impl Into<IpAddr> + Copy],
+        peers: &[impl Into<IpAddr> + Copy],
         announce: Vec<String>,
     ) -> Result<Router> {
         let cfg = RouterCfg::reflector(addr, clients, peers, announce);
@@ -126,16 +154,36 @@ pub(crate) enum Kind {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Neighbor {
-    pub(crate) addr: Ipv4Addr,
+    /// Either family: an IPv6 session carries IPv4 unicast too.
+    pub(crate) addr: IpAddr,
     /// The neighbour is a route reflector client of this router.
     pub(crate) client: bool,
     /// Ours only: offer it ADD-PATH Send (RFC 7911).
     pub(crate) add_path: bool,
+    /// FRR and BIRD on an IPv6 session: offer the extended next hop
+    /// capability (RFC 8950) for IPv4 unicast. Ours always offers it, and
+    /// GoBGP 3.10 offers it on every session of a configured ipv4-unicast
+    /// family, with no setting to turn it off.
+    pub(crate) ext_next_hop: bool,
+}
+
+impl Neighbor {
+    fn new(addr: impl Into<IpAddr>, client: bool) -> Neighbor {
+        Neighbor {
+            addr: addr.into(),
+            client,
+            add_path: false,
+            ext_next_hop: true,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 pub(crate) struct RouterCfg {
-    pub(crate) me: Ipv4Addr,
+    /// The session address (every neighbour's session is of this family).
+    pub(crate) me: IpAddr,
+    /// [`router_id_of`] `me`.
+    pub(crate) router_id: Ipv4Addr,
     /// Set on reflectors.
     pub(crate) cluster_id: Option<&'static str>,
     pub(crate) neighbors: Vec<Neighbor>,
@@ -145,18 +193,18 @@ pub(crate) struct RouterCfg {
 impl RouterCfg {
     /// A speaker whose neighbours are plain peers (a reflector's client,
     /// an upstream router).
-    pub(crate) fn peer_of(me: Ipv4Addr, peers: &[Ipv4Addr], announce: Vec<String>) -> Self {
+    /// `announce` may hold prefixes of both families.
+    pub(crate) fn peer_of(
+        me: impl Into<IpAddr>,
+        peers: &[impl Into<IpAddr> + Copy],
+        announce: Vec<String>,
+    ) -> Self {
+        let me = me.into();
         Self {
             me,
+            router_id: router_id_of(me),
             cluster_id: None,
-            neighbors: peers
-                .iter()
-                .map(|&addr| Neighbor {
-                    addr,
-                    client: false,
-                    add_path: false,
-                })
-                .collect(),
+            neighbors: peers.iter().map(|&a| Neighbor::new(a, false)).collect(),
             announce,
         }
     }
@@ -164,28 +212,20 @@ impl RouterCfg {
     /// A reflector of the test cluster (`CLUSTER`): `clients` are its route
     /// reflector clients, `peers` its other neighbours.
     pub(crate) fn reflector(
-        me: Ipv4Addr,
-        clients: &[Ipv4Addr],
-        peers: &[Ipv4Addr],
+        me: impl Into<IpAddr>,
+        clients: &[impl Into<IpAddr> + Copy],
+        peers: &[impl Into<IpAddr> + Copy],
         announce: Vec<String>,
     ) -> Self {
-        let client = |&addr: &Ipv4Addr| Neighbor {
-            addr,
-            client: true,
-            add_path: false,
-        };
-        let peer = |&addr: &Ipv4Addr| Neighbor {
-            addr,
-            client: false,
-            add_path: false,
-        };
+        let me = me.into();
         Self {
             me,
+            router_id: router_id_of(me),
             cluster_id: Some(crate::CLUSTER),
             neighbors: clients
                 .iter()
-                .map(client)
-                .chain(peers.iter().map(peer))
+                .map(|&a| Neighbor::new(a, true))
+                .chain(peers.iter().map(|&a| Neighbor::new(a, false)))
                 .collect(),
             announce,
         }
@@ -318,8 +358,9 @@ impl Router {
         )?;
         if self.kind == Kind::Gobgp {
             for p in &self.cfg.announce {
+                let family = if p.contains(':') { "ipv6" } else { "ipv4" };
                 self.ns
-                    .exec(&["gobgp", "global", "rib", "add", p, "-a", "ipv4"])?;
+                    .exec(&["gobgp", "global", "rib", "add", p, "-a", family])?;
             }
         }
         Ok(())
@@ -347,7 +388,7 @@ impl Router {
     }
 
     /// Neighbours with an Established session.
-    pub(crate) fn established(&self) -> Result<BTreeSet<Ipv4Addr>> {
+    pub(crate) fn established(&self) -> Result<BTreeSet<IpAddr>> {
         let mut up = BTreeSet::new();
         match self.kind {
             Kind::Ours => {
@@ -408,9 +449,86 @@ impl Router {
         self.ns.exec(&argv)
     }
 
+    /// prefix (IPv4 and IPv6 unicast) -> the BGP next hops of its paths as
+    /// the router holds them (global addresses: the link-local one FRR and
+    /// BIRD keep beside an IPv6 next hop is left out). Ours holds only its
+    /// best path.
+    pub(crate) fn next_hops(&self) -> Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+        let mut out: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+        match self.kind {
+            Kind::Ours => {
+                let doc = self.ours_doc()?;
+                for (prefix, v) in doc["routes"].as_object().context("routes")? {
+                    let nh = v[0].as_str().context("next hop")?.parse()?;
+                    out.entry(prefix.clone()).or_default().insert(nh);
+                }
+            }
+            Kind::Frr => {
+                for family in ["ipv4", "ipv6"] {
+                    let text = self.vtysh(&format!("show bgp {family} unicast json"))?;
+                    let v: Value = serde_json::from_str(&text)?;
+                    let Some(routes) = v["routes"].as_object() else {
+                        continue;
+                    };
+                    for (prefix, paths) in routes {
+                        let e = out.entry(prefix.clone()).or_default();
+                        for p in paths.as_array().context("paths")? {
+                            for nh in p["nexthops"].as_array().context("nexthops")? {
+                                if nh["scope"] != "link-local" {
+                                    e.insert(nh["ip"].as_str().context("ip")?.parse()?);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Kind::Gobgp => {
+                for family in ["ipv4", "ipv6"] {
+                    let text = self
+                        .ns
+                        .exec(&["gobgp", "-j", "global", "rib", "-a", family])?;
+                    let v: Value = serde_json::from_str(&text)?;
+                    for (prefix, paths) in v.as_object().context("rib")? {
+                        let e = out.entry(prefix.clone()).or_default();
+                        for p in paths.as_array().context("paths")? {
+                            // NEXT_HOP (type 3) or MP_REACH_NLRI (type 14).
+                            for a in p["attrs"].as_array().context("attrs")? {
+                                if a["type"] == 3 || a["type"] == 14 {
+                                    let nh = a["nexthop"].as_str().context("nexthop")?;
+                                    e.insert(nh.parse()?);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Kind::Bird => {
+                // "10.1.0.0/24   unicast [p10_99_0_1 ...] * (100) [i]", then
+                // indented attribute lines, among them
+                // "BGP.next_hop: fd00:99::11 fe80::..." (global first).
+                let text = self.birdc(&["show", "route", "all"])?;
+                let mut current = None;
+                for l in text.lines() {
+                    let first = l.split_whitespace().next().unwrap_or("");
+                    if !l.starts_with(char::is_whitespace) && first.contains('/') {
+                        current = Some(first.to_string());
+                    }
+                    let (Some(prefix), Some(rest)) =
+                        (&current, l.trim_start().strip_prefix("BGP.next_hop:"))
+                    else {
+                        continue;
+                    };
+                    let nh = rest.split_whitespace().next().context("next hop")?;
+                    out.entry(prefix.clone()).or_default().insert(nh.parse()?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// prefix -> the neighbours it was learned from (empty for our own).
-    pub(crate) fn routes(&self) -> Result<BTreeMap<String, BTreeSet<Ipv4Addr>>> {
-        let mut out: BTreeMap<String, BTreeSet<Ipv4Addr>> = BTreeMap::new();
+    pub(crate) fn routes(&self) -> Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+        let mut out: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
         match self.kind {
             Kind::Ours => {
                 let doc = self.ours_doc()?;
@@ -476,6 +594,8 @@ impl Router {
     }
 }
 
-fn bird_proto(a: Ipv4Addr) -> String {
-    format!("p{}", a.to_string().replace('.', "_"))
+/// BIRD's protocol name for the session with `a` (a symbol: no dots or
+/// colons).
+fn bird_proto(a: IpAddr) -> String {
+    format!("p{}", a.to_string().replace(['.', ':'], "_"))
 }

@@ -13,6 +13,7 @@
 
 mod add_path; // ADD-PATH to an FRR upstream with zebra: an ECMP route
 mod client; // `kind` as a client of our reflector
+mod ext_next_hop; // IPv4 routes by IPv6 next hops, sessions over IPv6 only
 mod fleet_restart; // our reflector restarted under 100 light clients
 mod graceful_restart; // graceful restart both ways
 mod incident; // two reflectors, one cluster id, one killed and restarted
@@ -21,7 +22,7 @@ mod lab; // namespaces, the LAN, and the routers: ours, FRR, BIRD, GoBGP
 mod md5; // TCP-MD5 sessions
 mod upstream; // `kind` as upstream non-client receives every route
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +31,7 @@ use serde_json::Value;
 
 use add_path::ecmp_at_frr_through_add_path;
 use client::client_of_our_reflector;
+use ext_next_hop::ipv4_by_ipv6_next_hops;
 use fleet_restart::reflector_restart_under_a_fleet;
 use graceful_restart::graceful_restart_both_ways;
 use incident::incident;
@@ -85,7 +87,8 @@ pub(crate) fn wait_until(
 }
 
 /// One peer's entry in our speaker's status document.
-pub(crate) fn peer_status(doc: &Value, addr: Ipv4Addr) -> Result<Value> {
+pub(crate) fn peer_status(doc: &Value, addr: impl Into<IpAddr>) -> Result<Value> {
+    let addr = addr.into();
     doc["status"]["peers"]
         .as_array()
         .context("peers")?
@@ -164,6 +167,10 @@ interop!(
     md5_for_peers_added_at_run_time()
 );
 interop!(frr_ipv6_unicast, ipv6_routes_reach_frr());
+interop!(
+    ipv4_by_ipv6_next_hops_among_bird_gobgp_frr_over_ipv6_sessions,
+    ipv4_by_ipv6_next_hops()
+);
 interop!(
     frr_upstream_installs_ecmp_from_add_path,
     ecmp_at_frr_through_add_path()

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::lab::{ip, Kind, Lan, Router, RouterCfg};
+use crate::lab::{ip, Kind, Lan, Router, RouterCfg, NO_PEERS};
 use crate::{hold, wait_until};
 
 /// TCP-MD5 (RFC 2385): our reflector and `kind` share a key; the session
@@ -14,7 +14,7 @@ pub(crate) fn md5_session(kind: Kind) -> Result<()> {
     let _ours = Router::start_with_password(
         Kind::Ours,
         lan.node("rr", rr)?,
-        RouterCfg::reflector(rr, &[ip(11)], &[], vec!["192.0.2.1/32".into()]),
+        RouterCfg::reflector(rr, &[ip(11)], &NO_PEERS, vec!["192.0.2.1/32".into()]),
         Some("s3cret"),
     )?;
     let theirs = Router::start_with_password(
@@ -47,7 +47,7 @@ pub(crate) fn md5_for_peers_added_at_run_time() -> Result<()> {
         RouterCfg::reflector(
             rr,
             &peers.iter().map(|(a, _)| *a).collect::<Vec<_>>(),
-            &[],
+            &NO_PEERS,
             vec!["192.0.2.1/32".into()],
         ),
         "s3cret",
@@ -74,7 +74,7 @@ pub(crate) fn md5_for_peers_added_at_run_time() -> Result<()> {
     // Both sides retry every second: give the other two several chances.
     std::thread::sleep(Duration::from_secs(5));
     let up = ours.established()?;
-    hold(up == BTreeSet::from([ip(11)]), || {
+    hold(up == BTreeSet::from([ip(11).into()]), || {
         format!("sessions up at our reflector: {up:?}")
     })?;
     for f in &frrs[1..] {

@@ -1,3 +1,5 @@
+use std::net::SocketAddr;
+
 use anyhow::Result;
 use serde_json::{json, Value};
 
@@ -29,8 +31,8 @@ impl Router {
                     .map(|p| json!([p, c.me.to_string()]))
                     .collect();
                 let doc = json!({
-                    "asn": ASN, "router_id": c.me.to_string(), "cluster_id": c.cluster_id,
-                    "listen": format!("{}:179", c.me), "hold_time": 9, "restart_time": 30,
+                    "asn": ASN, "router_id": c.router_id.to_string(), "cluster_id": c.cluster_id,
+                    "listen": SocketAddr::new(c.me, 179).to_string(), "hold_time": 9, "restart_time": 30,
                     "restarting": true, "deferral_time": 15, "connect_retry_ms": 500,
                     "peers": peers, "announce": announce, "print_routes": false,
                     "late_peers": late_peers,
@@ -45,7 +47,7 @@ impl Router {
                     "frr defaults datacenter\nhostname r{me}\nrouter bgp {ASN}\n bgp router-id {me}\n \
                      no bgp ebgp-requires-policy\n no bgp network import-check\n bgp graceful-restart\n \
                      bgp graceful-restart restart-time 30\n bgp graceful-restart preserve-fw-state\n",
-                    me = c.me
+                    me = c.router_id
                 );
                 if let Some(id) = c.cluster_id {
                     s += &format!(" bgp cluster-id {id}\n");
@@ -58,12 +60,22 @@ impl Router {
                     if let Some(pw) = self.password {
                         s += &format!(" neighbor {} password {pw}\n", n.addr);
                     }
+                    // FRR offers RFC 8950 on its own only to unnumbered
+                    // (link-local) neighbours.
+                    if n.addr.is_ipv6() && n.ext_next_hop {
+                        s += &format!(" neighbor {} capability extended-nexthop\n", n.addr);
+                    }
                 }
                 s += " address-family ipv4 unicast\n";
-                for n in c.neighbors.iter().filter(|n| n.client) {
-                    s += &format!("  neighbor {} route-reflector-client\n", n.addr);
+                for n in &c.neighbors {
+                    if n.addr.is_ipv6() {
+                        s += &format!("  neighbor {} activate\n", n.addr);
+                    }
+                    if n.client {
+                        s += &format!("  neighbor {} route-reflector-client\n", n.addr);
+                    }
                 }
-                for p in &c.announce {
+                for p in c.announce.iter().filter(|p| !p.contains(':')) {
                     s += &format!("  network {p}\n");
                 }
                 s += " exit-address-family\n address-family ipv6 unicast\n";
@@ -73,18 +85,30 @@ impl Router {
                         s += &format!("  neighbor {} route-reflector-client\n", n.addr);
                     }
                 }
+                for p in c.announce.iter().filter(|p| p.contains(':')) {
+                    s += &format!("  network {p}\n");
+                }
                 s += " exit-address-family\n";
                 std::fs::write(self.dir.file("bgpd.conf"), s)?;
             }
             Kind::Bird => {
+                let (v6, v4): (Vec<&String>, Vec<&String>) =
+                    c.announce.iter().partition(|p| p.contains(':'));
                 let mut s = format!(
                     "router id {};\nprotocol device {{ }}\nprotocol static {{ ipv4;\n",
-                    c.me
+                    c.router_id
                 );
-                for p in &c.announce {
+                for p in v4 {
                     s += &format!("  route {p} blackhole;\n");
                 }
                 s += "}\n";
+                if !v6.is_empty() {
+                    s += "protocol static { ipv6;\n";
+                    for p in v6 {
+                        s += &format!("  route {p} blackhole;\n");
+                    }
+                    s += "}\n";
+                }
                 for n in &c.neighbors {
                     let rr = match (n.client, c.cluster_id) {
                         (true, Some(id)) => format!("  rr client;\n  rr cluster id {id};\n"),
@@ -95,10 +119,25 @@ impl Router {
                         .password
                         .map(|p| format!("  password \"{p}\";\n"))
                         .unwrap_or_default();
+                    // Over IPv6, IPv4 routes need RFC 8950. Once the ipv4
+                    // channel has it negotiated, BIRD takes the session's
+                    // IPv6 source address as that channel's `next hop
+                    // address` (the default; without it, the interface's
+                    // IPv4 address), so its own routes go out by its IPv6
+                    // address without `next hop self` or an explicit
+                    // address. An IPv6 session carries IPv6 unicast too.
+                    let export = "export where source ~ [RTS_STATIC, RTS_BGP];";
+                    let (enh, v6_channel) = match (n.addr.is_ipv6(), n.ext_next_hop) {
+                        (false, _) => ("", String::new()),
+                        (true, on) => (
+                            if on { " extended next hop on;" } else { "" },
+                            format!("  ipv6 {{ import all; {export} }};\n"),
+                        ),
+                    };
                     s += &format!(
                         "protocol bgp {name} {{\n{pw}  local {me} as {ASN};\n  neighbor {a} as {ASN};\n  direct;\n  \
                          hold time 9;\n  keepalive time 3;\n  connect retry time 1;\n  graceful restart on;\n  \
-                         graceful restart time 30;\n{rr}  ipv4 {{ import all; export where source ~ [RTS_STATIC, RTS_BGP]; }};\n}}\n",
+                         graceful restart time 30;\n{rr}  ipv4 {{{enh} import all; {export} }};\n{v6_channel}}}\n",
                         name = bird_proto(n.addr),
                         me = c.me,
                         a = n.addr
@@ -108,7 +147,8 @@ impl Router {
             }
             Kind::Gobgp => {
                 let mut s = format!(
-                    "[global.config]\n  as = {ASN}\n  router-id = \"{me}\"\n  local-address-list = [\"{me}\"]\n",
+                    "[global.config]\n  as = {ASN}\n  router-id = \"{id}\"\n  local-address-list = [\"{me}\"]\n",
+                    id = c.router_id,
                     me = c.me
                 );
                 for n in &c.neighbors {
@@ -129,8 +169,22 @@ impl Router {
                             c.cluster_id.unwrap_or(CLUSTER)
                         );
                     }
-                    s += "  [[neighbors.afi-safis]]\n    [neighbors.afi-safis.config]\n      afi-safi-name = \"ipv4-unicast\"\n    \
-                          [neighbors.afi-safis.mp-graceful-restart.config]\n      enabled = true\n";
+                    // GoBGP 3.10 offers the extended next hop capability
+                    // for IPv4 unicast by itself, and announces its own
+                    // IPv4 routes by the session's local address, an IPv6
+                    // one here, in MP_REACH_NLRI. An IPv6 session carries
+                    // IPv6 unicast too.
+                    let families: &[&str] = if n.addr.is_ipv6() {
+                        &["ipv4-unicast", "ipv6-unicast"]
+                    } else {
+                        &["ipv4-unicast"]
+                    };
+                    for f in families {
+                        s += &format!(
+                            "  [[neighbors.afi-safis]]\n    [neighbors.afi-safis.config]\n      afi-safi-name = \"{f}\"\n    \
+                             [neighbors.afi-safis.mp-graceful-restart.config]\n      enabled = true\n"
+                        );
+                    }
                 }
                 std::fs::write(self.dir.file("gobgp.toml"), s)?;
             }
