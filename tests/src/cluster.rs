@@ -316,7 +316,11 @@ impl Cluster {
                 // The reflector over IPv6, IPv4 routes by RFC 8950.
                 ns.addr("eth0", &format!("{UPSTREAM_IP6}/64"))?;
                 let peers = [(FABRIC_UNDERLAY_IP6.into(), 64512)];
-                crate::frr::Frr::start_on(&ns, UPSTREAM_IP, 64512, &peers)?
+                if spec.via_upstream.is_empty() {
+                    crate::frr::Frr::start_on(&ns, UPSTREAM_IP, 64512, &peers)?
+                } else {
+                    crate::frr::Frr::start_forwarding_on(&ns, UPSTREAM_IP, 64512, &peers)?
+                }
             } else if spec.via_upstream.is_empty() {
                 ns.addr("eth0", &format!("{UPSTREAM_IP}/24"))?;
                 let peers = [(FABRIC_UNDERLAY_IP, 64512)];
@@ -327,8 +331,14 @@ impl Cluster {
                 crate::frr::Frr::start_forwarding(&ns, UPSTREAM_IP, 64512, &peers)?
             };
             for prefix in &spec.via_upstream {
-                let via = UPSTREAM_IP.to_string();
-                cluster.topo.fabric.route(&[prefix, "via", &via])?;
+                if spec.ipv6_underlay {
+                    let via = UPSTREAM_IP6.to_string();
+                    let route = ["-4", "route", "add", prefix, "via", "inet6", &via];
+                    cluster.topo.fabric.ip(&route)?;
+                } else {
+                    let via = UPSTREAM_IP.to_string();
+                    cluster.topo.fabric.route(&[prefix, "via", &via])?;
+                }
             }
             cluster.upstream = Some(Upstream { frr, ns });
         }

@@ -60,6 +60,19 @@ impl Frr {
         Self::start_with(ns, router_id, asn, &addrs(neighbors), true)
     }
 
+    /// As [`Frr::start_forwarding`], with neighbours of either family (as
+    /// [`Frr::start_on`]): IPv4 routes learned with IPv6 next hops are
+    /// installed as such (`via inet6`).
+    pub fn start_forwarding_on(
+        ns: &Netns,
+        router_id: Ipv4Addr,
+        asn: u32,
+        neighbors: &[(IpAddr, u32)],
+    ) -> Result<Self> {
+        ns.enable_forwarding()?;
+        Self::start_with(ns, router_id, asn, neighbors, true)
+    }
+
     fn start_with(
         ns: &Netns,
         router_id: Ipv4Addr,
@@ -225,18 +238,20 @@ pub fn kernel_next_hops(ns: &Netns, prefix: &str) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     for r in v.as_array().into_iter().flatten() {
         if let Some(nhs) = r["nexthops"].as_array() {
-            out.extend(
-                nhs.iter()
-                    .filter_map(|n| n["gateway"].as_str())
-                    .map(String::from),
-            );
-        } else if let Some(g) = r["gateway"].as_str() {
+            out.extend(nhs.iter().filter_map(gateway_of).map(String::from));
+        } else if let Some(g) = gateway_of(r) {
             out.insert(g.to_string());
         } else if let Some(id) = r["nhid"].as_u64() {
             out.extend(group_gateways(ns, id)?);
         }
     }
     Ok(out)
+}
+
+/// A route's or next hop's gateway: `gateway`, or for an IPv4 route by an
+/// IPv6 next hop (RFC 5549 routes), `via`'s host.
+fn gateway_of(r: &Value) -> Option<&str> {
+    r["gateway"].as_str().or_else(|| r["via"]["host"].as_str())
 }
 
 /// The gateways of kernel nexthop object `id`: a group's members', or its own.
@@ -248,16 +263,12 @@ fn group_gateways(ns: &Netns, id: u64) -> Result<Vec<String>> {
     };
     let nh = show(id)?;
     let Some(members) = nh["group"].as_array() else {
-        return Ok(nh["gateway"]
-            .as_str()
-            .map(String::from)
-            .into_iter()
-            .collect());
+        return Ok(gateway_of(&nh).map(String::from).into_iter().collect());
     };
     let mut out = Vec::new();
     for m in members {
         let g = show(m["id"].as_u64().context("nexthop group member id")?)?;
-        out.extend(g["gateway"].as_str().map(String::from));
+        out.extend(gateway_of(&g).map(String::from));
     }
     Ok(out)
 }

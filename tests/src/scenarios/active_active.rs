@@ -35,9 +35,10 @@ use flows::{gateway_of_flows, AaTraffic};
 
 /// The EIP: outside the underlay subnet, so only a route finds it.
 pub(super) const AA_EIP: &str = "10.20.0.1";
-/// Its IPv6 pair. The underlay is IPv4, so its paths' next hops are
-/// IPv4-mapped and the upstream cannot forward by them (issue 20); what is
-/// checked is that every holder's /128 reaches the upstream by ADD-PATH.
+/// Its IPv6 pair. On an IPv4 underlay its paths' next hops are IPv4-mapped
+/// and the upstream cannot forward by them; what is checked is that every
+/// holder's /128 reaches the upstream by ADD-PATH (on an IPv6 underlay
+/// too, where the IPv4 EIP's paths carry IPv6 next hops, RFC 8950).
 const AA_EIP6: &str = "fd00:20::1";
 const AA_PREFIX: &str = "10.20.0.0/24";
 const WORKERS: usize = 2;
@@ -74,6 +75,7 @@ fn stage(bins: &Bins, opts: &Options) -> Result<Cluster> {
         gateways: GATEWAYS,
         pods_per_worker: 1,
         timers: opts.timers.clone(),
+        ipv6_underlay: opts.ipv6_underlay,
         bgp: true,
         upstream_frr: true,
         via_upstream: vec![AA_PREFIX.into()],
@@ -121,7 +123,7 @@ fn gateway_indexes() -> Vec<usize> {
 fn hops_of(cluster: &Cluster, nodes: &[usize]) -> BTreeSet<String> {
     nodes
         .iter()
-        .map(|&i| cluster.topo.nodes[i].ip.to_string())
+        .map(|&i| cluster.topo.nodes[i].underlay_ip.to_string())
         .collect()
 }
 
@@ -254,7 +256,7 @@ fn kill_and_return(cluster: &mut Cluster, opts: &Options, out: &mut Outcome) -> 
     let agent = cluster.spawn_agent(victim)?;
     cluster.agents[victim] = Some(agent);
     share_back(cluster, opts, out, &name)?;
-    Ok(cluster.topo.nodes[victim].ip.to_string())
+    Ok(cluster.topo.nodes[victim].underlay_ip.to_string())
 }
 
 /// Waits (from now) until the upstream has every gateway's next hop
@@ -315,7 +317,7 @@ fn partition_and_return(cluster: &Cluster, opts: &Options, out: &mut Outcome) ->
     std::thread::sleep(opts.after);
     super::block_datastore(cluster, victim, false)?;
     share_back(cluster, opts, out, &name)?;
-    Ok(cluster.topo.nodes[victim].ip.to_string())
+    Ok(cluster.topo.nodes[victim].underlay_ip.to_string())
 }
 
 /// Kills the reflector (SIGKILL) and starts it again, watching the
