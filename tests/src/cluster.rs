@@ -171,9 +171,14 @@ pub struct KubeApi {
 }
 
 impl KubeApi {
-    fn start(fabric: &crate::Netns) -> Result<Self> {
+    /// On the fabric's underlay address: its IPv6 one on an IPv6 underlay.
+    fn start(fabric: &crate::Netns, ipv6_underlay: bool) -> Result<Self> {
         let rbac = crate::chart_rbac::chart_rbac()?;
-        let addr = std::net::SocketAddr::from((FABRIC_UNDERLAY_IP, API_SERVER_PORT));
+        let ip: std::net::IpAddr = match ipv6_underlay {
+            true => FABRIC_UNDERLAY_IP6.into(),
+            false => FABRIC_UNDERLAY_IP.into(),
+        };
+        let addr = std::net::SocketAddr::from((ip, API_SERVER_PORT));
         let server = FakeApiServer::start_in(fabric, addr)?;
         server.install_chart_crds()?;
         let sa = |n: &str| format!("system:serviceaccount:{}:{n}", crate::chart_rbac::NAMESPACE);
@@ -268,10 +273,6 @@ impl Cluster {
                 format!("127.0.0.1:{port}")
             }
         };
-        ensure!(
-            !spec.ipv6_underlay || !spec.kubernetes,
-            "the harness runs an IPv6 underlay on etcd only"
-        );
         let mut topo = Topology::build_on(&refs, spec.ipv6_underlay)?;
         for w in 0..spec.workers {
             for p in 0..spec.pods_per_worker {
@@ -279,7 +280,7 @@ impl Cluster {
             }
         }
         let datastore = if spec.kubernetes {
-            DatastoreServer::Kubernetes(KubeApi::start(&topo.fabric)?)
+            DatastoreServer::Kubernetes(KubeApi::start(&topo.fabric, spec.ipv6_underlay)?)
         } else {
             DatastoreServer::Etcd(EtcdServer::start_in(
                 topo.fabric.name(),

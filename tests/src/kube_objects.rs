@@ -14,8 +14,9 @@ fn core(plural: &str) -> Resource {
     Resource::new("v1", plural)
 }
 
-/// The `default` namespace and one Ready Node per topology node: both
-/// addresses as InternalIPs, both pod CIDRs, and the gateway label
+/// The `default` namespace and one Ready Node per topology node: its
+/// addresses as InternalIPs (both, or the IPv6 one on an IPv6 underlay),
+/// both pod CIDRs, and the gateway label
 /// (`egress-gateway=true`) where `is_gateway` says so.
 pub fn add_nodes(
     api: &FakeApiServer,
@@ -32,13 +33,12 @@ pub fn add_nodes(
             labels["egress-gateway"] = json!("true");
         }
         let cidrs = [n.pod_cidr(), n.pod_cidr6()];
-        create_node(
-            api,
-            &n.name,
-            labels,
-            &cidrs,
-            &[n.ip.to_string(), n.ip6.to_string()],
-        )?;
+        // The addresses the node has: on an IPv6 underlay, no IPv4 one.
+        let ips = match topo.ipv6_underlay {
+            true => vec![n.ip6.to_string()],
+            false => vec![n.ip.to_string(), n.ip6.to_string()],
+        };
+        create_node(api, &n.name, labels, &cidrs, &ips)?;
     }
     Ok(())
 }

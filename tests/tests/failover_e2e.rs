@@ -133,4 +133,28 @@ mod on_an_ipv6_underlay {
     fn gateway_agent_crash() -> anyhow::Result<()> {
         run("gateway-agent-crash", &Options::fast().on_ipv6_underlay())
     }
+
+    /// On Kubernetes: the API server is reached over IPv6, the Nodes have
+    /// only IPv6 InternalIPs.
+    #[test]
+    #[ignore = "needs root: namespaces, BPF"]
+    fn on_kubernetes_gateway_kill() -> anyhow::Result<()> {
+        run("gateway-kill", &on_kubernetes())
+    }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF"]
+    fn on_kubernetes_gateway_link_down() -> anyhow::Result<()> {
+        run("gateway-link-down", &on_kubernetes())
+    }
+
+    #[test]
+    #[ignore = "needs root: namespaces, BPF"]
+    fn on_kubernetes_datastore_partition() -> anyhow::Result<()> {
+        run("datastore-partition", &on_kubernetes())
+    }
+
+    fn on_kubernetes() -> Options {
+        Options::fast().on_ipv6_underlay().on_kubernetes()
+    }
 }
