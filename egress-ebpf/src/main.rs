@@ -47,6 +47,7 @@ mod verdict;
 mod vxlan;
 mod vxlan6;
 mod xdp_forward;
+mod xdp_reply6;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -7,9 +7,10 @@
 //! whose neighbour is not resolved or that lies behind another device, a
 //! frame too large for the tunnel) is passed on to `uplink_ingress`, the
 //! TC program, which decides it as it always has; so does every packet
-//! this program would drop, so drops stay counted in one place. The
+//! this program would drop, so drops stay counted in one place. Over an
+//! IPv6 underlay the reply goes in IPv6 outer headers (`xdp_reply6`). The
 //! gateway's forward (a worker's VXLAN packet from an owned EIP, out to
-//! the server) is taken here too: `xdp_forward`.
+//! the server) is taken here too on an IPv4 underlay: `xdp_forward`.
 
 use aya_ebpf::{
     bindings::{
@@ -91,15 +92,13 @@ pub fn uplink_xdp_verdict(ctx: &XdpContext) -> u32 {
 fn try_uplink_xdp(ctx: &XdpContext) -> Option<u32> {
     let cfg = CONFIG.get(0)?;
     let bs = cfg.port_block_size;
-    // On an IPv6 underlay the TC path steers and the VXLAN device
-    // decapsulates: the XDP paths write and read IPv4 outer headers only.
-    if cfg.flags & (CFG_GATEWAY | CFG_UNDERLAY_V6) != CFG_GATEWAY
-        || bs == 0
-        || cfg.gateway_epoch == 0
-    {
+    if cfg.flags & CFG_GATEWAY == 0 || bs == 0 || cfg.gateway_epoch == 0 {
         return None;
     }
-    if crate::xdp_forward::is_tunnel_packet(ctx, cfg) {
+    let v6_underlay = cfg.flags & CFG_UNDERLAY_V6 != 0;
+    // On an IPv6 underlay the VXLAN device decapsulates: the forward reads
+    // IPv4 outer headers only.
+    if !v6_underlay && crate::xdp_forward::is_tunnel_packet(ctx, cfg) {
         return crate::xdp_forward::forward(ctx, cfg);
     }
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
@@ -111,6 +110,9 @@ fn try_uplink_xdp(ctx: &XdpContext) -> Option<u32> {
     let (flags, worker) = steering_of(cfg, r.daddr, r.dport / bs)?;
     if flags & STEER_LOCAL != 0 {
         return None;
+    }
+    if v6_underlay {
+        return crate::xdp_reply6::reply(ctx, cfg, worker, r.entropy(), frame_len);
     }
     let hop = next_hop(ctx, cfg, worker)?;
     // XDP_TX leaves by the device the frame came in on, nothing else.
@@ -204,7 +206,7 @@ fn encapsulate(
     let sport = 0xc000 | (entropy as u16 & 0x3fff);
     // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above.
     unsafe {
-        write_outer_eth(d, smac, dmac);
+        write_outer_eth(d, smac, dmac, ETH_P_IP);
         write_outer_ip(d, ip_len, cfg.node_tunnel_ip, remote);
         write_udp_vxlan(d + offset_of!(Outer, udp), ip_len - 20, sport, cfg);
     }
@@ -212,12 +214,13 @@ fn encapsulate(
     Some(XDP_TX)
 }
 
-/// The outer Ethernet header: to the next hop, from the uplink, IPv4.
+/// The outer Ethernet header at `d`: to the next hop, from the uplink,
+/// of the underlay's `ethertype`.
 ///
 /// # Safety
-/// `d .. d + size_of::<Outer>()` is inside the packet.
+/// `d .. d + ETH_LEN` is inside the packet.
 #[inline(always)]
-unsafe fn write_outer_eth(d: usize, smac: [u8; 6], dmac: [u8; 6]) {
+pub unsafe fn write_outer_eth(d: usize, smac: [u8; 6], dmac: [u8; 6], ethertype: u16) {
     let w = u32::from_ne_bytes;
     let h = u16::from_ne_bytes;
     let e = d + offset_of!(Outer, eth);
@@ -226,6 +229,6 @@ unsafe fn write_outer_eth(d: usize, smac: [u8; 6], dmac: [u8; 6]) {
         pkt::store32(e, w([dmac[0], dmac[1], dmac[2], dmac[3]]));
         pkt::store32(e + 4, w([dmac[4], dmac[5], smac[0], smac[1]]));
         pkt::store32(e + 8, w([smac[2], smac[3], smac[4], smac[5]]));
-        pkt::store16(e + 12, h(ETH_P_IP.to_be_bytes()));
+        pkt::store16(e + 12, h(ethertype.to_be_bytes()));
     }
 }

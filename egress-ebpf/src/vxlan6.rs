@@ -181,7 +181,13 @@ fn words(a: &[u8; 16]) -> [u32; 4] {
 /// # Safety
 /// `d .. d + size_of::<Outer>()` is inside the packet.
 #[inline(always)]
-unsafe fn write_outer_ip(d: usize, payload_len: u16, from: &[u8; 16], to: &[u8; 16], entropy: u32) {
+pub(crate) unsafe fn write_outer_ip(
+    d: usize,
+    payload_len: u16,
+    from: &[u8; 16],
+    to: &[u8; 16],
+    entropy: u32,
+) {
     let (from, to) = (from.as_ptr() as *const u32, to.as_ptr() as *const u32);
     let ip = d + offset_of!(Outer, ip);
     let len = payload_len.to_be_bytes();

@@ -157,3 +157,41 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
     assert_eq!(xdp_tx(&cluster, owner)?, tc_before, "a packet left by XDP");
     Ok(())
 }
+
+/// On an IPv6-only underlay the owner's replies leave by `XDP_TX` in IPv6
+/// outer headers (the reply counter grows with the pod's connections, and
+/// the pod's traffic works), while the workers' IPv6 VXLAN packets stay
+/// with the VXLAN device (no forward by XDP).
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn on_an_ipv6_underlay_the_gateway_replies_by_xdp() -> Result<()> {
+    let spec = ClusterSpec {
+        agent_args: vec!["--uplink-xdp=native".into()],
+        ipv6_underlay: true,
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    let _peers = cluster
+        .topo
+        .nodes
+        .iter()
+        .map(|n| PeerProgram::attach(&cluster.topo.fabric, &n.fabric_port, Verdict::Pass))
+        .collect::<Result<Vec<_>>>()?;
+    tx_checksum_off(&cluster.topo.server, "eth0")?;
+    for n in &cluster.topo.nodes {
+        for p in &n.pods {
+            tx_checksum_off(&p.ns, "eth0")?;
+        }
+    }
+    let (eip, owner) = cluster.examples_up_and_checked()?;
+    let p = reply_path(&cluster, owner)?;
+    assert_eq!(p["path"], "xdp", "{p}");
+    let before = xdp_tx(&cluster, owner)?;
+    assert!(before.0 > 0.0, "no reply left by XDP: {before:?}");
+    assert_eq!(before.1, 0.0, "a forward left by XDP on IPv6: {before:?}");
+    assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
+    let after = xdp_tx(&cluster, owner)?;
+    assert!(after.0 > before.0, "XDP replies {before:?} -> {after:?}");
+    assert_eq!(after.1, 0.0);
+    Ok(())
+}

@@ -1,7 +1,8 @@
 //! `cargo xtask bench datapath`: builds the eBPF object, runs the datapath
 //! benchmark (tests/tests/datapath_bench/, needs root) and prints its
 //! output; the last line is one JSON object with every figure (those of
-//! the IPv6 underlay under the same names prefixed `v6u_`).
+//! the IPv6 underlay under the same names prefixed `v6u_`, the gateway's
+//! XDP-against-TC reply rate among them).
 
 use std::{
     path::Path,

@@ -773,10 +773,16 @@ fn bench_datapath() -> Result<()> {
     );
     let beds = throughputs()?;
     let (t, t6) = beds.split_at(throughput::MODES.len());
-    let g = reply_rate::gateway_rates().unwrap_or_else(|e| {
-        eprintln!("gateway packet rates (XDP against TC) not measured on this machine: {e:#}");
-        reply_rate::GatewayRates::unmeasured()
-    });
+    let rates = |underlay: Underlay| {
+        reply_rate::gateway_rates(underlay).unwrap_or_else(|e| {
+            eprintln!(
+                "gateway packet rates (XDP against TC, {underlay:?} underlay) not measured on this machine: {e:#}"
+            );
+            reply_rate::GatewayRates::unmeasured()
+        })
+    };
+    let g = rates(Underlay::V4);
+    let g6 = rates(Underlay::V6);
     let rr = &g.reply;
     let fw = &g.forward;
     let mut json = serde_json::json!({
@@ -854,6 +860,13 @@ fn bench_datapath() -> Result<()> {
             .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse::<f64>().ok())),
     });
     let keys = json.as_object_mut().unwrap();
+    let r6 = &g6.reply;
+    keys.insert("v6u_gateway_reply_xdp_mpps".into(), r2(r6.xdp_mpps).into());
+    keys.insert("v6u_gateway_reply_tc_mpps".into(), r2(r6.tc_mpps).into());
+    keys.insert(
+        "v6u_ratio_xdp_vs_tc_reply_rate".into(),
+        r2(r6.xdp_mpps / r6.tc_mpps).into(),
+    );
     keys.extend(prefixed("", tunnel_path_keys(&c.v4, c.floor)));
     keys.extend(prefixed("", throughput_keys(t)));
     // The IPv6 underlay's, under the same names prefixed `v6u_`.
@@ -877,7 +890,8 @@ fn bench_datapath() -> Result<()> {
 #[test]
 #[ignore = "benchmark: needs root"]
 fn bench_reply_rate() -> Result<()> {
-    let g = reply_rate::gateway_rates()?;
+    let g = reply_rate::gateway_rates(Underlay::V4)?;
+    let r6 = reply_rate::gateway_rates(Underlay::V6)?.reply;
     let (r, f) = (&g.reply, &g.forward);
     println!(
         "{}",
@@ -889,6 +903,10 @@ fn bench_reply_rate() -> Result<()> {
             "gateway_forward_tc_mpps": f.tc_mpps,
             "ratio_xdp_vs_tc_forward_rate": f.xdp_mpps / f.tc_mpps,
             "delivered_worst": [r.xdp_delivered, r.tc_delivered, f.xdp_delivered, f.tc_delivered],
+            "v6u_gateway_reply_xdp_mpps": r6.xdp_mpps,
+            "v6u_gateway_reply_tc_mpps": r6.tc_mpps,
+            "v6u_ratio_xdp_vs_tc_reply_rate": r6.xdp_mpps / r6.tc_mpps,
+            "v6u_delivered_worst": [r6.xdp_delivered, r6.tc_delivered],
         })
     );
     Ok(())

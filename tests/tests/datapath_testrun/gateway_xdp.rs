@@ -54,15 +54,20 @@ impl Gateway {
     }
 
     pub(crate) fn uplink_mac(&self) -> anyhow::Result<[u8; 6]> {
-        let link: serde_json::Value =
-            serde_json::from_str(&self.ns.ip(&["-j", "link", "show", "dev", "up0"])?)?;
-        let s = link[0]["address"].as_str().unwrap_or_default();
-        let b: Vec<u8> = s
-            .split(':')
-            .map(|x| u8::from_str_radix(x, 16))
-            .collect::<Result<_, _>>()?;
-        b.try_into().map_err(|_| anyhow::anyhow!("MAC {s}"))
+        mac_of(&self.ns, "up0")
     }
+}
+
+/// The Ethernet address of `dev` in `ns`.
+pub(crate) fn mac_of(ns: &Netns, dev: &str) -> anyhow::Result<[u8; 6]> {
+    let link: serde_json::Value =
+        serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", dev])?)?;
+    let s = link[0]["address"].as_str().unwrap_or_default();
+    let b: Vec<u8> = s
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()?;
+    b.try_into().map_err(|_| anyhow::anyhow!("MAC {s}"))
 }
 
 /// Runs `uplink_xdp` on `pkt` arriving on `ifindex` and asserts it was

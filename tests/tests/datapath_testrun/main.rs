@@ -12,6 +12,7 @@ mod fail_closed;
 mod gateway;
 mod gateway_xdp;
 mod gateway_xdp_forward;
+mod gateway_xdp_v6;
 mod port_blocks;
 mod slots;
 mod spread;

@@ -8,13 +8,13 @@ use egress_tests::Netns;
 
 const WORKER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x21);
 const GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x11);
-const OTHER_WORKER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x31);
+pub(crate) const OTHER_WORKER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x31);
 /// 1500 less the 70 bytes of outer IPv6, UDP, VXLAN and inner Ethernet.
 const MTU6: u16 = 1430;
 
 /// The shared set-up with every tunnel endpoint on the IPv6 underlay;
 /// replies to the IPv4 EIP go to another worker.
-fn desired_v6(uplink_ifindex: u32) -> DesiredMaps {
+pub(crate) fn desired_v6(uplink_ifindex: u32) -> DesiredMaps {
     let mut d = desired();
     d.config.node_tunnel_ip = WORKER6.into();
     d.config.tunnel_mtu = MTU6;
@@ -32,7 +32,7 @@ fn desired_v6(uplink_ifindex: u32) -> DesiredMaps {
 /// payload length that covers the rest; UDP to the VXLAN port with a zero
 /// checksum (RFC 6935) and the right length; the VXLAN header. Returns the
 /// inner frame and the flow label.
-fn outer_vxlan6(frame: &[u8], vni: u32, to: Ipv6Addr) -> (Vec<u8>, u32) {
+pub(crate) fn outer_vxlan6(frame: &[u8], vni: u32, to: Ipv6Addr) -> (Vec<u8>, u32) {
     assert_eq!(&frame[12..14], &[0x86, 0xdd], "outer EtherType IPv6");
     let p = SlicedPacket::from_ethernet(frame).expect("outer frame parses");
     let Some(NetSlice::Ipv6(ip)) = &p.net else {
@@ -63,7 +63,7 @@ fn outer_vxlan6(frame: &[u8], vni: u32, to: Ipv6Addr) -> (Vec<u8>, u32) {
 
 /// A namespace whose `up0` has this node's IPv6 tunnel address (so the FIB
 /// routes the other endpoints, on-link); its ifindex.
-fn v6_underlay(ns: &Netns) -> anyhow::Result<u32> {
+pub(crate) fn v6_underlay(ns: &Netns) -> anyhow::Result<u32> {
     ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"])?;
     ns.ip(&["link", "set", "up1", "up"])?;
     ns.ip(&["link", "set", "up0", "up"])?;
