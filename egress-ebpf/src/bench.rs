@@ -68,8 +68,9 @@ fn restore(ctx: &TcContext) -> bool {
     true
 }
 
-/// Bytes of the frame the XDP traffic generator writes back each time.
-pub const BENCH_FRAME_LEN: usize = 128;
+/// Bytes of the frame the XDP traffic generator writes back each time (the
+/// longest frame: a 64-byte packet in VXLAN over IPv6, 134 bytes).
+pub const BENCH_FRAME_LEN: usize = 136;
 
 #[btf_map]
 static BENCH_FRAME: Array<[u64; BENCH_FRAME_LEN / 8], 1> = Array::new();

@@ -10,7 +10,7 @@
 //! this program would drop, so drops stay counted in one place. Over an
 //! IPv6 underlay the reply goes in IPv6 outer headers (`xdp_reply6`). The
 //! gateway's forward (a worker's VXLAN packet from an owned EIP, out to
-//! the server) is taken here too on an IPv4 underlay: `xdp_forward`.
+//! the server) is taken here too, over either underlay: `xdp_forward`.
 
 use aya_ebpf::{
     bindings::{
@@ -39,6 +39,7 @@ use crate::{
     pkt,
     uplink::{steer_key, PlainReplyV4},
     vxlan::{write_outer_ip, write_udp_vxlan, Outer, GROW, OUTER_LEN},
+    xdp_forward,
 };
 
 const AF_INET: u8 = 2;
@@ -96,10 +97,12 @@ fn try_uplink_xdp(ctx: &XdpContext) -> Option<u32> {
         return None;
     }
     let v6_underlay = cfg.flags & CFG_UNDERLAY_V6 != 0;
-    // On an IPv6 underlay the VXLAN device decapsulates: the forward reads
-    // IPv4 outer headers only.
-    if !v6_underlay && crate::xdp_forward::is_tunnel_packet(ctx, cfg) {
-        return crate::xdp_forward::forward(ctx, cfg);
+    if v6_underlay {
+        if xdp_forward::is_tunnel_packet_v6(ctx, cfg) {
+            return xdp_forward::forward::<{ xdp_forward::STRIP_V6 }>(ctx, cfg);
+        }
+    } else if xdp_forward::is_tunnel_packet(ctx, cfg) {
+        return xdp_forward::forward::<{ xdp_forward::STRIP_V4 }>(ctx, cfg);
     }
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
     if cfg.tunnel_mtu != 0 && frame_len > u32::from(cfg.tunnel_mtu) + ETH_LEN as u32 {

@@ -10,7 +10,9 @@
 //!
 //! The outer headers are not checked beyond what identifies the tunnel
 //! (as the kernel's VXLAN device, which accepts any source): the inner
-//! packet carries its own checksums to the server.
+//! packet carries its own checksums to the server. They are IPv4 ones
+//! (`STRIP_V4`) or, on an IPv6 underlay, IPv6 ones without extension
+//! headers (`STRIP_V6`); the inner packet is IPv4 either way.
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, xdp_action::XDP_TX, BPF_FIB_LKUP_RET_SUCCESS},
@@ -21,14 +23,13 @@ use egress_common::{addr::Addr, config::DatapathConfig};
 
 use core::mem::{offset_of, size_of};
 
-use crate::{ctx::csum_update16, hdr::*, maps::OWNED_EIPS, pkt, vxlan::Outer};
+use crate::{ctx::csum_update16, hdr::*, maps::OWNED_EIPS, pkt, vxlan::Outer, vxlan6};
 
 const AF_INET: u8 = 2;
 /// The outer headers taken off: Ethernet, IPv4, UDP, VXLAN.
-const STRIP: usize = offset_of!(Outer, inner_eth);
-/// The inner IPv4 header and the first word of its transport header.
-const INNER_IP: usize = size_of::<Outer>();
-const INNER_L4: usize = INNER_IP + size_of::<Ipv4Hdr>();
+pub const STRIP_V4: usize = offset_of!(Outer, inner_eth);
+/// The same over an IPv6 underlay: Ethernet, IPv6, UDP, VXLAN.
+pub const STRIP_V6: usize = offset_of!(vxlan6::Outer, inner_eth);
 
 /// True when the frame is VXLAN to this node's tunnel endpoint on the
 /// cluster's port (a cheap test, before anything is looked up).
@@ -49,6 +50,35 @@ pub fn is_tunnel_packet(ctx: &XdpContext, cfg: &DatapathConfig) -> bool {
     }
 }
 
+/// True when the frame is VXLAN over IPv6 (no extension headers) to
+/// this node's tunnel endpoint on the cluster's port.
+#[inline(always)]
+pub fn is_tunnel_packet_v6(ctx: &XdpContext, cfg: &DatapathConfig) -> bool {
+    let d = ctx.data();
+    if d + offset_of!(vxlan6::Outer, vxlan_flags) > ctx.data_end() {
+        return false;
+    }
+    let Some(me) = vxlan6::endpoint(egress_common::endpoints::index_of(cfg.node_tunnel_ip)) else {
+        return false;
+    };
+    // SAFETY: a map value's field at offset 0, 8-byte aligned.
+    let me = unsafe { crate::mem::addr_words(me) };
+    let ip = d + offset_of!(vxlan6::Outer, ip);
+    let dst = ip + IPV6_DADDR;
+    // SAFETY: every access lies in the outer Ethernet, IPv6 and UDP
+    // headers, checked above.
+    unsafe {
+        pkt::load16(d + offset_of!(EthHdr, proto)) == u16::from_ne_bytes(ETH_P_IPV6.to_be_bytes())
+            && pkt::load16(ip + 6).to_ne_bytes()[0] == IPPROTO_UDP
+            && pkt::load32(dst) == me[0]
+            && pkt::load32(dst + 4) == me[1]
+            && pkt::load32(dst + 8) == me[2]
+            && pkt::load32(dst + 12) == me[3]
+            && pkt::load16(d + offset_of!(vxlan6::Outer, udp) + 2)
+                == u16::from_ne_bytes(cfg.vxlan_port.to_be_bytes())
+    }
+}
+
 /// The inner packet's fields the forward needs.
 struct Inner {
     saddr: u32,
@@ -59,11 +89,12 @@ struct Inner {
     ports: u32,
 }
 
-/// Decapsulates and sends out a tunnel packet (`is_tunnel_packet`) it
-/// can forward; `None`: leave it to the kernel.
+/// Decapsulates and sends out a tunnel packet (`is_tunnel_packet`, or
+/// `is_tunnel_packet_v6` with `STRIP_V6`) it can forward; `None`: leave
+/// it to the kernel.
 #[inline(always)]
-pub fn forward(ctx: &XdpContext, cfg: &DatapathConfig) -> Option<u32> {
-    let inner = read_inner(ctx.data(), ctx.data_end(), cfg)?;
+pub fn forward<const STRIP: usize>(ctx: &XdpContext, cfg: &DatapathConfig) -> Option<u32> {
+    let inner = read_inner::<STRIP>(ctx.data(), ctx.data_end(), cfg)?;
     let src = crate::mem::v4_mapped(&inner.saddr.to_ne_bytes());
     let dst = crate::mem::v4_mapped(&inner.daddr.to_ne_bytes());
     let ingress = ctx.ingress_ifindex() as u32;
@@ -74,33 +105,43 @@ pub fn forward(ctx: &XdpContext, cfg: &DatapathConfig) -> Option<u32> {
             by_fib(ctx, cfg, &inner, &src, &dst)?
         }
     };
-    decapsulate(ctx, &inner, smac, dmac)
+    decapsulate::<STRIP>(ctx, &inner, smac, dmac)
 }
 
 /// The outer VXLAN header of this cluster and an inner IPv4 TCP or UDP
 /// packet without options, unfragmented, whose TTL lets it be forwarded.
 #[inline(always)]
-fn read_inner(d: usize, end: usize, cfg: &DatapathConfig) -> Option<Inner> {
-    if d + INNER_L4 + size_of::<UdpHdr>() > end {
+fn read_inner<const STRIP: usize>(d: usize, end: usize, cfg: &DatapathConfig) -> Option<Inner> {
+    // The VXLAN header ends the outer headers; the inner Ethernet header,
+    // IPv4 header and the first word of the transport header follow.
+    let vxlan = STRIP - 8;
+    let inner_ip = STRIP + ETH_LEN;
+    let inner_l4 = inner_ip + size_of::<Ipv4Hdr>();
+    if d + inner_l4 + size_of::<UdpHdr>() > end {
         return None;
     }
-    let ip = d + INNER_IP;
+    let ip = d + inner_ip;
     let outer = d + offset_of!(Outer, ip);
     let v = cfg.vni.to_be_bytes();
-    // SAFETY: every access lies in `d .. d + INNER_L4 + 8`, checked above.
+    // SAFETY: every access lies in `d .. d + inner_l4 + 8`, checked above.
     let (w0, w1, w2, saddr, daddr, ports) = unsafe {
-        // The outer header as `Outer` lays it out (no options), UDP, and
-        // not a fragment: a first fragment holds only part of the frame.
-        let o0 = pkt::load32(outer).to_ne_bytes();
-        let o1 = pkt::load32(outer + 4).to_ne_bytes();
-        let o2 = pkt::load32(outer + 8).to_ne_bytes();
-        if o0[0] != 0x45 || u16::from_be_bytes([o1[2], o1[3]]) & 0x3fff != 0 || o2[1] != IPPROTO_UDP
-        {
-            return None;
+        // An outer IPv4 header as `Outer` lays it out (no options), UDP,
+        // and not a fragment: a first fragment holds only part of the
+        // frame. (`is_tunnel_packet_v6` checked the IPv6 one.)
+        if STRIP == STRIP_V4 {
+            let o0 = pkt::load32(outer).to_ne_bytes();
+            let o1 = pkt::load32(outer + 4).to_ne_bytes();
+            let o2 = pkt::load32(outer + 8).to_ne_bytes();
+            if o0[0] != 0x45
+                || u16::from_be_bytes([o1[2], o1[3]]) & 0x3fff != 0
+                || o2[1] != IPPROTO_UDP
+            {
+                return None;
+            }
         }
-        if pkt::load32(d + offset_of!(Outer, vxlan_flags)) != u32::from_ne_bytes([0x08, 0, 0, 0])
-            || pkt::load32(d + offset_of!(Outer, vni)) != u32::from_ne_bytes([v[1], v[2], v[3], 0])
-            || pkt::load16(d + offset_of!(Outer, inner_eth) + offset_of!(EthHdr, proto))
+        if pkt::load32(d + vxlan) != u32::from_ne_bytes([0x08, 0, 0, 0])
+            || pkt::load32(d + vxlan + 4) != u32::from_ne_bytes([v[1], v[2], v[3], 0])
+            || pkt::load16(d + STRIP + offset_of!(EthHdr, proto))
                 != u16::from_ne_bytes(ETH_P_IP.to_be_bytes())
         {
             return None;
@@ -111,7 +152,7 @@ fn read_inner(d: usize, end: usize, cfg: &DatapathConfig) -> Option<Inner> {
             pkt::load32(ip + 8).to_ne_bytes(),
             pkt::load32(ip + IPV4_SADDR),
             pkt::load32(ip + IPV4_DADDR),
-            pkt::load32(d + INNER_L4),
+            pkt::load32(d + inner_l4),
         )
     };
     let (ttl, proto) = (w2[0], w2[1]);
@@ -122,7 +163,7 @@ fn read_inner(d: usize, end: usize, cfg: &DatapathConfig) -> Option<Inner> {
         return None;
     }
     let tot_len = u16::from_be_bytes([w0[2], w0[3]]);
-    if usize::from(tot_len) + d + INNER_IP > end {
+    if usize::from(tot_len) + d + inner_ip > end {
         return None;
     }
     Some(Inner {
@@ -216,7 +257,12 @@ fn by_fib(
 /// Takes the outer headers off, writes the inner Ethernet header toward
 /// the next hop, decrements the TTL and sends the packet back out.
 #[inline(always)]
-fn decapsulate(ctx: &XdpContext, inner: &Inner, smac: [u8; 6], dmac: [u8; 6]) -> Option<u32> {
+fn decapsulate<const STRIP: usize>(
+    ctx: &XdpContext,
+    inner: &Inner,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+) -> Option<u32> {
     // SAFETY: helper with the program's context; the frame holds more
     // than `STRIP` bytes (checked by `read_inner`).
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, STRIP as i32) } != 0 {

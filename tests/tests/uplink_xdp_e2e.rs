@@ -159,9 +159,9 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
 }
 
 /// On an IPv6-only underlay the owner's replies leave by `XDP_TX` in IPv6
-/// outer headers (the reply counter grows with the pod's connections, and
-/// the pod's traffic works), while the workers' IPv6 VXLAN packets stay
-/// with the VXLAN device (no forward by XDP).
+/// outer headers and the workers' IPv6 VXLAN packets are decapsulated and
+/// forwarded by `XDP_TX` toward the server (its IPv4 route has an IPv6
+/// next hop): both counters grow with the pod's connections, which work.
 #[test]
 #[ignore = "needs root: namespaces, BPF, etcd"]
 fn on_an_ipv6_underlay_the_gateway_replies_by_xdp() -> Result<()> {
@@ -187,11 +187,15 @@ fn on_an_ipv6_underlay_the_gateway_replies_by_xdp() -> Result<()> {
     let p = reply_path(&cluster, owner)?;
     assert_eq!(p["path"], "xdp", "{p}");
     let before = xdp_tx(&cluster, owner)?;
-    assert!(before.0 > 0.0, "no reply left by XDP: {before:?}");
-    assert_eq!(before.1, 0.0, "a forward left by XDP on IPv6: {before:?}");
+    assert!(
+        before.0 > 0.0 && before.1 > 0.0,
+        "nothing left by XDP before: {before:?}"
+    );
     assert_eq!(pod_source_seen(&cluster, 0, 0)?, eip);
     let after = xdp_tx(&cluster, owner)?;
-    assert!(after.0 > before.0, "XDP replies {before:?} -> {after:?}");
-    assert_eq!(after.1, 0.0);
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "XDP {before:?} -> {after:?}"
+    );
     Ok(())
 }

@@ -860,13 +860,13 @@ fn bench_datapath() -> Result<()> {
             .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse::<f64>().ok())),
     });
     let keys = json.as_object_mut().unwrap();
-    let r6 = &g6.reply;
-    keys.insert("v6u_gateway_reply_xdp_mpps".into(), r2(r6.xdp_mpps).into());
-    keys.insert("v6u_gateway_reply_tc_mpps".into(), r2(r6.tc_mpps).into());
-    keys.insert(
-        "v6u_ratio_xdp_vs_tc_reply_rate".into(),
-        r2(r6.xdp_mpps / r6.tc_mpps).into(),
-    );
+    for (path, r) in [("reply", &g6.reply), ("forward", &g6.forward)] {
+        let key = |k: &str| format!("v6u_{}", k.replace("PATH", path));
+        keys.insert(key("gateway_PATH_xdp_mpps"), r2(r.xdp_mpps).into());
+        keys.insert(key("gateway_PATH_tc_mpps"), r2(r.tc_mpps).into());
+        let ratio = r2(r.xdp_mpps / r.tc_mpps).into();
+        keys.insert(key("ratio_xdp_vs_tc_PATH_rate"), ratio);
+    }
     keys.extend(prefixed("", tunnel_path_keys(&c.v4, c.floor)));
     keys.extend(prefixed("", throughput_keys(t)));
     // The IPv6 underlay's, under the same names prefixed `v6u_`.
@@ -891,7 +891,8 @@ fn bench_datapath() -> Result<()> {
 #[ignore = "benchmark: needs root"]
 fn bench_reply_rate() -> Result<()> {
     let g = reply_rate::gateway_rates(Underlay::V4)?;
-    let r6 = reply_rate::gateway_rates(Underlay::V6)?.reply;
+    let g6 = reply_rate::gateway_rates(Underlay::V6)?;
+    let (r6, f6) = (&g6.reply, &g6.forward);
     let (r, f) = (&g.reply, &g.forward);
     println!(
         "{}",
@@ -906,7 +907,10 @@ fn bench_reply_rate() -> Result<()> {
             "v6u_gateway_reply_xdp_mpps": r6.xdp_mpps,
             "v6u_gateway_reply_tc_mpps": r6.tc_mpps,
             "v6u_ratio_xdp_vs_tc_reply_rate": r6.xdp_mpps / r6.tc_mpps,
-            "v6u_delivered_worst": [r6.xdp_delivered, r6.tc_delivered],
+            "v6u_gateway_forward_xdp_mpps": f6.xdp_mpps,
+            "v6u_gateway_forward_tc_mpps": f6.tc_mpps,
+            "v6u_ratio_xdp_vs_tc_forward_rate": f6.xdp_mpps / f6.tc_mpps,
+            "v6u_delivered_worst": [r6.xdp_delivered, r6.tc_delivered, f6.xdp_delivered, f6.tc_delivered],
         })
     );
     Ok(())

@@ -6,7 +6,7 @@ use crate::testrun::*;
 use egress_common::endpoints::{index_of, TunnelEndpoint};
 use egress_tests::Netns;
 
-const WORKER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x21);
+pub(crate) const WORKER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x21);
 const GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x11);
 pub(crate) const OTHER_WORKER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x31);
 /// 1500 less the 70 bytes of outer IPv6, UDP, VXLAN and inner Ethernet.
