@@ -110,6 +110,8 @@ pub(crate) mod tests {
             advertised,
             stale: 0,
             graceful_restart: String::new(),
+            bgp_id: None,
+            bgp_id_shared_with: Vec::new(),
         };
         Status {
             local_asn: 64512,

@@ -227,6 +227,22 @@ pub fn format_status(s: &serde_json::Value) -> String {
             p["stale"].to_string()
         ));
     }
+    for p in s["peers"].as_array().into_iter().flatten() {
+        let shared: Vec<&str> = p["bgp_id_shared_with"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.as_str())
+            .collect();
+        if !shared.is_empty() {
+            out.push_str(&format!(
+                "warning: {} has BGP identifier {}, as {} has: routes reflected between them are dropped as looped\n",
+                p["address"].as_str().unwrap_or("?"),
+                p["bgp_id"].as_str().unwrap_or("?"),
+                shared.join(", ")
+            ));
+        }
+    }
     out
 }
 
@@ -238,6 +254,28 @@ pub fn status_json(status: &Status) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_table_warns_of_a_shared_bgp_identifier() {
+        let peer = |a: &str, other: &str| {
+            serde_json::json!({"address": a, "asn": 64512, "client": true, "state": "Established",
+                "received": 0, "advertised": 0, "stale": 0, "bgp_id": "0.0.0.7",
+                "bgp_id_shared_with": [other]})
+        };
+        let s = serde_json::json!({"local_asn": 64512, "router_id": "10.0.0.9", "cluster_id": "10.0.0.9",
+            "deferring": false, "best_routes": 0,
+            "peers": [peer("fd00:1::7", "fd00:2::7"), peer("fd00:2::7", "fd00:1::7")]});
+        let table = format_status(&s);
+        let warnings: Vec<&str> = table
+            .lines()
+            .filter(|l| l.starts_with("warning:"))
+            .collect();
+        assert_eq!(warnings.len(), 2, "{table}");
+        assert!(
+            warnings[0].contains("fd00:1::7 has BGP identifier 0.0.0.7, as fd00:2::7 has"),
+            "{table}"
+        );
+    }
 
     #[test]
     fn status_table_has_one_aligned_row_per_peer() {

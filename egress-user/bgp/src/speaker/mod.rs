@@ -10,6 +10,7 @@ mod msg;
 mod output;
 mod rib_task;
 mod session;
+mod shared_ids;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -170,6 +171,11 @@ pub struct PeerStatus {
     /// Received prefixes kept only because the peer restarts gracefully.
     pub stale: usize,
     pub graceful_restart: String,
+    /// The BGP identifier of its current session.
+    pub bgp_id: Option<Ipv4Addr>,
+    /// Other established peers with the same identifier: routes reflected
+    /// between them are dropped as looped (see `shared_ids`).
+    pub bgp_id_shared_with: Vec<IpAddr>,
 }
 
 /// What `egress bgp status` shows.

@@ -1,7 +1,7 @@
 //! The one task that owns the RIB and the graceful restart state.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +41,8 @@ struct PeerEntry {
     /// Families the peer asked to be sent again (RFC 2918), once it has
     /// written what it was sent before.
     refresh_due: Vec<Family>,
+    /// The BGP identifier of the established session.
+    bgp_id: Option<Ipv4Addr>,
 }
 
 struct RibTask {
@@ -193,6 +195,7 @@ impl RibTask {
                 codec: CodecOptions::default(),
                 unwritten: VecDeque::new(),
                 refresh_due: Vec::new(),
+                bgp_id: None,
             },
         );
     }
@@ -326,7 +329,17 @@ impl RibTask {
         let llgr = local_llgr.is_some() && neg.peer_open.long_lived_gr().is_some();
         p.helper.set_local_llgr(local_llgr);
         let helper_actions = p.helper.session_up(local_gr.as_ref(), &neg.peer_open);
+        p.bgp_id = Some(neg.peer_id);
         tracing::info!(%peer, asn = neg.peer_asn, id = %neg.peer_id, "session established");
+        if let Some(others) = self.shared_ids().remove(&peer) {
+            tracing::warn!(
+                %peer,
+                id = %neg.peer_id,
+                ?others,
+                "peers share a BGP identifier: routes reflected between them are dropped as looped; \
+                 give each an identifier of its own (agent --bgp-router-id)"
+            );
+        }
         let opts = SessionOptions {
             llgr,
             add_path: neg.codec.add_path_tx,
@@ -344,6 +357,7 @@ impl RibTask {
             return;
         };
         tracing::info!(%peer, ?reason, "session down");
+        p.bgp_id = None;
         p.eor_due = false;
         p.unwritten.clear();
         p.refresh_due.clear();
@@ -514,7 +528,17 @@ impl RibTask {
         }
     }
 
+    /// Established peers that share their identifier with another.
+    fn shared_ids(&self) -> std::collections::BTreeMap<IpAddr, Vec<IpAddr>> {
+        super::shared_ids::sharing(
+            self.peers
+                .values()
+                .filter_map(|p| Some((p.spec.address, p.bgp_id?))),
+        )
+    }
+
     fn status(&self) -> Status {
+        let mut shared = self.shared_ids();
         let mut peers: Vec<PeerStatus> = self
             .peers
             .values()
@@ -529,6 +553,8 @@ impl RibTask {
                     advertised,
                     stale: self.rib.stale_count(p.spec.address),
                     graceful_restart: format!("{:?}", p.helper.state()),
+                    bgp_id: p.bgp_id,
+                    bgp_id_shared_with: shared.remove(&p.spec.address).unwrap_or_default(),
                 }
             })
             .collect();

@@ -791,3 +791,35 @@ async fn ipv4_route_via_an_ipv6_next_hop_over_either_session_family() {
         s.shutdown().await;
     }
 }
+
+/// Two clients with one BGP identifier (as two agents on an IPv6 underlay
+/// whose addresses end in the same 32 bits): the reflector names each to
+/// the other in its status; a third with its own identifier is not named.
+#[tokio::test]
+async fn reflector_names_clients_that_share_a_bgp_identifier() {
+    let rr = reflector(41, &[42, 43, 44]).await;
+    let rr_addr = rr.handle().listen_addr().unwrap();
+    let mut clients = Vec::new();
+    for (n, id) in [(42, 7), (43, 7), (44, 8)] {
+        let mut c = config(n, false);
+        c.router_id = Ipv4Addr::new(0, 0, 0, id);
+        c.peers.push(upstream(rr_addr));
+        clients.push(Speaker::start(c).await.unwrap());
+    }
+    let s = wait_status(&rr.handle(), "three clients up", |s| {
+        s.peers.iter().all(|p| p.state == State::Established)
+    })
+    .await;
+    let shared = |n| peer_state(&s, lo(n)).unwrap().bgp_id_shared_with.clone();
+    assert_eq!(shared(42), vec![lo(43)]);
+    assert_eq!(shared(43), vec![lo(42)]);
+    assert!(shared(44).is_empty());
+    assert_eq!(
+        peer_state(&s, lo(44)).unwrap().bgp_id,
+        Some(Ipv4Addr::new(0, 0, 0, 8))
+    );
+    for c in clients {
+        c.shutdown().await;
+    }
+    rr.shutdown().await;
+}
