@@ -154,6 +154,17 @@ mod on_an_ipv6_underlay {
         run("datastore-partition", &on_kubernetes())
     }
 
+    /// With the product's default timers and probes over IPv6, a busy
+    /// gateway is never declared down.
+    #[test]
+    #[ignore = "needs root: namespaces, BPF"]
+    fn gateway_under_load_with_default_timers() -> anyhow::Result<()> {
+        run(
+            "gateway-under-load",
+            &Options::defaults().on_ipv6_underlay(),
+        )
+    }
+
     fn on_kubernetes() -> Options {
         Options::fast().on_ipv6_underlay().on_kubernetes()
     }
