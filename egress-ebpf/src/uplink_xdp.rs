@@ -192,19 +192,7 @@ fn encapsulate(
 ) -> Option<u32> {
     // The outer Ethernet header and `OUTER_LEN`; the frame's own Ethernet
     // header becomes the inner one where it is.
-    const HEAD: i32 = GROW as i32;
-    // SAFETY: helper with the program's context.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -HEAD) } != 0 {
-        return None;
-    }
-    let d = ctx.data();
-    if d + size_of::<Outer>() > ctx.data_end() {
-        // Cannot happen (the frame held at least its own headers); give
-        // the room back and let TC decide.
-        // SAFETY: as above.
-        unsafe { bpf_xdp_adjust_head(ctx.ctx, HEAD) };
-        return None;
-    }
+    let d = grow_head::<GROW, { size_of::<Outer>() }>(ctx)?;
     let ip_len = (OUTER_LEN as u32 + frame_len) as u16;
     let sport = 0xc000 | (entropy as u16 & 0x3fff);
     // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above.
@@ -215,6 +203,26 @@ fn encapsulate(
     }
     count_tx(TX_REPLY, ctx);
     Some(XDP_TX)
+}
+
+/// Makes room for `HEAD` bytes of outer headers in front of the frame;
+/// the new start, where `WRITTEN` bytes (the outer headers and the inner
+/// Ethernet header) lie inside the frame. `None`: nothing was changed.
+#[inline(always)]
+pub fn grow_head<const HEAD: usize, const WRITTEN: usize>(ctx: &XdpContext) -> Option<usize> {
+    // SAFETY: helper with the program's context.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(HEAD as i32)) } != 0 {
+        return None;
+    }
+    let d = ctx.data();
+    if d + WRITTEN > ctx.data_end() {
+        // Cannot happen (the frame held at least its own headers); give
+        // the room back and let TC decide.
+        // SAFETY: as above.
+        unsafe { bpf_xdp_adjust_head(ctx.ctx, HEAD as i32) };
+        return None;
+    }
+    Some(d)
 }
 
 /// The outer Ethernet header at `d`: to the next hop, from the uplink,

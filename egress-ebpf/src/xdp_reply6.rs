@@ -11,7 +11,7 @@
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, xdp_action::XDP_TX, BPF_FIB_LKUP_RET_SUCCESS},
     btf_maps::PerCpuArray,
-    helpers::generated::{bpf_fib_lookup, bpf_xdp_adjust_head},
+    helpers::generated::bpf_fib_lookup,
     macros::btf_map,
     programs::XdpContext,
 };
@@ -21,7 +21,7 @@ use core::mem::{offset_of, size_of};
 
 use crate::{
     hdr::*,
-    uplink_xdp::{count_tx, write_outer_eth, TX_REPLY},
+    uplink_xdp::{count_tx, grow_head, write_outer_eth, TX_REPLY},
     vxlan6::{self, Outer, GROW, OUTER_LEN},
 };
 
@@ -139,19 +139,7 @@ fn encapsulate(
         vxlan6::endpoint(index)?,
         vxlan6::endpoint(index_of(cfg.node_tunnel_ip))?,
     );
-    const HEAD: i32 = GROW as i32;
-    // SAFETY: helper with the program's context.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -HEAD) } != 0 {
-        return None;
-    }
-    let d = ctx.data();
-    if d + size_of::<Outer>() > ctx.data_end() {
-        // Cannot happen (the frame held at least its own headers); give
-        // the room back and let TC decide.
-        // SAFETY: as above.
-        unsafe { bpf_xdp_adjust_head(ctx.ctx, HEAD) };
-        return None;
-    }
+    let d = grow_head::<GROW, { size_of::<Outer>() }>(ctx)?;
     let udp_len = ((OUTER_LEN - IPV6_LEN) as u32 + frame_len) as u16;
     let sport = 0xc000 | (entropy as u16 & 0x3fff);
     // SAFETY: `d .. d + size_of::<Outer>()` was bounds-checked above.

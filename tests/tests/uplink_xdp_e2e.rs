@@ -48,15 +48,11 @@ fn attached_xdp(cluster: &Cluster, i: usize) -> Result<Option<(u64, u64)>> {
         .map(|id| (id, xdp["mode"].as_u64().unwrap_or(0))))
 }
 
-#[test]
-#[ignore = "needs root: namespaces, BPF, etcd"]
-fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
-    let spec = ClusterSpec {
-        agent_args: vec!["--uplink-xdp=native".into()],
-        ..ClusterSpec::default()
-    };
-    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
-    let _peers = cluster
+/// The fabric's ports get `XDP_PASS` programs and the server and pods send
+/// full checksums (see the module's doc); the programs live as long as
+/// what is returned.
+fn wire_like(cluster: &Cluster) -> Result<Vec<PeerProgram>> {
+    let peers = cluster
         .topo
         .nodes
         .iter()
@@ -68,6 +64,18 @@ fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
             tx_checksum_off(&p.ns, "eth0")?;
         }
     }
+    Ok(peers)
+}
+
+#[test]
+#[ignore = "needs root: namespaces, BPF, etcd"]
+fn the_gateway_replies_by_xdp_where_chosen_and_by_tc_otherwise() -> Result<()> {
+    let spec = ClusterSpec {
+        agent_args: vec!["--uplink-xdp=native".into()],
+        ..ClusterSpec::default()
+    };
+    let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    let _peers = wire_like(&cluster)?;
     let (eip, owner) = cluster.examples_up_and_checked()?;
 
     for i in [0, owner] {
@@ -171,18 +179,7 @@ fn on_an_ipv6_underlay_the_gateway_replies_by_xdp() -> Result<()> {
         ..ClusterSpec::default()
     };
     let mut cluster = Cluster::start(&egress_bin()?, spec)?;
-    let _peers = cluster
-        .topo
-        .nodes
-        .iter()
-        .map(|n| PeerProgram::attach(&cluster.topo.fabric, &n.fabric_port, Verdict::Pass))
-        .collect::<Result<Vec<_>>>()?;
-    tx_checksum_off(&cluster.topo.server, "eth0")?;
-    for n in &cluster.topo.nodes {
-        for p in &n.pods {
-            tx_checksum_off(&p.ns, "eth0")?;
-        }
-    }
+    let _peers = wire_like(&cluster)?;
     let (eip, owner) = cluster.examples_up_and_checked()?;
     let p = reply_path(&cluster, owner)?;
     assert_eq!(p["path"], "xdp", "{p}");
