@@ -29,3 +29,13 @@ fn on_an_ipv6_underlay_traffic_does_not_stop_when_agents_restart() -> anyhow::Re
     let bins = Bins::beside_test()?;
     run_and_report(&bins, "agent-restart", &Options::fast().on_ipv6_underlay()).map(|_| ())
 }
+
+/// On Kubernetes over an IPv6-only underlay.
+#[test]
+#[ignore = "needs root: namespaces, BPF"]
+fn on_kubernetes_on_an_ipv6_underlay_traffic_does_not_stop_when_agents_restart(
+) -> anyhow::Result<()> {
+    let bins = Bins::beside_test()?;
+    let opts = Options::fast().on_ipv6_underlay().on_kubernetes();
+    run_and_report(&bins, "agent-restart", &opts).map(|_| ())
+}

@@ -154,6 +154,12 @@ mod on_an_ipv6_underlay {
         run("datastore-partition", &on_kubernetes())
     }
 
+    #[test]
+    #[ignore = "needs root: namespaces, BPF"]
+    fn on_kubernetes_controller_kill() -> anyhow::Result<()> {
+        run("controller-kill", &on_kubernetes())
+    }
+
     /// With the product's default timers and probes over IPv6, a busy
     /// gateway is never declared down.
     #[test]
