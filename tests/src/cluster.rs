@@ -732,6 +732,17 @@ impl Cluster {
     }
 
     /// The body of `GET path` from node `i`'s agent admin endpoint.
+    /// Fails unless the cluster runs on an IPv6-only underlay: no node's
+    /// uplink has an IPv4 address (so that nothing can fall back to IPv4).
+    pub fn ensure_ipv6_only(&self) -> Result<()> {
+        ensure!(self.topo.ipv6_underlay, "not an IPv6 underlay");
+        for n in &self.topo.nodes {
+            let v4 = n.ns.ip(&["-4", "-o", "addr", "show", "dev", &n.uplink])?;
+            ensure!(v4.trim().is_empty(), "{} has IPv4: {v4}", n.name);
+        }
+        Ok(())
+    }
+
     /// Node `i`'s pinned-map folder (for `egress inspect --pin-dir`).
     pub fn pin_dir(&self, i: usize) -> &Path {
         self.pins[i].path()

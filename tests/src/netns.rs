@@ -158,6 +158,25 @@ impl Netns {
         Ok(())
     }
 
+    /// Creates the VXLAN device `name` as the agent makes it (external,
+    /// port 4789, accepting the zero UDP checksum of our IPv6 outer
+    /// headers) and brings it up.
+    pub fn vxlan_external(&self, name: &str) -> Result<()> {
+        self.ip(&[
+            "link",
+            "add",
+            name,
+            "type",
+            "vxlan",
+            "external",
+            "dstport",
+            "4789",
+            "udp6zerocsumrx",
+        ])?;
+        self.ip(&["link", "set", name, "up"])?;
+        Ok(())
+    }
+
     /// Runs `f` on a new thread that has joined this namespace (setns), and
     /// returns its result. For in-process netlink and BPF attach calls, which
     /// act on the calling thread's network namespace.

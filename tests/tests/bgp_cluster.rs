@@ -3,6 +3,7 @@
 //! CIDRs and the EIPs it owns with itself as next hop, and learns the others'
 //! routes through the reflector. An FRR upstream router gets them all.
 
+use anyhow::Context;
 use std::time::Duration;
 
 use egress_tests::{
@@ -35,6 +36,25 @@ fn routes_eip_to(
         r.iter()
             .any(|e| e["eip"] == eip && e["tunnel_ip"] == tunnel)
     }))
+}
+
+/// Whether the upstream FRR has every node's pod CIDR and `eip_prefix`
+/// (the EIP, owned by `owner`), each with its node's underlay address as
+/// next hop.
+fn upstream_has_every_route(
+    cluster: &Cluster,
+    eip_prefix: &str,
+    owner: &egress_tests::topology::Node,
+) -> anyhow::Result<bool> {
+    let frr = &cluster.upstream.as_ref().context("upstream")?.frr;
+    let routes = frr.ipv4_routes()?;
+    let via = |n: &egress_tests::topology::Node| Some(n.underlay_ip.to_string());
+    let cidrs_ok = cluster
+        .topo
+        .nodes
+        .iter()
+        .all(|n| routes.get(&n.pod_cidr()).cloned() == via(n));
+    Ok(cidrs_ok && routes.get(eip_prefix).cloned() == via(owner))
 }
 
 /// The reflector's peers, from `egress bgp status --json`.
@@ -170,19 +190,10 @@ fn agents_announce_pod_cidrs_and_owned_eips_through_the_reflector() -> anyhow::R
 
     // The upstream router (FRR, a non-client) receives every node's pod CIDR
     // and the EIP with its owner as next hop.
-    let frr = &cluster.upstream.as_ref().unwrap().frr;
     wait_until(
         "FRR has every pod CIDR and the EIP",
         Duration::from_secs(30),
-        || {
-            let routes = frr.ipv4_routes()?;
-            let cidrs_ok = cluster
-                .topo
-                .nodes
-                .iter()
-                .all(|n| routes.get(&n.pod_cidr()) == Some(&n.ip.to_string()));
-            Ok(cidrs_ok && routes.get(&eip_prefix) == Some(&owner.ip.to_string()))
-        },
+        || upstream_has_every_route(&cluster, &eip_prefix, owner),
     )?;
 
     // The reflector shows every node as an established client.
@@ -226,6 +237,7 @@ fn agents_announce_ipv4_routes_by_ipv6_next_hops_on_an_ipv6_underlay() -> anyhow
             ..ClusterSpec::default()
         },
     )?;
+    cluster.ensure_ipv6_only()?;
     cluster.apply_examples()?;
     let endpoint = |n: &egress_tests::topology::Node| n.underlay_ip.to_string();
 
@@ -252,19 +264,10 @@ fn agents_announce_ipv4_routes_by_ipv6_next_hops_on_an_ipv6_underlay() -> anyhow
         || routes_eip_to(&cluster, &egress, 0, &eip, &endpoint(owner)),
     )?;
 
-    let frr = &cluster.upstream.as_ref().unwrap().frr;
     wait_until(
         "FRR has every pod CIDR and the EIP by IPv6 next hops",
         Duration::from_secs(30),
-        || {
-            let routes = frr.ipv4_routes()?;
-            let cidrs_ok = cluster
-                .topo
-                .nodes
-                .iter()
-                .all(|n| routes.get(&n.pod_cidr()) == Some(&endpoint(n)));
-            Ok(cidrs_ok && routes.get(&eip_prefix) == Some(&endpoint(owner)))
-        },
+        || upstream_has_every_route(&cluster, &eip_prefix, owner),
     )?;
     wait_all_established(
         &cluster,

@@ -298,18 +298,7 @@ fn join_bridge(fab: &Netns, node: &Netns, node_if: &str, fab_if: &str, bridge: &
 /// The VXLAN device as the agent makes it: external (collect_md), and
 /// accepting the zero UDP checksum our IPv6 outer headers carry.
 fn add_vxlan(ns: &Netns) -> Result<u32> {
-    ns.ip(&[
-        "link",
-        "add",
-        VXLAN,
-        "type",
-        "vxlan",
-        "external",
-        "dstport",
-        "4789",
-        "udp6zerocsumrx",
-    ])?;
-    ns.ip(&["link", "set", VXLAN, "up"])?;
+    ns.vxlan_external(VXLAN)?;
     Ok(link_info(ns, VXLAN)?.0)
 }
 

@@ -179,6 +179,7 @@ fn on_an_ipv6_underlay_the_gateway_replies_by_xdp() -> Result<()> {
         ..ClusterSpec::default()
     };
     let mut cluster = Cluster::start(&egress_bin()?, spec)?;
+    cluster.ensure_ipv6_only()?;
     let _peers = wire_like(&cluster)?;
     let (eip, owner) = cluster.examples_up_and_checked()?;
     let p = reply_path(&cluster, owner)?;

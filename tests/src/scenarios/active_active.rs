@@ -82,6 +82,10 @@ fn stage(bins: &Bins, opts: &Options) -> Result<Cluster> {
         ..ClusterSpec::default()
     };
     let cluster = Cluster::start(&bins.egress, spec)?;
+    if opts.ipv6_underlay {
+        cluster.ensure_ipv6_only()?;
+        say("underlay: IPv6 only (no node has an IPv4 address)");
+    }
     let up = &cluster.upstream.as_ref().context("upstream")?.ns;
     // Replies of one EIP to one server differ only by port: hash on it.
     up.sysctl(&["net.ipv4.fib_multipath_hash_policy=1"])?;

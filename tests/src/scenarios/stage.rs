@@ -49,11 +49,7 @@ pub(super) fn stage(
     };
     let cluster = Cluster::start(&bins.egress, spec)?;
     if opts.ipv6_underlay {
-        // Nothing may fall back to IPv4 between the nodes.
-        for n in &cluster.topo.nodes {
-            let v4 = n.ns.ip(&["-4", "-o", "addr", "show", "dev", &n.uplink])?;
-            anyhow::ensure!(v4.trim().is_empty(), "{} has IPv4: {v4}", n.name);
-        }
+        cluster.ensure_ipv6_only()?;
         say("underlay: IPv6 only (no node has an IPv4 address)");
     }
     if opts.timers.probe.is_some() && !cluster.agents_probe() {

@@ -860,13 +860,7 @@ fn bench_datapath() -> Result<()> {
             .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse::<f64>().ok())),
     });
     let keys = json.as_object_mut().unwrap();
-    for (path, r) in [("reply", &g6.reply), ("forward", &g6.forward)] {
-        let key = |k: &str| format!("v6u_{}", k.replace("PATH", path));
-        keys.insert(key("gateway_PATH_xdp_mpps"), r2(r.xdp_mpps).into());
-        keys.insert(key("gateway_PATH_tc_mpps"), r2(r.tc_mpps).into());
-        let ratio = r2(r.xdp_mpps / r.tc_mpps).into();
-        keys.insert(key("ratio_xdp_vs_tc_PATH_rate"), ratio);
-    }
+    keys.extend(rate_keys("v6u_", &g6));
     keys.extend(prefixed("", tunnel_path_keys(&c.v4, c.floor)));
     keys.extend(prefixed("", throughput_keys(t)));
     // The IPv6 underlay's, under the same names prefixed `v6u_`.
@@ -890,30 +884,40 @@ fn bench_datapath() -> Result<()> {
 #[test]
 #[ignore = "benchmark: needs root"]
 fn bench_reply_rate() -> Result<()> {
-    let g = reply_rate::gateway_rates(Underlay::V4)?;
-    let g6 = reply_rate::gateway_rates(Underlay::V6)?;
-    let (r6, f6) = (&g6.reply, &g6.forward);
-    let (r, f) = (&g.reply, &g.forward);
-    println!(
-        "{}",
-        serde_json::json!({
-            "gateway_reply_xdp_mpps": r.xdp_mpps,
-            "gateway_reply_tc_mpps": r.tc_mpps,
-            "ratio_xdp_vs_tc_reply_rate": r.xdp_mpps / r.tc_mpps,
-            "gateway_forward_xdp_mpps": f.xdp_mpps,
-            "gateway_forward_tc_mpps": f.tc_mpps,
-            "ratio_xdp_vs_tc_forward_rate": f.xdp_mpps / f.tc_mpps,
-            "delivered_worst": [r.xdp_delivered, r.tc_delivered, f.xdp_delivered, f.tc_delivered],
-            "v6u_gateway_reply_xdp_mpps": r6.xdp_mpps,
-            "v6u_gateway_reply_tc_mpps": r6.tc_mpps,
-            "v6u_ratio_xdp_vs_tc_reply_rate": r6.xdp_mpps / r6.tc_mpps,
-            "v6u_gateway_forward_xdp_mpps": f6.xdp_mpps,
-            "v6u_gateway_forward_tc_mpps": f6.tc_mpps,
-            "v6u_ratio_xdp_vs_tc_forward_rate": f6.xdp_mpps / f6.tc_mpps,
-            "v6u_delivered_worst": [r6.xdp_delivered, r6.tc_delivered, f6.xdp_delivered, f6.tc_delivered],
-        })
-    );
+    let mut keys = serde_json::Map::new();
+    for (prefix, underlay) in [("", Underlay::V4), ("v6u_", Underlay::V6)] {
+        let g = reply_rate::gateway_rates(underlay)?;
+        keys.extend(rate_keys(prefix, &g));
+        let (r, f) = (&g.reply, &g.forward);
+        keys.insert(
+            format!("{prefix}delivered_worst"),
+            serde_json::json!([
+                r.xdp_delivered,
+                r.tc_delivered,
+                f.xdp_delivered,
+                f.tc_delivered
+            ]),
+        );
+    }
+    println!("{}", serde_json::Value::Object(keys));
     Ok(())
+}
+
+/// The gateway's rates on one CPU, XDP and TC, and their ratio, for the
+/// reply and the forward, under keys prefixed `prefix`.
+fn rate_keys(
+    prefix: &str,
+    g: &reply_rate::GatewayRates,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut keys = serde_json::Map::new();
+    for (path, r) in [("reply", &g.reply), ("forward", &g.forward)] {
+        let key = |k: &str| format!("{prefix}{}", k.replace("PATH", path));
+        keys.insert(key("gateway_PATH_xdp_mpps"), r2(r.xdp_mpps).into());
+        keys.insert(key("gateway_PATH_tc_mpps"), r2(r.tc_mpps).into());
+        let ratio = r2(r.xdp_mpps / r.tc_mpps).into();
+        keys.insert(key("ratio_xdp_vs_tc_PATH_rate"), ratio);
+    }
+    keys
 }
 
 /// A profile of the gateway's CPU under one load (`EGRESS_PROFILE_LOAD`:

@@ -93,19 +93,7 @@ fn reply_bed(xdp: bool, underlay: Underlay) -> Result<ReplyBed> {
     }
     // And so is the server, to which the forward goes.
     gw.permanent_neighbour("eth1", SRV, &mac_text(wire_mac))?;
-    // Zero outer UDP checksums over IPv6 accepted, as the agent's device does.
-    gw.ip(&[
-        "link",
-        "add",
-        VXLAN,
-        "type",
-        "vxlan",
-        "external",
-        "dstport",
-        "4789",
-        "udp6zerocsumrx",
-    ])?;
-    gw.ip(&["link", "set", VXLAN, "up"])?;
+    gw.vxlan_external(VXLAN)?;
     let vx = link_info(&gw, VXLAN)?.0;
     let uplink = link_info(&gw, "eth1")?;
     let d = desired(false, true, vx, uplink, underlay);

@@ -111,20 +111,7 @@ pub fn testbed(mode: Mode, underlay: Underlay) -> Result<Bed> {
     match mode {
         Mode::Ebpf => {
             for (ns, worker) in [(&wk, true), (&gw, false)] {
-                // As the agent makes it: our IPv6 outer headers carry a
-                // zero UDP checksum.
-                ns.ip(&[
-                    "link",
-                    "add",
-                    VXLAN,
-                    "type",
-                    "vxlan",
-                    "external",
-                    "dstport",
-                    "4789",
-                    "udp6zerocsumrx",
-                ])?;
-                ns.ip(&["link", "set", VXLAN, "up"])?;
+                ns.vxlan_external(VXLAN)?;
                 let vx = link_info(ns, VXLAN)?.0;
                 // The worker's uplink faces the gateway; the gateway's the server.
                 let uplink = link_info(ns, if worker { "eth0" } else { "eth1" })?;

@@ -30,6 +30,34 @@ fn in_vxlan(inner: &[u8], from: Ipv4Addr, vni: u32, port: u16) -> Vec<u8> {
     v
 }
 
+/// Runs `uplink_xdp` on the tunnelled `pkt` arriving on `ifindex` and
+/// asserts it was sent back out as `inner` forwarded: from the uplink's
+/// MAC `uplink_mac`, TTL 63 with a right checksum, the very bytes the TC
+/// path (`tunnel_ingress` behind the kernel's VXLAN device) sends. Returns
+/// the frame.
+pub(crate) fn forwarded_as_tc(
+    fx: &mut Fixture,
+    ifindex: u32,
+    pkt: &[u8],
+    inner: &[u8],
+    uplink_mac: [u8; 6],
+) -> anyhow::Result<Vec<u8>> {
+    let (rc, xdp) = run_xdp(&mut fx.dp.ebpf, "uplink_xdp", pkt, ifindex)?;
+    assert_eq!(rc, XDP_TX, "sent back out of the uplink");
+    assert_eq!(&xdp[6..12], &uplink_mac, "from the uplink's MAC");
+    let h = match SlicedPacket::from_ethernet(&xdp)?.net {
+        Some(NetSlice::Ipv4(ip)) => ip.header().to_header(),
+        _ => panic!("not IPv4"),
+    };
+    assert_eq!(h.time_to_live, 63);
+    assert_eq!(h.header_checksum, h.calc_header_checksum());
+    // The kernel's VXLAN device hands the TC program the inner frame.
+    let (rc, tc) = fx.run("tunnel_ingress", inner)?;
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(xdp, tc, "what the TC path sends");
+    Ok(xdp)
+}
+
 /// The server behind a router on the uplink, `ELSEWHERE` behind `up1`.
 fn routes(gw: &Gateway) -> anyhow::Result<()> {
     gw.ns
@@ -59,20 +87,7 @@ fn xdp_forwards_a_workers_packet_as_the_tc_path_does() -> anyhow::Result<()> {
             tcp4(EIP, SERVER, BLOCK * BLOCK_SIZE + 7, 443, false),
         ] {
             let pkt = in_vxlan(&inner, other, d.config.vni, 4789);
-            let (rc, xdp) = run_xdp(&mut fx.dp.ebpf, "uplink_xdp", &pkt, ifindex)?;
-            assert_eq!(rc, XDP_TX, "sent back out of the uplink");
-            assert_eq!(&xdp[6..12], &uplink_mac, "from the uplink's MAC");
-            let p = SlicedPacket::from_ethernet(&xdp)?;
-            let Some(NetSlice::Ipv4(ip)) = &p.net else {
-                panic!("not IPv4")
-            };
-            let h = ip.header().to_header();
-            assert_eq!(h.time_to_live, 63);
-            assert_eq!(h.header_checksum, h.calc_header_checksum());
-            // The kernel's VXLAN device hands the TC program the inner frame.
-            let (rc, tc) = fx.run("tunnel_ingress", &inner)?;
-            assert_eq!(rc, TC_ACT_REDIRECT);
-            assert_eq!(xdp, tc, "what the TC path sends");
+            forwarded_as_tc(&mut fx, ifindex, &pkt, &inner, uplink_mac)?;
         }
         assert_eq!(fx.all_drops(), 0);
         Ok(())

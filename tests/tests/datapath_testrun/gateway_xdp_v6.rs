@@ -6,11 +6,11 @@
 
 use crate::{
     gateway_xdp::{mac_of, passed_untouched, XDP_TX},
+    gateway_xdp_forward::forwarded_as_tc,
     testrun::*,
     underlay_v6::{desired_v6, outer_vxlan6, v6_underlay, OTHER_WORKER6, WORKER6},
 };
 use egress_tests::{run_xdp, Netns};
-use etherparse::{NetSlice, SlicedPacket};
 
 const NEXT_HOP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x61, 0x31];
 
@@ -102,21 +102,8 @@ fn xdp_forwards_a_workers_ipv6_tunnelled_packet_as_the_tc_path_does() -> anyhow:
             tcp4(EIP, SERVER, BLOCK * BLOCK_SIZE + 7, 443, false),
         ] {
             let pkt = in_vxlan6(&inner, OTHER_WORKER6, vni, 4789);
-            let (rc, xdp) = run_xdp(&mut fx.dp.ebpf, "uplink_xdp", &pkt, uplink)?;
-            assert_eq!(rc, XDP_TX, "sent back out of the uplink");
+            let xdp = forwarded_as_tc(&mut fx, uplink, &pkt, &inner, uplink_mac)?;
             assert_eq!(&xdp[..6], &ROUTER_MAC, "to the router's MAC");
-            assert_eq!(&xdp[6..12], &uplink_mac, "from the uplink's MAC");
-            let p = SlicedPacket::from_ethernet(&xdp)?;
-            let Some(NetSlice::Ipv4(ip)) = &p.net else {
-                panic!("not IPv4")
-            };
-            let h = ip.header().to_header();
-            assert_eq!(h.time_to_live, 63);
-            assert_eq!(h.header_checksum, h.calc_header_checksum());
-            // The kernel's VXLAN device hands the TC program the inner frame.
-            let (rc, tc) = fx.run("tunnel_ingress", &inner)?;
-            assert_eq!(rc, TC_ACT_REDIRECT);
-            assert_eq!(xdp, tc, "what the TC path sends");
         }
         let inner = udp4(EIP, SERVER, BLOCK * BLOCK_SIZE + 1, 53, b"q");
         let mut pass = |what: &str, pkt: &[u8]| passed_untouched(&mut fx, uplink, what, pkt);
