@@ -26,4 +26,3 @@ pub use desired::{
     ReplySteering,
 };
 pub use loader::{Datapath, LoadError, MapSizes};
-pub use stats_endpoints::read_table as read_endpoint_table;

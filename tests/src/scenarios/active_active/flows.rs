@@ -200,9 +200,7 @@ pub(super) fn gateway_of_flows(cluster: &Cluster, workers: usize) -> Result<BTre
     for w in 0..workers {
         // On an IPv6 underlay the entry holds the endpoint's index.
         let endpoints = match cluster.topo.ipv6_underlay {
-            true => Some(egress_user::datapath::read_endpoint_table(
-                cluster.pin_dir(w),
-            )?),
+            true => Some(endpoint_table(cluster.pin_dir(w))?),
             false => None,
         };
         let path = cluster.pin_dir(w).join(egress_common::maps::NAT_FWD);
@@ -222,6 +220,24 @@ pub(super) fn gateway_of_flows(cluster: &Cluster, workers: usize) -> Result<BTre
                 };
                 out.insert(e.port, gw);
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The pinned `TUNNEL_ENDPOINTS` of a worker: index -> address, used entries
+/// only. (egress-user has the same reader, but this lib cannot depend on
+/// egress-user: see tests/Cargo.toml.)
+fn endpoint_table(pin_dir: &std::path::Path) -> Result<BTreeMap<u32, std::net::Ipv6Addr>> {
+    use egress_common::endpoints::TunnelEndpoint;
+    let data = aya::maps::MapData::from_pin(pin_dir.join(egress_common::maps::TUNNEL_ENDPOINTS))?;
+    let table: aya::maps::Array<_, TunnelEndpoint> =
+        aya::maps::Array::try_from(aya::maps::Map::from_map_data(data)?)?;
+    let mut out = BTreeMap::new();
+    for (i, e) in table.iter().enumerate() {
+        let e = e?;
+        if e.addr != [0; 16] {
+            out.insert(i as u32, std::net::Ipv6Addr::from(e.addr));
         }
     }
     Ok(out)
