@@ -85,6 +85,33 @@ fn route_via_node(ns: &Netns, dst: &str, n: u8, underlay: Underlay) -> Result<()
     }
 }
 
+/// A diagnosis (`EGRESS_BENCH_GATEWAY_VXLAN=plain`): the gateway of the IPv4
+/// underlay's eBPF bed receives through a plain VXLAN device (VNI 7, no learning)
+/// instead of the agent's `external` one, which allocates tunnel metadata
+/// for every packet it receives. The forward never reads that metadata;
+/// the agent keeps `external` for its device fallback (see
+/// docs/architecture.md, "CPU per unit moved").
+fn plain_gateway_vxlan() -> bool {
+    std::env::var("EGRESS_BENCH_GATEWAY_VXLAN").is_ok_and(|v| v == "plain")
+}
+
+fn plain_vxlan(ns: &Netns) -> Result<()> {
+    ns.ip(&[
+        "link",
+        "add",
+        VXLAN,
+        "type",
+        "vxlan",
+        "id",
+        "7",
+        "dstport",
+        "4789",
+        "nolearning",
+    ])?;
+    ns.ip(&["link", "set", VXLAN, "up"])?;
+    Ok(())
+}
+
 /// Pod, worker, gateway and server in a row; the worker and the gateway
 /// share only `underlay`'s addresses.
 pub fn testbed(mode: Mode, underlay: Underlay) -> Result<Bed> {
@@ -111,7 +138,11 @@ pub fn testbed(mode: Mode, underlay: Underlay) -> Result<Bed> {
     match mode {
         Mode::Ebpf => {
             for (ns, worker) in [(&wk, true), (&gw, false)] {
-                ns.vxlan_external(VXLAN)?;
+                if !worker && underlay == Underlay::V4 && plain_gateway_vxlan() {
+                    plain_vxlan(ns)?;
+                } else {
+                    ns.vxlan_external(VXLAN)?;
+                }
                 let vx = link_info(ns, VXLAN)?.0;
                 // The worker's uplink faces the gateway; the gateway's the server.
                 let uplink = link_info(ns, if worker { "eth0" } else { "eth1" })?;
