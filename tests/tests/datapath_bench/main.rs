@@ -87,6 +87,8 @@ const EIP: &str = "203.0.113.100";
 const SRV: &str = "203.0.113.10";
 const POD: &str = "10.244.1.11";
 const VXLAN: &str = "egress.vx";
+/// The benchmark's VXLAN network identifier.
+const VNI: u32 = 7;
 
 fn ip4(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
@@ -165,7 +167,7 @@ fn desired(
             is_worker: worker,
             is_gateway: gateway,
             vxlan_ifindex,
-            vni: 7,
+            vni: VNI,
             uplink_ifindex: uplink.0,
             uplink_mac: uplink.1,
             tunnel_mtu: underlay.tunnel_mtu(),

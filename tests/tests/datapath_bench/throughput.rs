@@ -14,7 +14,7 @@ use egress_user::{
 
 use crate::{
     cpu::{Cpus, Ticks},
-    desired, link_info, Underlay, EIP, GATEWAY_NODE, POD, SRV, VXLAN, WORKER_NODE,
+    desired, link_info, Underlay, EIP, GATEWAY_NODE, POD, SRV, VNI, VXLAN, WORKER_NODE,
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -86,7 +86,7 @@ fn route_via_node(ns: &Netns, dst: &str, n: u8, underlay: Underlay) -> Result<()
 }
 
 /// A diagnosis (`EGRESS_BENCH_GATEWAY_VXLAN=plain`): the gateway of the IPv4
-/// underlay's eBPF bed receives through a plain VXLAN device (VNI 7, no learning)
+/// underlay's eBPF bed receives through a plain VXLAN device (no learning)
 /// instead of the agent's `external` one, which allocates tunnel metadata
 /// for every packet it receives. The forward never reads that metadata;
 /// the agent keeps `external` for its device fallback (see
@@ -96,6 +96,8 @@ fn plain_gateway_vxlan() -> bool {
 }
 
 fn plain_vxlan(ns: &Netns) -> Result<()> {
+    // Its figures are not the agent's: say so beside them.
+    eprintln!("diagnosis: the gateway receives through a plain VXLAN device");
     ns.ip(&[
         "link",
         "add",
@@ -103,7 +105,7 @@ fn plain_vxlan(ns: &Netns) -> Result<()> {
         "type",
         "vxlan",
         "id",
-        "7",
+        &VNI.to_string(),
         "dstport",
         "4789",
         "nolearning",
