@@ -731,7 +731,6 @@ impl Cluster {
         self.egress(&["apply", "-f", &file.to_string_lossy()])
     }
 
-    /// The body of `GET path` from node `i`'s agent admin endpoint.
     /// Fails unless the cluster runs on an IPv6-only underlay: no node's
     /// uplink has an IPv4 address (so that nothing can fall back to IPv4).
     pub fn ensure_ipv6_only(&self) -> Result<()> {
@@ -748,6 +747,7 @@ impl Cluster {
         self.pins[i].path()
     }
 
+    /// The body of `GET path` from node `i`'s agent admin endpoint.
     pub fn agent_http(&self, i: usize, path: &str) -> Result<String> {
         let req = format!("GET {path} HTTP/1.1\r\nconnection: close\r\n\r\n");
         let admin = self.agent_admin.clone();

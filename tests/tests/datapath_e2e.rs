@@ -295,8 +295,7 @@ fn join_bridge(fab: &Netns, node: &Netns, node_if: &str, fab_if: &str, bridge: &
     Ok(())
 }
 
-/// The VXLAN device as the agent makes it: external (collect_md), and
-/// accepting the zero UDP checksum our IPv6 outer headers carry.
+/// The VXLAN device as the agent makes it; its ifindex.
 fn add_vxlan(ns: &Netns) -> Result<u32> {
     ns.vxlan_external(VXLAN)?;
     Ok(link_info(ns, VXLAN)?.0)
