@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use egress_tests::Netns;
 
 use crate::{
-    cpu::Cpus,
+    cpu::{Cpus, Ticks},
     throughput::{measured, serving_bed, steer_gateway_to, Load, GATEWAY_CPU, MODES},
     Underlay,
 };
@@ -50,7 +50,10 @@ fn profile_each_mode(load_name: &str) -> Result<()> {
         let rx_before = rx_packets(&bed.gw, "eth0")?;
         let acks_before = rx_packets(&bed.gw, "eth1")?;
         let progs_before = egress_tests::run(&["bpftool", "-j", "prog", "show"])?;
-        let run = measured(&bed, load, Cpus::InterruptsOf(GATEWAY_CPU))?;
+        let ticks_before = Ticks::now()?;
+        let run = measured(&bed, load, Cpus::AwakeOf(GATEWAY_CPU))?;
+        // Beside it, what the sampled interrupt ticks say (see `cpu::Ticks`).
+        let ticks_s = Ticks::now()?.seconds_since(&ticks_before, Cpus::InterruptsOf(GATEWAY_CPU));
         let rx = rx_packets(&bed.gw, "eth0")? - rx_before;
         let acks = rx_packets(&bed.gw, "eth1")? - acks_before;
         let progs_after = egress_tests::run(&["bpftool", "-j", "prog", "show"])?;
@@ -58,12 +61,14 @@ fn profile_each_mode(load_name: &str) -> Result<()> {
         program_time(&progs_before, &progs_after)?;
         perf.terminate()?;
         eprintln!(
-            "{mode:?}: rate {:.3}, gateway CPU {:.3} s over {:.1} s, {rx} packets in from \
-             the worker ({:.0} ns each); profile {out}",
+            "{mode:?}: rate {:.3}, gateway CPU {:.3} s awake ({ticks_s:.3} s in interrupt \
+             ticks) over {:.1} s; {rx} packets in from the worker ({:.0} ns each awake, {:.0} \
+             by ticks); profile {out}",
             run.rate,
             run.busy_s,
             run.secs,
-            run.busy_s * 1e9 / rx as f64
+            run.busy_s * 1e9 / rx as f64,
+            ticks_s * 1e9 / rx as f64
         );
     }
     Ok(())

@@ -342,7 +342,7 @@ fn run_load(bed: &Bed, load: Load, pinned: bool) -> Result<(f64, f64, u64)> {
 
 /// One run of `load`, with the busy time of `cpus` around it.
 pub fn measured(bed: &Bed, load: Load, cpus: Cpus) -> Result<Run> {
-    let pinned = matches!(cpus, Cpus::InterruptsOf(_));
+    let pinned = matches!(cpus, Cpus::AwakeOf(_));
     let (before, started) = (Ticks::now()?, Instant::now());
     let (rate, amount, failed) = run_load(bed, load, pinned)?;
     let busy_s = Ticks::now()?.seconds_since(&before, cpus);
@@ -500,7 +500,7 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
         for (l, load) in LOADS.iter().enumerate() {
             for m in v4_beds() {
                 let bed = &beds[m].0;
-                steered[m][l].push(measured(bed, *load, Cpus::InterruptsOf(GATEWAY_CPU))?);
+                steered[m][l].push(measured(bed, *load, Cpus::AwakeOf(GATEWAY_CPU))?);
             }
         }
     }
@@ -535,5 +535,5 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
 fn gateway_cpu_idle_share() -> Result<f64> {
     let before = Ticks::now()?;
     std::thread::sleep(Duration::from_secs(1));
-    Ok(Ticks::now()?.seconds_since(&before, Cpus::InterruptsOf(GATEWAY_CPU)))
+    Ok(Ticks::now()?.seconds_since(&before, Cpus::AwakeOf(GATEWAY_CPU)))
 }
