@@ -530,7 +530,7 @@ pub fn throughputs() -> Result<Vec<Throughput>> {
         .collect())
 }
 
-/// The share of `GATEWAY_CPU` that is busy while no load runs (other
+/// The share of `GATEWAY_CPU` that is awake while no load runs (other
 /// processes of the machine), over one second.
 fn gateway_cpu_idle_share() -> Result<f64> {
     let before = Ticks::now()?;
