@@ -342,7 +342,8 @@ fn run_load(bed: &Bed, load: Load, pinned: bool) -> Result<(f64, f64, u64)> {
 
 /// One run of `load`, with the busy time of `cpus` around it.
 pub fn measured(bed: &Bed, load: Load, cpus: Cpus) -> Result<Run> {
-    let pinned = matches!(cpus, Cpus::AwakeOf(_));
+    // A one-CPU measure counts the gateway's CPU: everything else on CPU 0.
+    let pinned = matches!(cpus, Cpus::AwakeOf(_) | Cpus::InterruptsOf(_));
     let (before, started) = (Ticks::now()?, Instant::now());
     let (rate, amount, failed) = run_load(bed, load, pinned)?;
     let busy_s = Ticks::now()?.seconds_since(&before, cpus);
