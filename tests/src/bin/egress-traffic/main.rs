@@ -9,6 +9,7 @@
 
 mod arp_watch;
 mod ip_count;
+mod readiness;
 mod tcp_crr;
 mod tcp_echo;
 mod tcp_open;
@@ -18,9 +19,12 @@ use std::{
     collections::BTreeSet,
     io::{ErrorKind, Read, Write},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
+
+use readiness::{Readiness, LISTENER};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -223,37 +227,37 @@ fn udp_source(
 fn tcp_sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<serde_json::Value> {
     let listener = TcpListener::bind(listen)?;
     listener.set_nonblocking(true)?;
+    let mut readiness = Readiness::new()?;
+    readiness.watch(listener.as_raw_fd(), LISTENER)?;
     println!("ready addr={}", listener.local_addr()?);
     let mut conns: Vec<(TcpStream, SocketAddr, GapMeter, u64, bool)> = Vec::new();
-    let mut buf = [0u8; 4096];
+    let (mut buf, mut ready) = ([0u8; 4096], Vec::new());
     while running(deadline) {
-        match listener.accept() {
-            Ok((s, peer)) => {
-                s.set_read_timeout(Some(Duration::from_millis(5)))?;
-                conns.push((s, peer, GapMeter::new(), 0, false));
+        readiness.wait(&mut ready, Duration::from_millis(20))?;
+        for &token in &ready {
+            if token == LISTENER {
+                while let Ok((s, peer)) = listener.accept() {
+                    // Read only when ready; the timeout guards a spurious wake.
+                    s.set_read_timeout(Some(Duration::from_millis(5)))?;
+                    readiness.watch(s.as_raw_fd(), conns.len() as u64)?;
+                    conns.push((s, peer, GapMeter::new(), 0, false));
+                }
+                continue;
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-        let mut idle = true;
-        for (s, _, gaps, bytes, closed) in conns.iter_mut().filter(|c| !c.4) {
+            let (s, _, gaps, bytes, closed) = &mut conns[token as usize];
             match s.read(&mut buf) {
-                Ok(0) => *closed = true,
-                Ok(n) => {
-                    idle = false;
+                Ok(n) if n > 0 => {
                     gaps.arrived(Instant::now());
                     *bytes += n as u64;
                     // Echo, so the source sees the reply path work too.
-                    if s.write_all(&buf[..n]).is_err() {
-                        *closed = true;
-                    }
+                    *closed = s.write_all(&buf[..n]).is_err();
                 }
                 Err(e) if nothing_yet(&e) => {}
-                Err(_) => *closed = true,
+                _ => *closed = true,
             }
-        }
-        if idle && conns.is_empty() {
-            std::thread::sleep(Duration::from_millis(5));
+            if *closed {
+                readiness.forget(s.as_raw_fd());
+            }
         }
     }
     let report: Vec<_> = conns

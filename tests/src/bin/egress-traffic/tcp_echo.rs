@@ -5,9 +5,11 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
-    os::fd::FromRawFd,
+    os::fd::{AsRawFd, FromRawFd},
     time::{Duration, Instant},
 };
+
+use crate::readiness::{Readiness, LISTENER};
 
 /// An IPv4 listener with SO_REUSEPORT set before bind.
 fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -48,39 +50,49 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 pub fn run(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<serde_json::Value> {
     let listener = reuseport_listener(listen)?;
     listener.set_nonblocking(true)?;
+    let mut readiness = Readiness::new()?;
+    readiness.watch(listener.as_raw_fd(), LISTENER)?;
     println!("ready addr={}", listener.local_addr()?);
-    let mut conns: Vec<(TcpStream, bool)> = Vec::new();
-    let (mut bytes, mut buf) = (0u64, [0u8; 256]);
+    let mut conns: Vec<TcpStream> = Vec::new();
+    let (mut bytes, mut buf, mut ready) = (0u64, [0u8; 256], Vec::new());
     while super::running(deadline) {
-        let mut busy = false;
-        loop {
-            match listener.accept() {
-                Ok((s, _)) => {
-                    s.set_nonblocking(true)?;
-                    conns.push((s, false));
-                    busy = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(_) => break,
+        readiness.wait(&mut ready, Duration::from_millis(20))?;
+        for &token in &ready {
+            if token == LISTENER {
+                accept_all(&listener, &readiness, &mut conns)?;
+                continue;
             }
-        }
-        for (s, closed) in conns.iter_mut().filter(|c| !c.1) {
+            let s = &mut conns[token as usize];
             match s.read(&mut buf) {
-                Ok(0) => *closed = true,
-                Ok(n) => {
-                    busy = true;
-                    bytes += n as u64;
-                    if s.write_all(&buf[..n]).is_err() {
-                        *closed = true;
-                    }
-                }
+                Ok(n) if n > 0 && s.write_all(&buf[..n]).is_ok() => bytes += n as u64,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(_) => *closed = true,
+                // Closed, or failed: kept open but no longer watched.
+                _ => readiness.forget(s.as_raw_fd()),
             }
-        }
-        if !busy {
-            std::thread::sleep(Duration::from_millis(2));
         }
     }
     Ok(serde_json::json!({"role": "tcp-echo", "connections": conns.len(), "bytes": bytes}))
+}
+
+/// Takes every pending connection, non-blocking and watched under its index.
+fn accept_all(
+    listener: &TcpListener,
+    readiness: &Readiness,
+    conns: &mut Vec<TcpStream>,
+) -> std::io::Result<()> {
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(true)?;
+                readiness.watch(s.as_raw_fd(), conns.len() as u64)?;
+                conns.push(s);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            // Out of descriptors, say: the connection waits in the backlog.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(2));
+                return Ok(());
+            }
+        }
+    }
 }

@@ -35,6 +35,8 @@ pub fn run(
     let mut open = Vec::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut slowest_refusal_ms = 0f64;
+    let mut slowest_open_ms = 0f64;
+    let began = Instant::now();
     for _ in 0..count {
         let t = Instant::now();
         let mut r = attempt(target);
@@ -44,7 +46,10 @@ pub fn run(
             r = attempt(target);
         }
         match r {
-            Ok(s) => open.push(s),
+            Ok(s) => {
+                slowest_open_ms = slowest_open_ms.max(t.elapsed().as_secs_f64() * 1e3);
+                open.push(s)
+            }
             Err(e) => {
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 slowest_refusal_ms = slowest_refusal_ms.max(ms);
@@ -53,6 +58,7 @@ pub fn run(
         }
     }
     println!("opened {}", open.len());
+    let opened_ms = began.elapsed().as_secs_f64() * 1e3;
     while super::running(deadline) {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -78,5 +84,7 @@ pub fn run(
         "echoed_again": echoed,
         "errors": errors,
         "slowest_refusal_ms": slowest_refusal_ms,
+        "slowest_open_ms": slowest_open_ms,
+        "opened_ms": opened_ms,
     })
 }
