@@ -236,7 +236,12 @@ fn tcp_sink(listen: SocketAddr, deadline: Option<Instant>) -> std::io::Result<se
         readiness.wait(&mut ready, Duration::from_millis(20))?;
         for &token in &ready {
             if token == LISTENER {
-                while let Ok((s, peer)) = listener.accept() {
+                loop {
+                    let (s, peer) = match listener.accept() {
+                        Ok(c) => c,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
+                    };
                     // Read only when ready; the timeout guards a spurious wake.
                     s.set_read_timeout(Some(Duration::from_millis(5)))?;
                     readiness.watch(s.as_raw_fd(), conns.len() as u64)?;
